@@ -1,0 +1,1 @@
+"""Calibration: sweep grids, measurement driver, cost-model fitting, bundled profiles."""

@@ -1,0 +1,1 @@
+"""The `kestrel` console command."""

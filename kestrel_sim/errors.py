@@ -1,0 +1,9 @@
+"""User-facing errors: the CLI prints their message as one paragraph, no traceback."""
+
+
+class KestrelError(Exception):
+    """Bad input a user can fix. The message says what, where, and what is expected."""
+
+
+class ConfigError(KestrelError):
+    """A scenario, hardware, profile or model description that does not validate."""
