@@ -1,0 +1,245 @@
+"""Load a model: a Hugging Face folder (config.json + safetensors) or a dummy preset.
+
+Every tensor's name, shape and dtype is checked against the config's shape from the
+safetensors headers alone, before any tensor data is read, so a bad checkpoint fails fast
+and says which file and which tensor are wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kestrel_rt.config import checkpoint_dtype, read_config, shape_from_hf_config
+from kestrel_rt.weights import expected_tensors, load_dummy, parse_device, parse_dtype
+from kestrel_sim.errors import KestrelError
+from kestrel_sim.models import PRESETS, ModelShape, UnknownPresetError
+
+if TYPE_CHECKING:
+    import torch
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+DISK_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+class CheckpointError(KestrelError):
+    """A model folder or safetensors file that cannot be loaded as it is."""
+
+
+class MissingConfigError(CheckpointError):
+    """A model folder without config.json (or a path that is not a folder)."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A safetensors file or index that does not parse (truncated, bad header, bad JSON)."""
+
+
+class MissingShardError(CheckpointError):
+    """No weights file, or an index naming a shard that is not in the folder."""
+
+
+class MissingTensorError(CheckpointError):
+    """A tensor the config requires is in no weights file."""
+
+
+class TensorShapeError(CheckpointError):
+    """A tensor whose shape or dtype is not what the config says."""
+
+
+class UnexpectedTensorError(CheckpointError):
+    """Tensors in the checkpoint that the config's model does not have."""
+
+
+def _is_harmless(name: str, shape: ModelShape) -> bool:
+    """Extra tensors that carry nothing the model needs: RoPE buffers, a tied lm_head copy."""
+    return name.endswith("rotary_emb.inv_freq") or (
+        name == "lm_head.weight" and shape.tie_word_embeddings
+    )
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of `folder`: the index's shards, model.safetensors, or all."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise CorruptCheckpointError(
+                f"{index} is not a safetensors index: expected JSON with a 'weight_map' object "
+                "mapping tensor names to shard file names"
+            ) from None
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise MissingShardError(
+                f"{index} names shard(s) {', '.join(missing)} that are not in {folder}; "
+                f"expected all {len(shards)} shards next to the index (an incomplete download?)"
+            )
+        return [folder / s for s in shards]
+    if (folder / SINGLE_FILE).is_file():
+        return [folder / SINGLE_FILE]
+    found = sorted(folder.glob("*.safetensors"))
+    if not found:
+        raise MissingShardError(
+            f"{folder} has no weights: expected {SINGLE_FILE}, or shards listed in {INDEX_FILE}"
+        )
+    return found
+
+
+def _headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], str]]:
+    """name -> (file, shape, safetensors dtype) for every tensor, from the headers only."""
+    from safetensors import SafetensorError, safe_open
+
+    found: dict[str, tuple[Path, tuple[int, ...], str]] = {}
+    for path in files:
+        try:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    info = f.get_slice(name)
+                    if name in found:
+                        raise CorruptCheckpointError(
+                            f"tensor '{name}' is in both {found[name][0]} and {path}; "
+                            "expected each tensor in exactly one file"
+                        )
+                    found[name] = (path, tuple(info.get_shape()), info.get_dtype())
+        except (SafetensorError, OSError) as err:
+            raise CorruptCheckpointError(
+                f"{path} is not a readable safetensors file ({err}); it may be truncated or "
+                "corrupt: expected an 8-byte header length, a JSON header and all tensor bytes"
+            ) from None
+    return found
+
+
+def check_tensors(
+    shape: ModelShape, found: dict[str, tuple[Path, tuple[int, ...], str]], folder: Path
+) -> None:
+    """Raise on the first missing, misshaped, wrongly typed or unexpected tensor."""
+    expected = expected_tensors(shape)
+    for name, dims in expected.items():
+        if name not in found:
+            where = ", ".join(sorted({p.name for p, _, _ in found.values()})) or "no files"
+            raise MissingTensorError(
+                f"tensor '{name}' (shape {list(dims)}) is missing from {folder} (searched "
+                f"{where}); the config.json describes a model that needs it"
+            )
+        path, got, disk = found[name]
+        if got != dims:
+            raise TensorShapeError(
+                f"tensor '{name}' in {path} has shape {list(got)}, expected {list(dims)} "
+                f"from {folder / 'config.json'}"
+            )
+        if disk not in DISK_DTYPES:
+            raise TensorShapeError(
+                f"tensor '{name}' in {path} is stored as {disk}; expected one of "
+                f"{', '.join(DISK_DTYPES)} (quantized checkpoints are not supported)"
+            )
+    extra = sorted(n for n in found if n not in expected and not _is_harmless(n, shape))
+    if extra:
+        shown = ", ".join(f"'{n}' ({found[n][0].name})" for n in extra[:3])
+        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        raise UnexpectedTensorError(
+            f"{folder} holds tensors the config.json model does not have: {shown}{more}; "
+            "expected the config and the weights to describe the same model"
+        )
+
+
+def load_folder(
+    folder: str | Path, device: str | torch.device, dtype: str | torch.dtype | None = None
+) -> tuple[ModelShape, dict[str, torch.Tensor]]:
+    """Shape and weights of a Hugging Face Qwen3 / Qwen3-MoE folder, on `device` in `dtype`.
+
+    dtype None keeps the dtype config.json declares (float32 when it declares none).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(folder)
+    config_path = find_config(folder)
+    config = read_config(config_path)
+    shape = shape_from_hf_config(config, config_path)
+    device = parse_device(device)
+    dtype = parse_dtype(dtype or checkpoint_dtype(config, config_path) or "float32")
+    found = _headers(weight_files(folder))
+    check_tensors(shape, found, folder)
+    by_file: dict[Path, list[str]] = {}
+    for name in expected_tensors(shape):
+        by_file.setdefault(found[name][0], []).append(name)
+    weights: dict[str, torch.Tensor] = {}
+    for path, names in by_file.items():
+        try:
+            with safe_open(path, framework="pt", device=str(device)) as f:
+                for name in names:
+                    weights[name] = f.get_tensor(name).to(dtype=dtype)
+        except SafetensorError as err:
+            raise CorruptCheckpointError(
+                f"{path} could not be read ({err}); it may be truncated or corrupt"
+            ) from None
+    return shape, weights
+
+
+def find_config(folder: Path) -> Path:
+    """folder/config.json, or an error saying what the path is instead."""
+    if not folder.exists():
+        raise MissingConfigError(f"model folder {folder} does not exist")
+    if not folder.is_dir():
+        raise MissingConfigError(
+            f"{folder} is a file; expected a Hugging Face model folder with config.json "
+            "and *.safetensors"
+        )
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise MissingConfigError(
+            f"{folder} has no config.json; expected a Hugging Face model folder (config.json "
+            f"plus {SINGLE_FILE} or {INDEX_FILE} with its shards), or a preset name: "
+            f"{', '.join(sorted(PRESETS))}"
+        )
+    return config_path
+
+
+def load_tokenizer(folder: Path) -> Any | None:
+    """transformers' tokenizer of `folder` when it has tokenizer files, else None."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(
+            f"the tokenizer files in {folder} could not be loaded: {err}"
+        ) from None
+
+
+def looks_like_path(name: str) -> bool:
+    """True when `name` is written as a path rather than a preset name."""
+    return "/" in name or "\\" in name or name.startswith((".", "~")) or Path(name).exists()
+
+
+def load_model(
+    path_or_preset: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    seed: int = 0,
+) -> tuple[ModelShape, dict[str, torch.Tensor], Any | None]:
+    """(shape, weights, tokenizer or None) of a model folder or a named dummy preset.
+
+    A preset gets random weights (seeded) made on `device`; its dtype defaults to bfloat16
+    on CUDA and float32 on the CPU. A folder's dtype defaults to the one config.json declares.
+    """
+    name = str(path_or_preset)
+    if isinstance(path_or_preset, Path) or looks_like_path(name):
+        folder = Path(name).expanduser()
+        shape, weights = load_folder(folder, device, dtype)
+        return shape, weights, load_tokenizer(folder)
+    if name.lower() not in PRESETS:
+        raise UnknownPresetError(
+            f"model '{name}' is neither a folder nor a known preset: expected one of "
+            f"{', '.join(sorted(PRESETS))}, or a path to a Hugging Face model folder "
+            "with a config.json"
+        )
+    dev = parse_device(device)
+    dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
+    shape, weights = load_dummy(name, dev, dtype, seed)
+    return shape, weights, None
