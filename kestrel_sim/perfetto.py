@@ -1,0 +1,106 @@
+"""Trace -> Chrome / Perfetto trace JSON (open in https://ui.perfetto.dev or chrome://tracing).
+
+Layout: one process per worker pool ("gpu0" for "gpu0/target" and "gpu0/draft", "prefill"
+for "prefill0", ...), one thread per worker, a complete event (ph "X") per span. Request
+waits are async events (ph "b"/"e") on a "requests" process, one lane per request: the
+prefill-queue wait (arrival -> prefill start), the decode-queue wait (first token -> decode
+start), and any queue_wait spans the trace carries. Queue lengths are counter events
+(ph "C"). Times are microseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from kestrel_sim.metrics import compute_timeseries
+from kestrel_sim.trace import Trace
+
+US = 1e6
+MAX_IDS_IN_ARGS = 32  # request ids listed in a span's args (batches may be large)
+REQUESTS_PID = 0
+
+
+def worker_pool(worker: str) -> tuple[str, str]:
+    """("gpu0", "target") for "gpu0/target"; ("prefill", "prefill0") for "prefill0"."""
+    if "/" in worker:
+        pool, thread = worker.split("/", 1)
+        return pool, thread
+    return (re.sub(r"\d+$", "", worker) or worker), worker
+
+
+def _span_args(span) -> dict:
+    args = {"batch": len(span.requests), "tokens": span.tokens, "context": span.context}
+    ids = span.requests[:MAX_IDS_IN_ARGS]
+    args["requests"] = ids if len(span.requests) <= MAX_IDS_IN_ARGS else [*ids, "..."]
+    if span.kind == "verify":
+        args["proposed"] = span.proposed
+        if span.accepted:
+            args["accepted"] = span.accepted[:MAX_IDS_IN_ARGS]
+            args["accepted_total"] = sum(span.accepted)
+    return args
+
+
+def _async_pair(name: str, rid: int, start: float, end: float, args: dict | None = None):
+    common = {"name": name, "cat": "request", "id": rid, "pid": REQUESTS_PID, "tid": 0}
+    begin = {**common, "ph": "b", "ts": start * US, "args": args or {}}
+    return [begin, {**common, "ph": "e", "ts": end * US}]
+
+
+def to_chrome_trace(trace: Trace, counters: bool = True) -> dict:
+    """The trace as a Chrome trace-event document: {"traceEvents": [...], ...}."""
+    events: list[dict] = []
+    pids: dict[str, int] = {}
+    tids: dict[str, tuple[int, int]] = {}
+
+    def ids_for(worker: str) -> tuple[int, int]:
+        if worker not in tids:
+            pool, thread = worker_pool(worker)
+            if pool not in pids:
+                pids[pool] = len(pids) + 1
+                events.append({"ph": "M", "name": "process_name", "pid": pids[pool],
+                               "args": {"name": pool}})
+            tid = sum(1 for p, _ in tids.values() if p == pids[pool]) + 1
+            tids[worker] = (pids[pool], tid)
+            events.append({"ph": "M", "name": "thread_name", "pid": pids[pool], "tid": tid,
+                           "args": {"name": thread}})
+        return tids[worker]
+
+    events.append({"ph": "M", "name": "process_name", "pid": REQUESTS_PID,
+                   "args": {"name": "requests"}})
+    for span in trace.spans:
+        if span.kind == "queue_wait":
+            for rid in span.requests:
+                events += _async_pair(f"queue_wait:{span.worker}", rid, span.start, span.end)
+            continue
+        pid, tid = ids_for(span.worker)
+        events.append({"name": span.kind, "cat": span.kind, "ph": "X", "pid": pid, "tid": tid,
+                       "ts": span.start * US, "dur": (span.end - span.start) * US,
+                       "args": _span_args(span)})
+
+    for r in trace.requests:
+        if r.prefill_start is not None and r.prefill_start > r.arrival:
+            events += _async_pair("prefill_queue", r.id, r.arrival, r.prefill_start,
+                                  {"prompt_tokens": r.prompt_tokens})
+        first = r.first_token
+        if first is not None and r.decode_start is not None and r.decode_start > first:
+            events += _async_pair("decode_queue", r.id, first, r.decode_start)
+        if r.finish is not None:
+            events.append({"name": "finish", "cat": "request", "ph": "n", "id": r.id,
+                           "pid": REQUESTS_PID, "tid": 0, "ts": r.finish * US,
+                           "args": {"output_tokens": r.output_tokens,
+                                    "preemptions": r.preemptions}})
+
+    if counters:
+        ts = compute_timeseries(trace)
+        for t, p, d, run in zip(ts.time, ts.prefill_queue, ts.decode_queue, ts.running):
+            events.append({"name": "queue length", "ph": "C", "pid": REQUESTS_PID,
+                           "ts": t * US, "args": {"prefill": p, "decode": d, "running": run}})
+
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {k: str(v) for k, v in trace.meta.items()}}
+
+
+def dumps_chrome_trace(trace: Trace) -> str:
+    """The Chrome trace JSON as compact text."""
+    return json.dumps(to_chrome_trace(trace), separators=(",", ":"))

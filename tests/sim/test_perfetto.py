@@ -1,0 +1,72 @@
+"""Chrome / Perfetto export: every span becomes a complete event on its worker's track."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kestrel_sim.perfetto import dumps_chrome_trace, to_chrome_trace, worker_pool
+from kestrel_sim.trace import RequestRecord, Span, Trace
+
+
+def _trace() -> Trace:
+    spans = [
+        Span("prefill", "gpu0/target", 0.0, 0.010, [0, 1], tokens=1024),
+        Span("draft", "gpu0/draft", 0.010, 0.012, [0, 1], tokens=2),
+        Span("verify", "gpu0/target", 0.012, 0.020, [0, 1], tokens=6, proposed=2,
+             accepted=[2, 0]),
+        Span("kv_transfer", "link0", 0.020, 0.021, [1]),
+        Span("queue_wait", "prefill_queue", 0.0, 0.005, [1]),
+    ]
+    reqs = [
+        RequestRecord(id=0, arrival=0.0, prompt_tokens=512, output_tokens=4, prefill_start=0.0,
+                      decode_start=0.010, finish=0.020, emit_times=[0.010, 0.020],
+                      emit_counts=[1, 3]),
+        RequestRecord(id=1, arrival=0.0, prompt_tokens=512, output_tokens=2,
+                      prefill_start=0.002, decode_start=0.012, finish=0.020,
+                      emit_times=[0.010, 0.020], emit_counts=[1, 1]),
+    ]
+    return Trace(spans=spans, requests=reqs, meta={"name": "t", "source": "sim"})
+
+
+def test_worker_pool_names():
+    assert worker_pool("gpu0/draft") == ("gpu0", "draft")
+    assert worker_pool("prefill3") == ("prefill", "prefill3")
+    assert worker_pool("link") == ("link", "link")
+
+
+def test_spans_become_complete_events_in_microseconds():
+    doc = to_chrome_trace(_trace())
+    complete = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert [e["name"] for e in complete] == ["prefill", "draft", "verify", "kv_transfer"]
+    verify = complete[2]
+    assert verify["ts"] == pytest.approx(12_000)
+    assert verify["dur"] == pytest.approx(8_000)
+    assert verify["args"]["accepted"] == [2, 0]
+    # target and draft share the gpu0 process on separate threads; the link has its own
+    assert complete[0]["pid"] == complete[1]["pid"] != complete[3]["pid"]
+    assert complete[0]["tid"] != complete[1]["tid"]
+    assert complete[0]["tid"] == verify["tid"]
+
+
+def test_track_names_and_request_waits():
+    events = to_chrome_trace(_trace())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert {"gpu0", "target", "draft", "link", "link0", "requests"} <= names
+    begins = [e for e in events if e["ph"] == "b"]
+    ends = [e for e in events if e["ph"] == "e"]
+    assert len(begins) == len(ends)
+    waits = {(e["name"], e["id"]) for e in begins}
+    # request 1 queued 2 ms for prefill, and waited 2 ms for decode; plus the span wait
+    assert ("prefill_queue", 1) in waits
+    assert ("decode_queue", 1) in waits
+    assert ("queue_wait:prefill_queue", 1) in waits
+    assert ("prefill_queue", 0) not in waits
+
+
+def test_dumps_is_valid_json_with_counters():
+    doc = json.loads(dumps_chrome_trace(_trace()))
+    assert doc["displayTimeUnit"] == "ms"
+    assert any(e["ph"] == "C" for e in doc["traceEvents"])
+    assert doc["otherData"]["source"] == "sim"
