@@ -1,0 +1,439 @@
+"""The Scenario: what to run, validated once at the edge (pydantic v2, extra="forbid").
+
+Files a scenario names (hardware YAML or Profile JSON, model folder, acceptance trace,
+empirical length distribution, replayed arrivals, cost profile) are resolved against the
+scenario file's folder, passed as the validation context key `base_dir`:
+
+    Scenario.model_validate(data, context={"base_dir": Path("scenarios")})
+    Scenario.load_from_dict(data, base_dir=Path("scenarios"))   # the same
+
+A missing file is a validation error on that field naming the path. Resolved paths are
+stored absolute, so a validated Scenario no longer depends on the working directory.
+Times in the YAML are milliseconds (`*_ms`), microseconds (`*_us`) or seconds (`*_s`)
+as their names say; rates are per second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from kestrel_sim.models import PRESETS
+
+Stage = Literal["prefill", "draft", "verify", "correction", "decode"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def resolve_file(value: str | Path, info: ValidationInfo, what: str) -> str:
+    """`value` made absolute against the context's base_dir; an error if it does not exist."""
+    base = Path((info.context or {}).get("base_dir", "."))
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = base / path
+    if not path.exists():
+        raise ValueError(f"{what} file '{value}' not found (looked for {path.resolve()})")
+    return str(path.resolve())
+
+
+# ---------------------------------------------------------------- length distributions
+
+
+class FixedDist(_Strict):
+    """Every request has `value` tokens."""
+
+    dist: Literal["fixed"]
+    value: int = Field(ge=1)
+
+
+class UniformDist(_Strict):
+    """Integers uniform on [low, high], both included."""
+
+    dist: Literal["uniform"]
+    low: int = Field(ge=1)
+    high: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+
+class NormalDist(_Strict):
+    """Normal with this mean and std, rounded, clipped to [min, max] (min at least 1)."""
+
+    dist: Literal["normal"]
+    mean: float = Field(gt=0)
+    std: float = Field(ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+
+class LognormalDist(_Strict):
+    """Lognormal whose *token counts* have this mean and std, rounded, clipped to [min, max]."""
+
+    dist: Literal["lognormal"]
+    mean: float = Field(gt=0)
+    std: float = Field(gt=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+
+class EmpiricalDist(_Strict):
+    """Values drawn with replacement from a file: integers separated by whitespace, commas or
+    newlines (`#` starts a comment), or a JSON list."""
+
+    dist: Literal["empirical"]
+    file: str
+
+    @field_validator("file")
+    @classmethod
+    def _exists(cls, v: str, info: ValidationInfo) -> str:
+        return resolve_file(v, info, "empirical distribution")
+
+
+LengthDist = Annotated[
+    FixedDist | UniformDist | NormalDist | LognormalDist | EmpiricalDist,
+    Field(discriminator="dist"),
+]
+
+
+# ---------------------------------------------------------------- arrival processes
+
+
+class PoissonArrivals(_Strict):
+    """Open loop, exponential inter-arrival times with mean 1/rate."""
+
+    process: Literal["poisson"]
+    rate: float = Field(gt=0, description="requests per second")
+
+
+class GammaArrivals(_Strict):
+    """Open loop, gamma inter-arrival times: mean 1/rate, coefficient of variation `cv`
+    (cv = 1 is Poisson, cv > 1 is burstier, cv < 1 smoother)."""
+
+    process: Literal["gamma"]
+    rate: float = Field(gt=0, description="requests per second")
+    cv: float = Field(gt=0, description="burstiness: std/mean of inter-arrival times")
+
+
+class ClosedLoopArrivals(_Strict):
+    """`concurrency` clients; each sends a request, waits for its last token, thinks
+    `think_time_s`, and sends the next."""
+
+    process: Literal["closed"]
+    concurrency: int = Field(ge=1)
+    think_time_s: float = Field(default=0.0, ge=0)
+
+
+class ReplayArrivals(_Strict):
+    """Arrival times replayed from a file: a CSV with a header holding `arrival` (or
+    `timestamp`) and optionally `prompt_tokens` and `output_tokens` columns (which then
+    override the length distributions), or a plain list of times, one per line."""
+
+    process: Literal["replay"]
+    file: str
+    time_unit: Literal["s", "ms"] = "s"
+    speedup: float = Field(default=1.0, gt=0, description="divide the replayed gaps by this")
+
+    @field_validator("file")
+    @classmethod
+    def _exists(cls, v: str, info: ValidationInfo) -> str:
+        return resolve_file(v, info, "arrival trace")
+
+
+Arrivals = Annotated[
+    PoissonArrivals | GammaArrivals | ClosedLoopArrivals | ReplayArrivals,
+    Field(discriminator="process"),
+]
+
+
+class Workload(_Strict):
+    arrivals: Arrivals
+    requests: int | None = Field(
+        default=None, ge=1,
+        description="number of requests; default 1000, or every row of a replayed file",
+    )
+    prompt_tokens: LengthDist = Field(default_factory=lambda: FixedDist(dist="fixed", value=512))
+    output_tokens: LengthDist = Field(default_factory=lambda: FixedDist(dist="fixed", value=256))
+    seed: int = 0
+
+
+# ---------------------------------------------------------------- speculative decoding
+
+
+class Acceptance(_Strict):
+    """Exactly one of: `alpha` (each draft token accepted with probability alpha, independent),
+    `per_position` (probability that draft position i is accepted given 0..i-1 were; at
+    least k entries), `trace` (a file of measured accepted lengths per round, integers
+    0..k, sampled with replacement; lengths above the scenario's k count as k)."""
+
+    alpha: float | None = Field(default=None, ge=0, le=1)
+    per_position: list[Annotated[float, Field(ge=0, le=1)]] | None = None
+    trace: str | None = None
+
+    @field_validator("trace")
+    @classmethod
+    def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else resolve_file(v, info, "acceptance trace")
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [n for n in ("alpha", "per_position", "trace") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of alpha, per_position or trace"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+
+class Spec(_Strict):
+    k: int = Field(ge=1, le=64, description="draft tokens proposed per round")
+    correction: Literal["separate", "fused"] = "fused"
+    acceptance: Acceptance
+
+    @model_validator(mode="after")
+    def _enough_positions(self):
+        pp = self.acceptance.per_position
+        if pp is not None and len(pp) < self.k:
+            raise ValueError(
+                f"acceptance.per_position has {len(pp)} rates but k is {self.k}: give at least k"
+            )
+        return self
+
+
+class Draft(_Strict):
+    model: str = Field(description="preset name or Hugging Face model folder")
+    device: Literal["gpu", "cpu"] = "gpu"
+    hardware: str | None = Field(
+        default=None, description="hardware for a cpu draft (default cpu-xeon)"
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str, info: ValidationInfo) -> str:
+        return resolve_model(v, info)
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else resolve_hardware(v, info)
+
+
+# ---------------------------------------------------------------- serving
+
+
+class Link(_Strict):
+    """A KV-transfer link: transfers are serialised on it (one at a time, FIFO)."""
+
+    bandwidth_gb_s: float = Field(gt=0, description="GB/s, 1e9 bytes per second")
+    latency_us: float = Field(default=0.0, ge=0)
+
+
+class Serving(_Strict):
+    mode: Literal["colocated", "disaggregated"] = "colocated"
+    workers: int = Field(default=1, ge=1, description="colocated: GPUs doing both phases")
+    prefill_workers: int = Field(default=1, ge=1, description="disaggregated only")
+    decode_workers: int = Field(default=1, ge=1, description="disaggregated only")
+    max_batch: int = Field(default=64, ge=1, description="sequences per decode batch")
+    max_batched_tokens: int = Field(default=8192, ge=1, description="new tokens per step")
+    prefill_chunk: int = Field(default=2048, ge=1, description="prompt tokens per request per step")
+    decode_queue: Literal["fifo"] = "fifo"
+    kv_capacity_tokens: int | None = Field(
+        default=None, ge=1,
+        description="KV slots per worker; default: free memory after weights x kv_memory_fraction",
+    )
+    kv_memory_fraction: float = Field(default=0.9, gt=0, le=1)
+    on_kv_full: Literal["preempt", "wait"] = Field(
+        default="preempt",
+        description="preempt: evict the newest running request and recompute it later; "
+        "wait: reserve prompt+output at admission so nothing is ever evicted",
+    )
+    link: str | Link | None = Field(
+        default=None, description="KV transfer link: a name from the hardware's links or "
+        "{bandwidth_gb_s, latency_us}; default the hardware's default link",
+    )
+
+    @model_validator(mode="after")
+    def _mode_fields(self):
+        if self.mode == "colocated":
+            odd = {"prefill_workers", "decode_workers"} & self.model_fields_set
+            if odd:
+                raise ValueError(
+                    f"{', '.join(sorted(odd))} only apply to mode: disaggregated; "
+                    "colocated mode uses `workers`"
+                )
+        elif "workers" in self.model_fields_set:
+            raise ValueError(
+                "`workers` only applies to mode: colocated; disaggregated mode uses "
+                "prefill_workers and decode_workers"
+            )
+        return self
+
+
+class Slo(_Strict):
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+    e2el_ms: float | None = Field(default=None, gt=0)
+
+
+# ---------------------------------------------------------------- cost models
+
+
+class RooflineCosts(_Strict):
+    """The analytic model from the hardware description; fields override it."""
+
+    launch_us: float | None = Field(default=None, ge=0, description="per kernel launch")
+    step_overhead_us: float | None = Field(default=None, ge=0, description="fixed per step")
+
+
+StageTime = Annotated[float, Field(ge=0)] | dict[int, Annotated[float, Field(ge=0)]]
+
+
+class TableCosts(_Strict):
+    """Fixed milliseconds per step, per stage; a mapping {batch size: ms} is interpolated
+    linearly in batch size (clamped). `service: exponential` draws each step's time from an
+    exponential distribution with the table's value as mean (for queueing checks)."""
+
+    prefill: StageTime | None = None
+    prefill_per_token: float | None = Field(
+        default=None, ge=0, description="ms per prompt token, added to `prefill`"
+    )
+    draft: StageTime | None = None
+    verify: StageTime | None = None
+    correction: StageTime | None = None
+    decode: StageTime | None = None
+    service: Literal["fixed", "exponential"] = "fixed"
+
+    @field_validator("prefill", "draft", "verify", "correction", "decode")
+    @classmethod
+    def _batches(cls, v):
+        if isinstance(v, dict):
+            if not v:
+                raise ValueError("a per-batch table needs at least one {batch: ms} entry")
+            bad = [b for b in v if b < 1]
+            if bad:
+                raise ValueError(f"batch sizes must be >= 1, got {bad}")
+        return v
+
+
+class Costs(_Strict):
+    """Exactly one of roofline (the default), table or profile (a Profile JSON)."""
+
+    roofline: RooflineCosts | None = None
+    table: TableCosts | None = None
+    profile: str | None = None
+
+    @field_validator("profile")
+    @classmethod
+    def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else resolve_file(v, info, "profile")
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [n for n in ("roofline", "table", "profile") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of roofline, table or profile (got {', '.join(given)})")
+        return self
+
+
+# ---------------------------------------------------------------- the scenario
+
+
+def resolve_model(value: str, info: ValidationInfo) -> str:
+    """A preset name (lower-cased) or the absolute path of a folder with a config.json."""
+    if value.lower() in PRESETS:
+        return value.lower()
+    base = Path((info.context or {}).get("base_dir", "."))
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else base / path
+    if (path / "config.json").is_file():
+        return str(path.resolve())
+    known = ", ".join(sorted(PRESETS))
+    raise ValueError(
+        f"'{value}' is neither a model preset ({known}) nor a folder with a config.json "
+        f"(looked for {(path / 'config.json').resolve()})"
+    )
+
+
+def resolve_hardware(value: str, info: ValidationInfo) -> str:
+    """A bundled hardware name, or the absolute path of a hardware YAML or Profile JSON."""
+    from kestrel_sim.hardware import bundled_names
+
+    if value.lower() in bundled_names():
+        return value.lower()
+    base = Path((info.context or {}).get("base_dir", "."))
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else base / path
+    if path.is_file():
+        return str(path.resolve())
+    raise ValueError(
+        f"'{value}' is neither bundled hardware ({', '.join(bundled_names())}) nor a "
+        f"hardware YAML / Profile JSON file (looked for {path.resolve()})"
+    )
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    hardware: str = Field(
+        default="h200", description="bundled name, or a hardware YAML or Profile JSON path"
+    )
+    model: str = Field(default="qwen3-8b", description="preset or Hugging Face model folder")
+    draft: Draft | None = None
+    spec: Spec | None = None
+    serving: Serving = Field(default_factory=Serving)
+    workload: Workload
+    slo: Slo = Field(default_factory=Slo)
+    costs: Costs | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str, info: ValidationInfo) -> str:
+        return resolve_model(v, info)
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware(cls, v: str, info: ValidationInfo) -> str:
+        return resolve_hardware(v, info)
+
+    @model_validator(mode="after")
+    def _spec_needs_draft(self):
+        if self.spec is not None and self.draft is None:
+            raise ValueError("spec is set but draft is missing: add draft: {model: ...}")
+        if self.draft is not None and self.spec is None:
+            raise ValueError("draft is set but spec is missing: add spec: {k: ..., acceptance: ...}")
+        if self.costs is not None and self.costs.table is not None:
+            t = self.costs.table
+            need = ["prefill"] + (
+                ["draft", "verify"] + (["correction"] if self.spec.correction == "separate" else [])
+                if self.spec else ["decode"]
+            )
+            missing = [s for s in need if getattr(t, s) is None]
+            if missing and not (missing == ["prefill"] and t.prefill_per_token is not None):
+                raise ValueError(
+                    f"costs.table lacks {', '.join(missing)}, needed by this scenario"
+                )
+        return self
+
+    @classmethod
+    def load_from_dict(cls, data: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
+        """Validate `data`, resolving file names against `base_dir`."""
+        return cls.model_validate(data, context={"base_dir": Path(base_dir)})
+
+
+def json_schema() -> dict[str, Any]:
+    """The Scenario's JSON Schema (for editors: yaml-language-server and friends)."""
+    return Scenario.model_json_schema()
