@@ -111,6 +111,7 @@ def _refuse_unsupported(config: dict[str, Any], where: Path) -> None:
 
 def checkpoint_dtype(config: dict[str, Any], where: Path) -> str | None:
     """The dtype config.json declares (`dtype`, or the older `torch_dtype`), or None."""
+    declared = []
     for key in ("dtype", "torch_dtype"):
         if config.get(key) is not None:
             value = config[key]
@@ -119,8 +120,8 @@ def checkpoint_dtype(config: dict[str, Any], where: Path) -> str | None:
                     f"{where}: key '{key}' is {value!r}, expected one of "
                     f"{', '.join(CHECKPOINT_DTYPES)}"
                 )
-            return value
-    return None
+            declared.append(value)
+    return declared[0] if declared else None
 
 
 def shape_from_hf_config(config: dict[str, Any], where: Path) -> ModelShape:
