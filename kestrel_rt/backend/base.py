@@ -1,0 +1,154 @@
+"""The Backend interface: where and how one model's operations run, and what it owns.
+
+A backend instance belongs to exactly ONE model (DESIGN.md: a draft must never overwrite
+its target's weights). `load()` refuses a second model; weights are stored under keys
+`"{model_id}/{name}"` in a per-instance dict; nothing is global.
+
+What a backend owns: its device and dtype, the packed weights (names in
+kestrel_rt/packing.py), the KV cache (`allocate_kv`, kestrel_rt/kv_cache.py).
+
+The model (kestrel_rt/model.py) calls only the ops below, per layer:
+
+    x = embed(tokens)                                   # [B, M, H]
+    h = rms_norm(x, "layers.0.input_norm"); residual = x
+    for layer i:
+        (i > 0) h, residual = add_rms_norm(mlp_out, residual, "layers.{i}.input_norm")
+        qkv = linear(h, "layers.{i}.qkv")               # [B, M, (Hq + 2 Hkv) * D]
+        q, k = qk_norm_rope(q, k, i, step)              # q [B, M, Hq, D], k [B, M, Hkv, D]
+        o = attention(q, k, v, i, step)                 # [B, M, Hq, D]; writes k, v to cache
+        a = linear(o, "layers.{i}.o")
+        h, residual = add_rms_norm(a, residual, "layers.{i}.post_norm")
+        mlp_out = linear(swiglu(linear(h, ".gate_up")), ".down")   # dense layer
+        mlp_out = moe(h, i)                                        # MoE layer, h as [N, H]
+    logits = logits(mlp_out, residual)                  # final add + norm + lm_head, fp32
+
+HOW TO WRITE A SUBCLASS (e.g. the cupy backend): subclass `TorchBackend` (the reference)
+and override any op with a kernel; un-overridden ops keep the torch reference, so each
+kernel can be swapped in and checked alone (tests call the op on both backends with the
+same inputs). Rules every op follows:
+  * tensors in, tensors out, on `self.device`; activations in `self.dtype` except where
+    noted (RMSNorm computes in fp32 and casts back, as transformers does; logits are fp32).
+  * shapes are static for a given (B, M): decode and verify can be captured in CUDA graphs.
+    `Step` (kv_cache.py) carries slots / start / n_new / positions as device tensors; its
+    `max_ctx` is a host int that the torch reference uses to slice keys (a graph kernel
+    may ignore it and read up to each sequence's length instead).
+  * rows i >= step.n_new[b] are padding (ragged prefill): their outputs are unspecified, but
+    they must never change valid rows. `attention` may write their K/V past the sequence's
+    length (the model guarantees start + M <= max_len).
+  * an op must not keep state between calls except the weight store and the KV cache.
+  * `prepare_weight(name, tensor)` is the load-time hook: move to device, cast, repack,
+    quantize (a quantized backend stores its own object and reads it back in `linear`).
+    `weight(name)` returns what `prepare_weight` returned.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from kestrel_rt.kv_cache import KVCache, Step
+from kestrel_rt.packing import pack_weights
+from kestrel_sim.models import ModelShape
+
+
+class BackendInUseError(RuntimeError):
+    """A backend handed a second model: every model instance needs its own backend."""
+
+
+class Backend(ABC):
+    """One model's device, weight store and KV cache, and the ops its forward calls."""
+
+    def __init__(self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.model_id: str | None = None
+        self.shape: ModelShape | None = None
+        self.kv: KVCache | None = None
+        self._weights: dict[str, object] = {}
+
+    # -- ownership and weights ---------------------------------------------------------
+    def load(self, model_id: str, shape: ModelShape, hf_weights: dict[str, torch.Tensor]) -> None:
+        """Take ownership of a model's weights (HF on-disk names); entries are popped."""
+        if self.model_id is not None:
+            raise BackendInUseError(
+                f"backend already holds model '{self.model_id}'; model '{model_id}' needs its "
+                "own backend instance (weights of two models must never share a store)"
+            )
+        self.model_id, self.shape = model_id, shape
+        prepared: dict[int, object] = {}  # tied weights are prepared once, stored twice
+        for name, tensor in pack_weights(shape, hf_weights).items():
+            if id(tensor) not in prepared:
+                prepared[id(tensor)] = self.prepare_weight(name, tensor)
+            self._weights[self._key(name)] = prepared[id(tensor)]
+
+    def _key(self, name: str) -> str:
+        return f"{self.model_id}/{name}"
+
+    def weight(self, name: str):
+        """The stored weight `name` of this backend's model."""
+        return self._weights[self._key(name)]
+
+    def weight_names(self) -> list[str]:
+        return list(self._weights)
+
+    def prepare_weight(self, name: str, tensor: torch.Tensor):
+        """Load-time hook: default moves to the device and casts to the backend dtype."""
+        return tensor.to(device=self.device, dtype=self.dtype).contiguous()
+
+    def allocate_kv(self, num_slots: int, max_len: int) -> KVCache:
+        """A fresh KV cache of `num_slots` sequences of up to `max_len` tokens (replaces any)."""
+        s = self.shape
+        self.kv = KVCache(s.num_hidden_layers, num_slots, max_len, s.num_key_value_heads,
+                          s.head_dim, self.device, self.dtype)
+        return self.kv
+
+    # -- ops ---------------------------------------------------------------------------
+    @abstractmethod
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, M] int64 -> [B, M, H]."""
+
+    @abstractmethod
+    def rms_norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """x [..., n] -> weight[name] * (x / rms(x)) over the last dim, computed in fp32."""
+
+    @abstractmethod
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, name: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """s = residual + x; returns (rms_norm(s, name), s). Shapes [..., H]."""
+
+    @abstractmethod
+    def qk_norm_rope(
+        self, q: torch.Tensor, k: torch.Tensor, layer: int, step: Step
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head RMSNorm (layers.{layer}.q_norm / k_norm over D) then RoPE at
+        step.positions. q [B, M, Hq, D], k [B, M, Hkv, D] (may be strided views of the qkv
+        output) -> new tensors of the same shapes."""
+
+    @abstractmethod
+    def attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, step: Step
+    ) -> torch.Tensor:
+        """Write k, v [B, M, Hkv, D] into the cache at (layer, step.slots[b], positions[b, i]),
+        then causal grouped-query attention of q [B, M, Hq, D] over cache entries
+        0..positions[b, i] of slot b; softmax scale D**-0.5 -> [B, M, Hq, D]."""
+
+    @abstractmethod
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """x [..., in] @ weight[name].T -> [..., out] (weight [out, in])."""
+
+    @abstractmethod
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [..., 2I] (gate then up) -> silu(gate) * up [..., I]."""
+
+    @abstractmethod
+    def moe(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """Sparse MoE block of layer `layer`: x [N, H] -> [N, H]. Router softmax (fp32) over
+        layers.{i}.router, top num_experts_per_tok, renormalised when norm_topk_prob, each
+        token's chosen experts' SwiGLU MLPs (layers.{i}.experts.gate_up / .down) summed with
+        those weights."""
+
+    @abstractmethod
+    def logits(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Final add + RMSNorm ("norm") + lm_head: x, residual [B, M, H] -> [B, M, V] fp32."""

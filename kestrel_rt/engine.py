@@ -1,0 +1,147 @@
+"""Batched generation: prefill new prompts into free KV slots, decode all running ones.
+
+Continuous batching over a fixed number of slots: a sequence leaves the batch when it hits
+max_new_tokens, an end-of-sequence token or the context, and a waiting prompt takes its
+slot. Every request has its own seeded generator, so what it samples does not depend on
+what it is batched with.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from kestrel_rt.model import Qwen3Model
+from kestrel_rt.sampling import choose
+from kestrel_sim.errors import KestrelError
+
+
+class PromptTooLongError(KestrelError):
+    """A prompt longer than the model's context."""
+
+
+@dataclass
+class GenerateResult:
+    token_ids: list[list[int]]  # generated ids only, one list per prompt
+    prompt_tokens: int
+    prefill_s: float  # wall time in prefill forwards (incl. sampling the first token)
+    decode_s: float  # wall time in decode steps
+    decode_steps: int
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens over the whole wall time (prefill + decode)."""
+        total = self.prefill_s + self.decode_s
+        return self.generated_tokens / total if total > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens made by decode steps over decode time (the first tokens come from prefill)."""
+        n = self.generated_tokens - sum(1 for t in self.token_ids if t)
+        return n / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _check(model: Qwen3Model, prompts: list[list[int]], max_new_tokens: int) -> None:
+    if max_new_tokens < 0:
+        raise KestrelError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    ctx, vocab = model.shape.max_position_embeddings, model.shape.vocab_size
+    for i, p in enumerate(prompts):
+        if not p:
+            raise KestrelError(f"prompt {i} is empty: expected at least one token id")
+        if len(p) >= ctx:
+            raise PromptTooLongError(
+                f"prompt {i} has {len(p)} tokens: model '{model.shape.name}' has a context of "
+                f"{ctx} (max_position_embeddings), so a prompt may have at most {ctx - 1}")
+        bad = [t for t in p if not 0 <= t < vocab]
+        if bad:
+            raise KestrelError(
+                f"prompt {i} has token id {bad[0]}: expected ids in 0..{vocab - 1} "
+                f"(vocab_size of model '{model.shape.name}')")
+
+
+def generate(
+    model: Qwen3Model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    max_batch: int | None = None,
+) -> GenerateResult:
+    """Generate up to max_new_tokens for every prompt (token ids); greedy at temperature 0.
+
+    Request i samples with a CPU torch.Generator seeded `seed + i` (random when seed is
+    None). At most `max_batch` sequences run at once (default: all). The generated ids
+    include the end-of-sequence token when one stops a sequence.
+    """
+    _check(model, prompts, max_new_tokens)
+    out: list[list[int]] = [[] for _ in prompts]
+    if max_new_tokens == 0 or not prompts:
+        return GenerateResult(out, sum(map(len, prompts)), 0.0, 0.0, 0)
+    eos = set() if eos_token_id is None else (
+        {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id))
+    gens = []
+    for i in range(len(prompts)):
+        g = torch.Generator()
+        g.manual_seed(seed + i) if seed is not None else g.seed()
+        gens.append(g)
+    max_len = min(max(map(len, prompts)) + max_new_tokens, model.shape.max_position_embeddings)
+    kv = model.allocate_kv(min(len(prompts), max_batch or len(prompts)), max_len)
+
+    def pick(logits: torch.Tensor, reqs: list[int]) -> list[int]:  # logits [B, V]
+        uniforms = None
+        if temperature > 0:
+            uniforms = torch.cat([torch.rand(1, generator=gens[r]) for r in reqs])  # [B]
+        return choose(logits, temperature, top_p, uniforms).tolist()
+
+    waiting = deque(range(len(prompts)))
+    running: dict[int, int] = {}  # slot -> request
+    prefill_s = decode_s = 0.0
+    steps = 0
+
+    def record(reqs: list[int], slots: list[int], tokens: list[int]) -> None:
+        for r, s, t in zip(reqs, slots, tokens):
+            out[r].append(t)
+            if len(out[r]) >= max_new_tokens or t in eos or kv.length(s) >= max_len:
+                del running[s]
+                kv.free(s)
+
+    while waiting or running:
+        admitted = []
+        while waiting and kv.can_allocate():
+            admitted.append((kv.allocate(), waiting.popleft()))
+        if admitted:
+            slots, reqs = [s for s, _ in admitted], [r for _, r in admitted]
+            running.update(admitted)
+            t0 = time.perf_counter()
+            logits = model.prefill([prompts[r] for r in reqs], slots)  # [B, V]
+            tokens = pick(logits, reqs)
+            _sync(model.device)
+            prefill_s += time.perf_counter() - t0
+            record(reqs, slots, tokens)
+        if not running:
+            continue
+        slots = list(running)
+        reqs = [running[s] for s in slots]
+        t0 = time.perf_counter()
+        last = torch.tensor([[out[r][-1]] for r in reqs])  # [B, 1]
+        logits = model.forward(last, slots)[:, 0]  # [B, V]
+        tokens = pick(logits, reqs)
+        _sync(model.device)
+        decode_s += time.perf_counter() - t0
+        steps += 1
+        record(reqs, slots, tokens)
+    return GenerateResult(out, sum(map(len, prompts)), prefill_s, decode_s, steps)

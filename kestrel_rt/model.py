@@ -1,0 +1,103 @@
+"""Qwen3 / Qwen3-MoE forward over a backend: M new tokens per sequence against the KV cache."""
+
+from __future__ import annotations
+
+import uuid
+
+import torch
+
+from kestrel_rt.backend.base import Backend
+from kestrel_rt.kv_cache import KVCache
+from kestrel_sim.errors import KestrelError
+from kestrel_sim.models import ModelShape
+
+
+class Qwen3Model:
+    """Qwen3ForCausalLM / Qwen3MoeForCausalLM inference, exact against transformers.
+
+    `weights` uses Hugging Face on-disk names (see kestrel_rt/packing.py); the backend takes
+    ownership (entries are popped from the dict). One backend per model instance.
+    """
+
+    def __init__(
+        self, shape: ModelShape, weights: dict[str, torch.Tensor], backend: Backend,
+        model_id: str | None = None,
+    ) -> None:
+        if shape.num_attention_heads % shape.num_key_value_heads:
+            raise KestrelError(
+                f"model '{shape.name}': num_attention_heads={shape.num_attention_heads} is not a "
+                f"multiple of num_key_value_heads={shape.num_key_value_heads}"
+            )
+        self.shape = shape
+        self.backend = backend
+        self.model_id = model_id or f"{shape.name}-{uuid.uuid4().hex[:12]}"
+        backend.load(self.model_id, shape, weights)
+
+    @property
+    def device(self) -> torch.device:
+        return self.backend.device
+
+    @property
+    def kv(self) -> KVCache:
+        if self.backend.kv is None:
+            raise RuntimeError("no KV cache: call model.allocate_kv(num_slots, max_len) first")
+        return self.backend.kv
+
+    def allocate_kv(self, num_slots: int, max_len: int) -> KVCache:
+        """A fresh KV cache in this model's backend (replaces any earlier one)."""
+        return self.backend.allocate_kv(num_slots, max_len)
+
+    @torch.inference_mode()
+    def forward(
+        self, tokens: torch.Tensor, slots: list[int], n_new: list[int] | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Run M new tokens per sequence and append them to the cache.
+
+        tokens [B, M] int64 (row b belongs to KV slot slots[b]); n_new[b] <= M of them are
+        real (the rest padding, default all M). Advances each slot's length by n_new[b].
+        Returns fp32 logits [B, M, V], or [B, V] at each row's last real token if last_only.
+        """
+        be, s = self.backend, self.shape
+        tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
+        B, M = tokens.shape
+        n_new = [M] * B if n_new is None else list(n_new)
+        step = self.kv.step(list(slots), M, n_new)
+        D, Hq, Hkv = s.head_dim, s.num_attention_heads, s.num_key_value_heads
+
+        x = be.embed(tokens)  # [B, M, H]
+        residual = x
+        h = be.rms_norm(x, "layers.0.input_norm")
+        mlp_out = x
+        for i in range(s.num_hidden_layers):
+            if i > 0:
+                h, residual = be.add_rms_norm(mlp_out, residual, f"layers.{i}.input_norm")
+            qkv = be.linear(h, f"layers.{i}.qkv")  # [B, M, (Hq + 2 Hkv) * D]
+            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+            q, k = be.qk_norm_rope(q.view(B, M, Hq, D), k.view(B, M, Hkv, D), i, step)
+            o = be.attention(q, k, v.view(B, M, Hkv, D), i, step)  # [B, M, Hq, D]
+            a = be.linear(o.reshape(B, M, Hq * D), f"layers.{i}.o")  # [B, M, H]
+            h, residual = be.add_rms_norm(a, residual, f"layers.{i}.post_norm")
+            if s.is_moe_layer(i):
+                mlp_out = be.moe(h.reshape(B * M, -1), i).view(B, M, -1)
+            else:
+                mlp_out = be.linear(be.swiglu(be.linear(h, f"layers.{i}.gate_up")),
+                                    f"layers.{i}.down")
+        if last_only:
+            last = (step.n_new - 1)[:, None, None].expand(B, 1, mlp_out.shape[-1])  # [B, 1, H]
+            mlp_out, residual = mlp_out.gather(1, last), residual.gather(1, last)
+        logits = be.logits(mlp_out, residual)  # [B, M or 1, V]
+        self.kv.advance(list(slots), n_new)
+        return logits[:, 0] if last_only else logits
+
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+        """Append each prompt to its (typically empty) slot in one padded batch.
+
+        Returns fp32 logits [B, V] at each prompt's last token.
+        """
+        lengths = [len(p) for p in prompts]
+        M = max(lengths)
+        tokens = torch.zeros(len(prompts), M, dtype=torch.long)  # [B, M], 0-padded
+        for b, p in enumerate(prompts):
+            tokens[b, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+        return self.forward(tokens, slots, lengths, last_only=True)
