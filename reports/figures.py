@@ -1,0 +1,173 @@
+"""Plotly figures of one run (from a Trace) and of a sweep (from a table of results)."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kestrel_sim.metrics import TimeSeries, acceptance_lengths, request_latencies
+from kestrel_sim.trace import Trace
+
+KIND_COLORS = {
+    "prefill": "#4c78a8", "draft": "#f58518", "verify": "#54a24b", "correction": "#e45756",
+    "decode": "#72b7b2", "kv_transfer": "#b279a2", "queue_wait": "#bab0ac",
+}
+CDF_POINTS = 500  # quantiles drawn per CDF (keeps the HTML small at any request count)
+
+
+def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+    fig.update_layout(title=title, height=height, template="plotly_white",
+                      margin={"l": 60, "r": 30, "t": 60, "b": 50})
+    return fig
+
+
+def timeline_window(trace: Trace, max_spans: int = 3000) -> tuple[float, float]:
+    """A window in the middle of the run holding at most `max_spans` worker spans."""
+    starts = np.sort([s.start for s in trace.spans if s.kind != "queue_wait"])
+    if starts.size == 0:
+        return 0.0, 0.0
+    ends_max = max(s.end for s in trace.spans)
+    if starts.size <= max_spans:
+        return float(starts[0]), float(ends_max)
+    first = (starts.size - max_spans) // 2
+    return float(starts[first]), float(starts[first + max_spans - 1])
+
+
+def timeline_figure(trace: Trace, window: tuple[float, float] | None = None,
+                    max_spans: int = 3000) -> go.Figure:
+    """Gantt chart: one row per worker, one bar per span, coloured by stage."""
+    lo, hi = window or timeline_window(trace, max_spans)
+    spans = [s for s in trace.spans
+             if s.kind != "queue_wait" and s.start >= lo and s.start <= hi]
+    workers = sorted({s.worker for s in spans})
+    fig = go.Figure()
+    for kind, color in KIND_COLORS.items():
+        group = [s for s in spans if s.kind == kind]
+        if not group:
+            continue
+        fig.add_trace(go.Bar(
+            name=kind, orientation="h", marker_color=color,
+            base=[s.start for s in group], x=[s.end - s.start for s in group],
+            y=[s.worker for s in group],
+            customdata=[[len(s.requests), s.tokens, (s.end - s.start) * 1e3,
+                         sum(s.accepted) if s.accepted else 0] for s in group],
+            hovertemplate=(f"{kind}<br>start %{{base:.4f}} s<br>%{{customdata[2]:.3f}} ms"
+                           "<br>batch %{customdata[0]}<br>tokens %{customdata[1]}"
+                           + ("<br>accepted %{customdata[3]}" if kind == "verify" else "")
+                           + "<extra></extra>"),
+        ))
+    fig.update_layout(barmode="overlay", bargap=0.3, xaxis_title="time (s)",
+                      yaxis={"categoryorder": "array", "categoryarray": workers[::-1]})
+    return _layout(fig, f"Stage timeline, {lo:.3f}-{hi:.3f} s ({len(spans)} spans)",
+                   height=max(300, 120 + 50 * len(workers)))
+
+
+def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    q = np.linspace(0.0, 1.0, min(CDF_POINTS, max(values.size, 2)))
+    return np.quantile(values, q), q
+
+
+def latency_cdf_figure(trace: Trace) -> go.Figure:
+    """CDFs of TTFT, TPOT and end-to-end latency over completed requests."""
+    lat = request_latencies(trace)
+    names = [("TTFT", lat.ttft_ms), ("TPOT", lat.tpot_ms), ("E2E latency", lat.e2el_ms)]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[n for n, _ in names])
+    for col, (name, values) in enumerate(names, start=1):
+        if values.size:
+            x, y = _cdf(values)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, showlegend=False),
+                          row=1, col=col)
+        fig.update_xaxes(title_text="ms", row=1, col=col)
+    fig.update_yaxes(title_text="fraction of requests", row=1, col=1)
+    return _layout(fig, "Latency CDFs", height=380)
+
+
+def timeseries_figure(ts: TimeSeries) -> go.Figure:
+    """Output throughput and queue lengths over the run."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=["Throughput", "Queue lengths"])
+    fig.add_trace(go.Scatter(x=ts.time, y=ts.output_throughput, name="output tokens/s",
+                             line_shape="hv"), row=1, col=1)
+    for name, values in [("prefill queue", ts.prefill_queue),
+                         ("decode queue", ts.decode_queue), ("running", ts.running)]:
+        fig.add_trace(go.Scatter(x=ts.time, y=values, name=name, line_shape="hv"), row=2, col=1)
+    fig.update_yaxes(title_text="tokens/s", row=1, col=1)
+    fig.update_yaxes(title_text="requests", row=2, col=1)
+    fig.update_xaxes(title_text="time (s)", row=2, col=1)
+    return _layout(fig, "Throughput and queues over time", height=560)
+
+
+def acceptance_figure(trace: Trace) -> go.Figure | None:
+    """Histogram of tokens gained per speculative round (accepted drafts + 1); None without."""
+    accepted, k = acceptance_lengths(trace)
+    if accepted.size == 0:
+        return None
+    counts = np.bincount(accepted, minlength=k + 1)
+    fig = go.Figure(go.Bar(x=np.arange(1, k + 2), y=counts / counts.sum(),
+                           hovertemplate="%{x} tokens: %{y:.3f}<extra></extra>"))
+    fig.update_layout(xaxis_title="tokens per round (accepted drafts + 1)",
+                      yaxis_title="fraction of rounds", xaxis={"dtick": 1})
+    return _layout(fig, f"Acceptance length (k = {k}, mean {accepted.mean() + 1:.3f})",
+                   height=360)
+
+
+# ---------------------------------------------------------------- sweeps
+
+SWEEP_METRICS = [
+    "output_throughput", "request_throughput", "goodput", "mean_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "p99_tpot_ms", "mean_e2el_ms", "mean_acceptance_length",
+]
+
+
+def _label(value) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+def sweep_curves_figure(rows: list[dict], axes: list[str],
+                        metrics: list[str] = SWEEP_METRICS) -> go.Figure:
+    """Each metric against the first axis, one line per combination of the other axes.
+
+    `rows` are {"params": {axis: value}, "metrics": {name: value}}."""
+    x_axis, others = axes[0], axes[1:]
+    metrics = [m for m in metrics if any(r["metrics"].get(m) is not None for r in rows)]
+    cols = 3
+    nrows = max(1, -(-len(metrics) // cols))
+    fig = make_subplots(rows=nrows, cols=cols, subplot_titles=metrics,
+                        vertical_spacing=0.12 / max(1, nrows / 2))
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r["params"][a] for a in others), []).append(r)
+    palette = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b",
+               "#ff9da6", "#9d755d", "#bab0ac"]
+    for g, (key, group) in enumerate(groups.items()):
+        name = ", ".join(f"{a}={_label(v)}" for a, v in zip(others, key)) or "all"
+        for i, metric in enumerate(metrics):
+            fig.add_trace(go.Scatter(
+                x=[r["params"][x_axis] for r in group],
+                y=[r["metrics"].get(metric) for r in group],
+                mode="lines+markers", name=name, legendgroup=name, showlegend=i == 0,
+                line_color=palette[g % len(palette)],
+            ), row=i // cols + 1, col=i % cols + 1)
+    for i in range(len(metrics)):
+        fig.update_xaxes(title_text=x_axis, row=i // cols + 1, col=i % cols + 1)
+    return _layout(fig, f"Metrics against {x_axis}", height=320 * nrows + 80)
+
+
+def sweep_heatmap_figure(rows: list[dict], y_axis: str, x_axis: str, metric: str) -> go.Figure:
+    """`metric` over a two-axis grid (cells without a run stay blank)."""
+    ys = list(dict.fromkeys(r["params"][y_axis] for r in rows))
+    xs = list(dict.fromkeys(r["params"][x_axis] for r in rows))
+    z = np.full((len(ys), len(xs)), np.nan)
+    for r in rows:
+        value = r["metrics"].get(metric)
+        if value is not None:
+            z[ys.index(r["params"][y_axis]), xs.index(r["params"][x_axis])] = value
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[_label(x) for x in xs], y=[_label(y) for y in ys], colorscale="Viridis",
+        text=[[f"{v:.4g}" for v in row] for row in z], texttemplate="%{text}",
+        hovertemplate=f"{x_axis}=%{{x}}<br>{y_axis}=%{{y}}<br>{metric}=%{{z:.4g}}<extra></extra>",
+    ))
+    fig.update_layout(xaxis_title=x_axis, yaxis_title=y_axis,
+                      xaxis_type="category", yaxis_type="category")
+    return _layout(fig, f"{metric} over {y_axis} x {x_axis}", height=420)
