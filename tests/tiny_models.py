@@ -39,8 +39,8 @@ MOE_CONFIGS = {"moe", "moe_norm"}
 SHARD_SIZE = "20KB"  # gives several shards and an index for the "sharded" model
 
 
-def build(name: str, folder: Path, seed: int = 0) -> Path:
-    """Write tiny checkpoint `name` (a key of CONFIGS) into `folder`; returns the folder."""
+def in_memory(name: str, seed: int = 0):
+    """The transformers model of tiny config `name` (a key of CONFIGS), fp32, eval mode."""
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(seed)
@@ -52,9 +52,14 @@ def build(name: str, folder: Path, seed: int = 0) -> Path:
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight"):
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
+    return model.eval()
+
+
+def build(name: str, folder: Path, seed: int = 0) -> Path:
+    """Write tiny checkpoint `name` (a key of CONFIGS) into `folder`; returns the folder."""
     folder = Path(folder)
     kwargs = {"max_shard_size": SHARD_SIZE} if name == "sharded" else {}
-    model.save_pretrained(folder, **kwargs)
+    in_memory(name, seed).save_pretrained(folder, **kwargs)
     return folder
 
 
@@ -79,6 +84,11 @@ def shape_of(config) -> ModelShape:
         decoder_sparse_step=getattr(config, "decoder_sparse_step", 1) or 1,
         mlp_only_layers=tuple(getattr(config, "mlp_only_layers", ()) or ()),
     )
+
+
+def weights_of(model) -> dict[str, torch.Tensor]:
+    """A transformers model's weights by HF name (copies; MoE experts in fused form)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def read(folder: Path) -> tuple[ModelShape, dict[str, torch.Tensor]]:
