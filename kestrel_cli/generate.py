@@ -1,8 +1,175 @@
-"""`kestrel generate` (placeholder until the runtime lands)."""
+"""`kestrel generate`: load a model folder or a dummy preset and generate tokens.
+
+torch is imported inside the command only, so the simulator's CLI works without it.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
 
-def generate() -> None:
-    """Generate tokens with the runtime."""
-    raise NotImplementedError("kestrel generate: the runtime is not built yet")
+import typer
+
+from kestrel_sim.errors import KestrelError
+
+
+class PromptError(KestrelError):
+    """A prompt that cannot run: missing, doubled, unparsable, or too long for the context."""
+
+
+def parse_prompt_ids(text: str) -> list[int]:
+    """'1, 2,3' -> [1, 2, 3]; anything else is a PromptError naming the bad item."""
+    ids = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit():
+            raise PromptError(
+                f"--prompt-ids '{text}': '{item}' is not a token id; expected non-negative "
+                "integers separated by commas, e.g. --prompt-ids 1,2,3"
+            )
+        ids.append(int(item))
+    return ids
+
+
+def eos_ids(folder: Path | None, tokenizer: Any | None) -> list[int]:
+    """End-of-sequence ids from generation_config.json, else the tokenizer's; [] if none."""
+    found: Any = None
+    if folder is not None and (folder / "generation_config.json").is_file():
+        try:
+            found = json.loads((folder / "generation_config.json").read_text()).get("eos_token_id")
+        except (json.JSONDecodeError, AttributeError):
+            found = None
+    if found is None and tokenizer is not None:
+        found = tokenizer.eos_token_id
+    if found is None:
+        return []
+    return [found] if isinstance(found, int) else [int(i) for i in found]
+
+
+def check_prompt(ids: list[int], max_new_tokens: int, shape: Any) -> None:
+    """Refuse, before any weights load, a prompt the model cannot run."""
+    n, ctx = len(ids), shape.max_position_embeddings
+    if n + max_new_tokens > ctx:
+        raise PromptError(
+            f"the prompt has {n} tokens and --max-new-tokens is {max_new_tokens}, "
+            f"{n + max_new_tokens} in all, but model '{shape.name}' has a context of {ctx} tokens "
+            f"(max_position_embeddings); expected prompt tokens + --max-new-tokens <= {ctx}"
+        )
+    bad = [t for t in ids if t >= shape.vocab_size]
+    if bad:
+        raise PromptError(
+            f"token id {bad[0]} is outside the vocabulary of model '{shape.name}': expected "
+            f"ids in 0..{shape.vocab_size - 1}"
+        )
+
+
+def generate(
+    model: Annotated[str, typer.Option(
+        help="A Hugging Face model folder (config.json + *.safetensors) or a preset name "
+        "(qwen3-0.6b ... qwen3-32b, qwen3-30b-a3b) for random weights of the real shapes.")],
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate.")],
+    prompt: Annotated[str | None, typer.Option(
+        help="Prompt text (needs a tokenizer in the model folder).")] = None,
+    prompt_ids: Annotated[str | None, typer.Option(
+        help="Prompt as token ids, comma separated: 1,2,3.")] = None,
+    device: Annotated[str | None, typer.Option(
+        help="cpu or cuda[:N] (default: cuda when available, else cpu).")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="bfloat16, float16 or float32 (default: the folder's dtype; for presets "
+        "bfloat16 on CUDA, float32 on CPU).")] = None,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Nucleus sampling mass, in (0, 1].")] = 1.0,
+    seed: Annotated[int | None, typer.Option(
+        help="Seed for sampling (random if omitted). Dummy weights always use seed 0.")] = None,
+    ignore_eos: Annotated[bool, typer.Option(
+        help="Do not stop at the end-of-sequence token.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Generate tokens with the runtime from a model folder or a dummy preset."""
+    import torch
+
+    from kestrel_rt.backend import TorchBackend
+    from kestrel_rt.engine import generate as run_generate
+    from kestrel_rt.loading import (
+        default_dtype,
+        load_dummy,
+        load_folder,
+        load_tokenizer,
+        resolve,
+    )
+    from kestrel_rt.model import Qwen3Model
+    from kestrel_rt.weights import parse_device, parse_dtype
+
+    if top_p <= 0:
+        raise PromptError(f"--top-p is {top_p}: expected a value in (0, 1]")
+    if (prompt is None) == (prompt_ids is None):
+        raise PromptError(
+            "give exactly one of --prompt TEXT or --prompt-ids 1,2,3 "
+            f"(got {'both' if prompt is not None else 'neither'})"
+        )
+    ids = parse_prompt_ids(prompt_ids) if prompt_ids is not None else None
+    dev = parse_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    shape, folder = resolve(model)
+    dt = parse_dtype(dtype or default_dtype(folder, dev))
+    tokenizer = load_tokenizer(folder) if folder is not None else None
+    if ids is None:
+        if tokenizer is None:
+            where = f"model folder {folder}" if folder else f"preset '{model}' (random weights)"
+            raise PromptError(
+                f"--prompt needs a tokenizer, and {where} has none (no tokenizer.json or "
+                "tokenizer_config.json); pass token ids with --prompt-ids 1,2,3 instead"
+            )
+        ids = tokenizer(prompt)["input_ids"]
+        if not ids:
+            raise PromptError(f"--prompt '{prompt}' encodes to no tokens")
+    check_prompt(ids, max_new_tokens, shape)
+
+    t0 = time.perf_counter()
+    if folder is not None:
+        shape, weights = load_folder(folder, dev, dt)
+    else:
+        shape, weights = load_dummy(shape.name, dev, dt, seed=0)
+    runner = Qwen3Model(shape, weights, TorchBackend(dev, dt))
+    del weights
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    load_s = time.perf_counter() - t0
+
+    result = run_generate(
+        runner, [ids], max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+        eos_token_id=None if ignore_eos else eos_ids(folder, tokenizer),
+    )
+    new_ids = result.token_ids[0]
+    text = tokenizer.decode(new_ids, skip_special_tokens=True) if tokenizer else None
+    report = {
+        "model": str(model),
+        "device": str(dev),
+        "dtype": str(dt).removeprefix("torch."),
+        "prompt_tokens": len(ids),
+        "generated_tokens": len(new_ids),
+        "token_ids": new_ids,
+        "text": text,
+        "tokens_per_s": result.tokens_per_s,
+        "decode_tokens_per_s": result.decode_tokens_per_s,
+        "elapsed_s": result.prefill_s + result.decode_s,
+        "prefill_s": result.prefill_s,
+        "decode_s": result.decode_s,
+        "load_s": load_s,
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+    }
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    typer.echo(text if text is not None else ",".join(map(str, new_ids)))
+    print(
+        f"{len(new_ids)} tokens in {report['elapsed_s']:.3f} s: {result.tokens_per_s:.1f} tok/s "
+        f"(decode {result.decode_tokens_per_s:.1f} tok/s; prompt {len(ids)} tokens; "
+        f"{shape.name} on {dev}, {report['dtype']}; load {load_s:.1f} s)",
+        file=sys.stderr,
+    )

@@ -217,6 +217,34 @@ def looks_like_path(name: str) -> bool:
     return "/" in name or "\\" in name or name.startswith((".", "~")) or Path(name).exists()
 
 
+def resolve(path_or_preset: str | Path) -> tuple[ModelShape, Path | None]:
+    """(shape, folder) for a model folder, (shape, None) for a preset; reads no weights.
+
+    Cheap, so callers can check a request against the shape (context length, vocabulary)
+    before a long load.
+    """
+    name = str(path_or_preset)
+    if isinstance(path_or_preset, Path) or looks_like_path(name):
+        folder = Path(name).expanduser()
+        config_path = find_config(folder)
+        return shape_from_hf_config(read_config(config_path), config_path), folder
+    if name.lower() not in PRESETS:
+        raise UnknownPresetError(
+            f"model '{name}' is neither a folder nor a known preset: expected one of "
+            f"{', '.join(sorted(PRESETS))}, or a path to a Hugging Face model folder "
+            "with a config.json"
+        )
+    return PRESETS[name.lower()], None
+
+
+def default_dtype(folder: Path | None, device: str | torch.device) -> str:
+    """A folder's declared dtype (float32 if none); for presets bfloat16 on CUDA, else float32."""
+    if folder is not None:
+        config_path = find_config(folder)
+        return checkpoint_dtype(read_config(config_path), config_path) or "float32"
+    return "bfloat16" if parse_device(device).type == "cuda" else "float32"
+
+
 def load_model(
     path_or_preset: str | Path,
     device: str | torch.device = "cpu",
@@ -225,21 +253,12 @@ def load_model(
 ) -> tuple[ModelShape, dict[str, torch.Tensor], Any | None]:
     """(shape, weights, tokenizer or None) of a model folder or a named dummy preset.
 
-    A preset gets random weights (seeded) made on `device`; its dtype defaults to bfloat16
-    on CUDA and float32 on the CPU. A folder's dtype defaults to the one config.json declares.
+    A preset gets random weights (seeded) made on `device`. dtype None: see default_dtype.
     """
-    name = str(path_or_preset)
-    if isinstance(path_or_preset, Path) or looks_like_path(name):
-        folder = Path(name).expanduser()
+    shape, folder = resolve(path_or_preset)
+    dtype = dtype or default_dtype(folder, device)
+    if folder is not None:
         shape, weights = load_folder(folder, device, dtype)
         return shape, weights, load_tokenizer(folder)
-    if name.lower() not in PRESETS:
-        raise UnknownPresetError(
-            f"model '{name}' is neither a folder nor a known preset: expected one of "
-            f"{', '.join(sorted(PRESETS))}, or a path to a Hugging Face model folder "
-            "with a config.json"
-        )
-    dev = parse_device(device)
-    dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
-    shape, weights = load_dummy(name, dev, dtype, seed)
+    shape, weights = load_dummy(shape.name, device, dtype, seed)
     return shape, weights, None
