@@ -49,15 +49,13 @@ class TorchBackend(Backend):
         kv.k[layer][rows, step.positions] = k
         kv.v[layer][rows, step.positions] = v
         T = step.max_ctx
-        keys = kv.k[layer][step.slots, :T]  # [B, T, Hkv, D]
-        values = kv.v[layer][step.slots, :T]
-        qg = q.view(B, M, Hkv, Hq // Hkv, D)  # [B, M, Hkv, G, D]
-        scores = torch.einsum("bmhgd,bthd->bhgmt", qg, keys) * D**-0.5  # [B, Hkv, G, M, T]
-        visible = torch.arange(T, device=q.device)[None, None, :] <= step.positions[:, :, None]
-        scores = scores.masked_fill(~visible[:, None, None], float("-inf"))  # [B, M, T] mask
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float).to(q.dtype)
-        out = torch.einsum("bhgmt,bthd->bmhgd", probs, values)  # [B, M, Hkv, G, D]
-        return out.reshape(B, M, Hq, D)
+        keys = kv.k[layer][step.slots, :T].transpose(1, 2)  # [B, Hkv, T, D]
+        values = kv.v[layer][step.slots, :T].transpose(1, 2)
+        visible = torch.arange(T, device=q.device)[None, :] <= step.positions[:, :, None]
+        out = F.scaled_dot_product_attention(  # [B, Hq, M, D]
+            q.transpose(1, 2), keys, values, attn_mask=visible[:, None],  # mask [B, 1, M, T]
+            scale=D**-0.5, enable_gqa=Hq != Hkv)
+        return out.transpose(1, 2)  # [B, M, Hq, D]
 
     def linear(self, x, name):
         return F.linear(x, self.weight(name))
