@@ -1,0 +1,99 @@
+"""Analytic roofline: a step's bytes over bandwidth and flops over peak, plus overheads.
+
+For a step of b sequences x M new tokens at context c per sequence (T = b*M tokens):
+
+  weights  = bytes_per_param x (attention + dense MLP + router params of every layer
+             + 3*h*moe_inter per *touched* expert of each MoE layer + lm_head)
+             read once per step; touched experts = E*(1-(1-topk/E)^T) per MoE layer
+  gemm     = 2 x T x (params each token multiplies) + 2 x logits positions x V x h
+             (logits: every position for verify, the last one per sequence otherwise)
+  kv bytes = bytes_per_kv x kv elements/token x (b*c read + 2*T read and written)
+  attn     = 4 x layers x heads x head_dim x b x (M*c + M*(M+1)/2)
+
+  seconds  = max(weights/bw, gemm/matmul_peak) + max(kv/bw, attn/attention_peak)
+             + layers x kernels_per_layer x launch + step_overhead
+"""
+
+from __future__ import annotations
+
+from kestrel_sim.hardware import Hardware
+from kestrel_sim.models import ModelShape
+
+
+class RooflineCost:
+    __slots__ = (
+        "_E",
+        "_attn_c",
+        "_expert_bytes",
+        "_fixed",
+        "_flops_tok",
+        "_inv_apeak",
+        "_inv_bw",
+        "_inv_peak",
+        "_keep",
+        "_kv_tok",
+        "_lm_flops",
+        "_moe_layers",
+        "_w_fixed",
+        "hw",
+        "shape",
+    )
+
+    def __init__(
+        self, hw: Hardware, shape: ModelShape,
+        launch_us: float | None = None, step_overhead_us: float | None = None,
+    ):
+        self.hw, self.shape = hw, shape
+        s = shape
+        h, layers = s.hidden_size, s.num_hidden_layers
+        q = s.num_attention_heads * s.head_dim
+        kv = s.num_key_value_heads * s.head_dim
+        attn = h * q + 2 * h * kv + q * h
+        moe_layers = sum(1 for i in range(layers) if s.is_moe_layer(i))
+        dense_layers = layers - moe_layers
+        mlp = 3 * h * s.intermediate_size
+        expert = 3 * h * s.moe_intermediate_size
+        router = h * s.num_experts
+        lm = s.vocab_size * h
+        bpp = hw.bytes_per_param
+        self._w_fixed = bpp * (layers * attn + dense_layers * mlp + moe_layers * router + lm)
+        self._expert_bytes = bpp * expert
+        self._moe_layers = moe_layers
+        self._E = s.num_experts
+        self._keep = 1.0 - s.num_experts_per_tok / s.num_experts if s.is_moe else 1.0
+        self._flops_tok = 2.0 * (
+            layers * attn + dense_layers * mlp
+            + moe_layers * (router + s.num_experts_per_tok * expert)
+        )
+        self._lm_flops = 2.0 * lm
+        self._kv_tok = hw.bytes_per_kv * s.kv_elements_per_token
+        self._attn_c = 4.0 * layers * q
+        self._inv_bw = 1.0 / (hw.mem_bandwidth_tb_s * 1e12)
+        self._inv_peak = 1.0 / (hw.matmul_tflops * 1e12)
+        apeak = hw.attention_tflops or 0.6 * hw.matmul_tflops
+        self._inv_apeak = 1.0 / (apeak * 1e12)
+        launch = hw.launch_us if launch_us is None else launch_us
+        overhead = hw.step_overhead_us if step_overhead_us is None else step_overhead_us
+        self._fixed = (layers * hw.kernels_per_layer * launch + overhead) * 1e-6
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of weights a one-token step reads (dense: all of them)."""
+        return self._w_fixed + self._moe_layers * self._E * (1 - self._keep) * self._expert_bytes
+
+    def touched_experts(self, tokens: float) -> float:
+        """Expected distinct experts per MoE layer for `tokens` tokens routed top-k of E."""
+        return self._E * (1.0 - self._keep**tokens) if self._E else 0.0
+
+    def seconds(self, stage: str, batch: int, m: float, context: float) -> float:
+        t = batch * m
+        wbytes = self._w_fixed
+        if self._E:
+            wbytes += self._moe_layers * self._E * (1.0 - self._keep**t) * self._expert_bytes
+        logits = t if stage == "verify" else batch
+        flops = t * self._flops_tok + logits * self._lm_flops
+        w = wbytes * self._inv_bw
+        g = flops * self._inv_peak
+        kvb = self._kv_tok * (batch * context + 2.0 * t) * self._inv_bw
+        af = self._attn_c * batch * (m * context + 0.5 * m * (m + 1.0)) * self._inv_apeak
+        return (max(g, w)) + (max(af, kvb)) + self._fixed

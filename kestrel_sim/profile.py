@@ -1,0 +1,74 @@
+"""The Profile: measured stage costs of one model on one device, with a fingerprint.
+
+Written by calibration (kestrel_rt measuring a grid of steps), read by the simulator's
+profile cost model (kestrel_sim.costs.profile). One measurement is the median time of
+a step of `batch` sequences x `tokens_per_seq` new tokens at `context` tokens already
+cached per sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kestrel_sim.errors import ConfigError
+
+ProfileStage = Literal["prefill", "decode", "verify", "draft", "correction"]
+
+
+class Fingerprint(BaseModel):
+    """Where and how the measurements were taken."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field(description="e.g. 'NVIDIA H200'")
+    driver: str | None = None
+    cuda: str | None = None
+    torch: str | None = None
+    backend: str | None = Field(default=None, description="torch | cupy | ...")
+    model: str = Field(description="target model preset, e.g. qwen3-8b")
+    draft_model: str | None = Field(default=None, description="model the draft stage ran")
+    dtype: str = "bfloat16"
+    date: str | None = None
+    git_commit: str | None = None
+
+
+class Measurement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    stage: ProfileStage
+    batch: int = Field(ge=1)
+    tokens_per_seq: int = Field(ge=1, description="M: new tokens per sequence")
+    context: int = Field(ge=0, description="tokens already cached per sequence")
+    ms: float = Field(gt=0, description="median step time")
+    samples: int = Field(default=1, ge=1)
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    fingerprint: Fingerprint
+    measurements: list[Measurement] = Field(min_length=1)
+
+    def stages(self) -> set[str]:
+        return {m.stage for m in self.measurements}
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        """Read and validate a Profile JSON, or raise ConfigError naming the file."""
+        path = Path(path)
+        try:
+            return cls.model_validate_json(path.read_bytes())
+        except OSError as err:
+            raise ConfigError(f"cannot read profile {path}: {err.strerror}") from None
+        except ValidationError as err:
+            raise ConfigError(f"profile {path} is invalid: {err}") from None
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.model_dump(mode="json"), indent=1))
+        tmp.replace(path)

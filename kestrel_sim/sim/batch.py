@@ -1,0 +1,50 @@
+"""The running (decode) batch of one worker, as parallel numpy arrays.
+
+Kept in join order, so the newest request is last (the one preempted first). Requests
+that joined since the last round wait in `pending` and are merged at the next round, so
+a round costs a handful of numpy operations however large the batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+class RunningBatch:
+    __slots__ = ("ctx", "ids", "pending", "rem")
+
+    def __init__(self):
+        self.ids = _EMPTY  # [b] request ids
+        self.ctx = _EMPTY  # [b] tokens in the KV cache (prompt + emitted)
+        self.rem = _EMPTY  # [b] output tokens still to emit
+        self.pending: list[tuple[int, int, int]] = []  # (id, ctx, rem) joined since last round
+
+    def __len__(self) -> int:
+        return len(self.ids) + len(self.pending)
+
+    def join(self, rid: int, ctx: int, rem: int) -> None:
+        self.pending.append((rid, ctx, rem))
+
+    def merge(self) -> list[int]:
+        """Move pending joiners into the arrays; returns their ids."""
+        if not self.pending:
+            return []
+        new = np.array(self.pending, dtype=np.int64)  # [n, 3]
+        self.pending = []
+        self.ids = np.concatenate((self.ids, new[:, 0]))
+        self.ctx = np.concatenate((self.ctx, new[:, 1]))
+        self.rem = np.concatenate((self.rem, new[:, 2]))
+        return new[:, 0].tolist()
+
+    def keep(self, mask: np.ndarray) -> None:
+        self.ids, self.ctx, self.rem = self.ids[mask], self.ctx[mask], self.rem[mask]
+
+    def pop_newest(self) -> tuple[int, int, int]:
+        """Remove and return the most recently joined request (id, ctx, rem)."""
+        if self.pending:
+            return self.pending.pop()
+        out = int(self.ids[-1]), int(self.ctx[-1]), int(self.rem[-1])
+        self.ids, self.ctx, self.rem = self.ids[:-1], self.ctx[:-1], self.rem[:-1]
+        return out

@@ -1,0 +1,55 @@
+"""KV capacity: how many cached tokens one worker holds, and the charge each request takes.
+
+`preempt` policy: a request is charged its cached tokens (prompt + emitted) and grows as
+it emits; before a round the newest requests are preempted until the round's speculative
+slots (k+1 per request) fit, and recomputed later. `wait` policy: a request is charged
+prompt + output + k + 1 at admission, so nothing ever needs to be evicted.
+"""
+
+from __future__ import annotations
+
+from kestrel_sim.costs.shape import model_shape
+from kestrel_sim.errors import ConfigError
+from kestrel_sim.hardware import Hardware
+from kestrel_sim.scenario import Scenario
+
+
+class KVPool:
+    __slots__ = ("capacity", "used")
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.used = 0
+
+    def fits(self, tokens: int) -> bool:
+        return self.used + tokens <= self.capacity
+
+
+def kv_capacity(sc: Scenario, hw: Hardware | None) -> int:
+    """Tokens of KV one worker holds: the scenario's number, or free memory after weights."""
+    if sc.serving.kv_capacity_tokens is not None:
+        return sc.serving.kv_capacity_tokens
+    if hw is None:
+        raise ConfigError(
+            "serving.kv_capacity_tokens is needed: the hardware is a profile of a device "
+            "with no bundled description, so its memory is unknown"
+        )
+    from kestrel_sim.costs.roofline import RooflineCost
+
+    target = model_shape(sc.model)
+    weights = RooflineCost(hw, target).weight_bytes + hw.bytes_per_param * (
+        target.vocab_size * target.hidden_size  # the input embedding (read per row only)
+        if not target.tie_word_embeddings else 0
+    )
+    per_token = hw.bytes_per_kv * target.kv_elements_per_token
+    if sc.draft is not None and sc.draft.device == "gpu":
+        d = model_shape(sc.draft.model)
+        weights += RooflineCost(hw, d).weight_bytes
+        per_token += hw.bytes_per_kv * d.kv_elements_per_token
+    free = hw.memory_gb * 1e9 * sc.serving.kv_memory_fraction - weights
+    if free <= 0:
+        raise ConfigError(
+            f"the weights ({weights / 1e9:.1f} GB) do not fit in {hw.name}'s "
+            f"{hw.memory_gb} GB x kv_memory_fraction {sc.serving.kv_memory_fraction}"
+        )
+    return int(free // per_token)

@@ -1,0 +1,134 @@
+"""SimPy processes: arrivals, colocated workers, prefill workers, decode workers, KV links.
+
+Colocated worker: while prompts wait and the batch has room, it alternates one chunked
+prefill step with one decode/speculative round (so a long prompt stalls decoding by at
+most one step); otherwise it runs rounds; idle, it sleeps until woken.
+Disaggregated: prefill workers only prefill, then send each request's KV over their link
+(FIFO, one transfer at a time) to the shared decode queue; decode workers pull from it
+into their batch at round boundaries.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from kestrel_sim.hardware import LinkSpec
+from kestrel_sim.sim.state import SimState, wake_one
+from kestrel_sim.sim.steps import StepConfig, admit_prefill, charge, decode_round, prefill_step
+from kestrel_sim.sim.worker import Worker
+from kestrel_sim.trace import Span
+
+
+def open_arrivals(st: SimState, times: np.ndarray):
+    env = st.env
+    for rid, t in enumerate(times.tolist()):
+        if t > env.now:
+            yield env.timeout(t - env.now)
+        st.arrive(rid)
+
+
+def closed_loop(st: SimState, concurrency: int, think_s: float) -> None:
+    """`concurrency` clients; each finish sends the next request after `think_s`."""
+    n = len(st.records)
+    state = {"next": min(concurrency, n)}
+
+    def on_finish(_rid: int) -> None:
+        rid = state["next"]
+        if rid >= n:
+            return
+        state["next"] += 1
+        if think_s > 0:
+            st.env.timeout(think_s).callbacks.append(lambda _ev: st.arrive(rid))
+        else:
+            st.arrive(rid)
+
+    st.on_finish = on_finish
+    for rid in range(state["next"]):
+        st.arrive(rid)
+
+
+def _sleep(st: SimState, w: Worker):
+    w.wake = st.env.event()
+    return w.wake
+
+
+def colocated_worker(st: SimState, cfg: StepConfig, w: Worker):
+    join = w.batch.join
+
+    def on_prefilled(rid: int, ctx: int, rem: int, _held: int) -> None:
+        join(rid, ctx, rem)
+
+    while True:
+        admit_prefill(st, cfg, w)
+        if w.prefilling and not (w.last_was_prefill and len(w.batch)):
+            w.last_was_prefill = True
+            yield from prefill_step(st, cfg, w, on_prefilled)
+        elif len(w.batch):
+            w.last_was_prefill = False
+            yield from decode_round(st, cfg, w)
+        else:
+            yield _sleep(st, w)
+
+
+class LinkState:
+    """A KV transfer link: FIFO, one transfer at a time."""
+
+    __slots__ = ("bytes_per_token", "free_at", "name", "spec")
+
+    def __init__(self, name: str, spec: LinkSpec, bytes_per_token: float):
+        self.name = name
+        self.spec = spec
+        self.bytes_per_token = bytes_per_token
+        self.free_at = 0.0
+
+
+def prefill_worker(st: SimState, cfg: StepConfig, w: Worker):
+    env = st.env
+    link: LinkState = w.link
+
+    def transferred(rid: int, ctx: int, rem: int, held: int, _ev) -> None:
+        w.kv.used -= held
+        st.decode_queue.append((rid, ctx, rem))
+        st.ready_at[rid] = env.now
+        wake_one(st.decode_workers)
+        if w.wake is not None and st.prefill_queue:
+            wake_one([w])
+
+    def on_prefilled(rid: int, ctx: int, rem: int, held: int) -> None:
+        start = max(env.now, link.free_at)
+        end = start + link.spec.seconds(ctx * link.bytes_per_token)
+        link.free_at = end
+        st.spans.append(Span("kv_transfer", link.name, start, end, [rid], ctx))
+        env.timeout(end - env.now).callbacks.append(partial(transferred, rid, ctx, rem, held))
+
+    while True:
+        admit_prefill(st, cfg, w)
+        if w.prefilling:
+            yield from prefill_step(st, cfg, w, on_prefilled)
+        else:
+            yield _sleep(st, w)
+
+
+def decode_worker(st: SimState, cfg: StepConfig, w: Worker):
+    env = st.env
+    q = st.decode_queue
+    slots = st.k + 1
+    while True:
+        while q and len(w.batch) < cfg.max_batch:
+            rid, ctx, rem = q[0]
+            c = charge(st, rid, ctx)
+            headroom = (len(w.batch) + 1) * slots if st.reserve is None else 0
+            if not w.kv.fits(c + headroom):
+                break
+            q.popleft()
+            w.kv.used += c
+            w.batch.join(rid, ctx, rem)
+            ready = st.ready_at[rid]
+            if env.now > ready:
+                st.spans.append(Span("queue_wait", "queue/decode", ready, env.now, [rid]))
+        if len(w.batch):
+            yield from decode_round(st, cfg, w)
+        else:
+            yield _sleep(st, w)

@@ -1,0 +1,157 @@
+"""Workload: arrival times and prompt/output lengths, all drawn up front from one Generator.
+
+Draw order (fixed, so a seed reproduces a run): arrivals, prompt lengths, output lengths.
+A closed loop has no arrival times up front: its clients send the next request when the
+previous one finishes (the simulator does that); `arrivals` is then None.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kestrel_sim.errors import ConfigError
+from kestrel_sim.scenario import (
+    ClosedLoopArrivals,
+    EmpiricalDist,
+    FixedDist,
+    GammaArrivals,
+    LognormalDist,
+    NormalDist,
+    PoissonArrivals,
+    ReplayArrivals,
+    UniformDist,
+    Workload,
+)
+
+DEFAULT_REQUESTS = 1000
+
+
+@dataclass
+class DrawnWorkload:
+    arrivals: np.ndarray | None  # [n] seconds, nondecreasing; None for a closed loop
+    prompt: np.ndarray  # [n] int64 >= 1
+    output: np.ndarray  # [n] int64 >= 1
+    concurrency: int = 0  # closed loop only
+    think_time_s: float = 0.0  # closed loop only
+
+    @property
+    def n(self) -> int:
+        return len(self.prompt)
+
+
+def read_numbers(path: str | Path, what: str) -> np.ndarray:
+    """Numbers in a file: a JSON list, or values separated by commas/whitespace/newlines
+    with `#` comments."""
+    text = Path(path).read_text()
+    try:
+        if text.lstrip().startswith("["):
+            values = json.loads(text)
+        else:
+            values = [
+                float(tok)
+                for line in text.splitlines()
+                for tok in line.split("#", 1)[0].replace(",", " ").split()
+            ]
+    except (ValueError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{what} file {path}: expected numbers ({err})") from None
+    if not values:
+        raise ConfigError(f"{what} file {path} holds no numbers")
+    return np.asarray(values, dtype=float)
+
+
+def read_replay(path: str) -> dict[str, np.ndarray]:
+    """Columns of a replay file: 'arrival' always, 'prompt_tokens'/'output_tokens' if given."""
+    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip() and ln[0] != "#"]
+    if not lines:
+        raise ConfigError(f"arrival trace {path} is empty")
+    first = lines[0].replace(",", " ").split()
+    try:
+        float(first[0])
+    except ValueError:
+        rows = list(csv.DictReader(lines))
+        names = {n.strip().lower(): n for n in rows[0]} if rows else {}
+        time_col = next((names[n] for n in ("arrival", "timestamp", "time") if n in names), None)
+        if time_col is None:
+            raise ConfigError(
+                f"arrival trace {path}: the header needs an 'arrival' (or 'timestamp') "
+                f"column, found {', '.join(names) or 'nothing'}"
+            ) from None
+        out = {}
+        try:
+            out["arrival"] = np.array([float(r[time_col]) for r in rows])
+            for key, alts in (("prompt_tokens", ("prompt_tokens", "input_tokens")),
+                              ("output_tokens", ("output_tokens",))):
+                col = next((names[a] for a in alts if a in names), None)
+                if col is not None:
+                    out[key] = np.array([int(float(r[col])) for r in rows], dtype=np.int64)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"arrival trace {path}: a value is not a number ({err})") from None
+        return out
+    return {"arrival": read_numbers(path, "arrival trace")}
+
+
+def _lengths(d, n: int, rng: np.random.Generator, where: str) -> np.ndarray:
+    if isinstance(d, FixedDist):
+        return np.full(n, d.value, dtype=np.int64)
+    if isinstance(d, UniformDist):
+        return rng.integers(d.low, d.high + 1, size=n, dtype=np.int64)
+    if isinstance(d, NormalDist | LognormalDist):
+        if isinstance(d, NormalDist):
+            x = rng.normal(d.mean, d.std, size=n)
+        else:
+            sigma2 = np.log1p((d.std / d.mean) ** 2)
+            x = rng.lognormal(np.log(d.mean) - sigma2 / 2, np.sqrt(sigma2), size=n)
+        x = np.rint(x)
+        return np.clip(x, d.min, d.max if d.max is not None else None).astype(np.int64)
+    if isinstance(d, EmpiricalDist):
+        values = np.rint(read_numbers(d.file, f"{where} empirical distribution"))
+        if (values < 1).any():
+            raise ConfigError(f"{where}: empirical file {d.file} holds lengths below 1")
+        return rng.choice(values.astype(np.int64), size=n, replace=True)
+    raise TypeError(d)  # unreachable: the schema admits only the above
+
+
+def draw_workload(w: Workload, rng: np.random.Generator) -> DrawnWorkload:
+    a = w.arrivals
+    replay = read_replay(a.file) if isinstance(a, ReplayArrivals) else None
+    if replay is not None:
+        rows = len(replay["arrival"])
+        if w.requests is not None and w.requests > rows:
+            raise ConfigError(
+                f"workload.requests is {w.requests} but the arrival trace {a.file} has only "
+                f"{rows} rows: lower workload.requests or leave it out"
+            )
+        n = w.requests or rows
+    else:
+        n = w.requests or DEFAULT_REQUESTS
+
+    arrivals = None
+    closed = (0, 0.0)
+    if isinstance(a, PoissonArrivals):
+        arrivals = np.cumsum(rng.exponential(1.0 / a.rate, size=n))
+    elif isinstance(a, GammaArrivals):
+        shape = 1.0 / a.cv**2
+        arrivals = np.cumsum(rng.gamma(shape, 1.0 / (a.rate * shape), size=n))
+    elif isinstance(a, ClosedLoopArrivals):
+        closed = (a.concurrency, a.think_time_s)
+    else:
+        scale = 1e-3 if a.time_unit == "ms" else 1.0
+        order = np.argsort(replay["arrival"][:n], kind="stable")
+        t = replay["arrival"][:n][order] * scale
+        arrivals = (t - t[0]) / a.speedup
+        replay = {k: v[:n][order] for k, v in replay.items()}
+
+    prompt = _lengths(w.prompt_tokens, n, rng, "workload.prompt_tokens")
+    output = _lengths(w.output_tokens, n, rng, "workload.output_tokens")
+    if replay is not None:
+        for key, arr in (("prompt_tokens", prompt), ("output_tokens", output)):
+            if key in replay:
+                if (replay[key] < 1).any():
+                    raise ConfigError(f"arrival trace {a.file}: {key} must be >= 1")
+                arr[:] = replay[key]
+    return DrawnWorkload(arrivals, prompt, output, *closed)
