@@ -23,6 +23,7 @@ app = typer.Typer(
 )
 app.command("run")(simulate.run)
 app.command("sweep")(simulate.sweep)
+app.command("schema")(simulate.schema)
 app.command("generate")(generate.generate)
 
 
