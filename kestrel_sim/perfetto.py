@@ -3,9 +3,9 @@
 Layout: one process per worker pool ("gpu0" for "gpu0/target" and "gpu0/draft", "prefill"
 for "prefill0", ...), one thread per worker, a complete event (ph "X") per span. Request
 waits are async events (ph "b"/"e") on a "requests" process, one lane per request: the
-prefill-queue wait (arrival -> prefill start), the decode-queue wait (first token -> decode
-start), and any queue_wait spans the trace carries. Queue lengths are counter events
-(ph "C"). Times are microseconds.
+trace's queue_wait spans, or, for a trace without them, waits derived from the request
+records: prefill queue (arrival -> prefill start) and decode queue (first token -> decode
+start). Queue lengths are counter events (ph "C"). Times are microseconds.
 """
 
 from __future__ import annotations
@@ -47,6 +47,18 @@ def _async_pair(name: str, rid: int, start: float, end: float, args: dict | None
     return [begin, {**common, "ph": "e", "ts": end * US}]
 
 
+def _derived_waits(r) -> list[dict]:
+    """Queue waits of one request from its record (for traces without queue_wait spans)."""
+    events: list[dict] = []
+    if r.prefill_start is not None and r.prefill_start > r.arrival:
+        events += _async_pair("prefill_queue", r.id, r.arrival, r.prefill_start,
+                              {"prompt_tokens": r.prompt_tokens})
+    first = r.first_token
+    if first is not None and r.decode_start is not None and r.decode_start > first:
+        events += _async_pair("decode_queue", r.id, first, r.decode_start)
+    return events
+
+
 def to_chrome_trace(trace: Trace, counters: bool = True) -> dict:
     """The trace as a Chrome trace-event document: {"traceEvents": [...], ...}."""
     events: list[dict] = []
@@ -68,10 +80,12 @@ def to_chrome_trace(trace: Trace, counters: bool = True) -> dict:
 
     events.append({"ph": "M", "name": "process_name", "pid": REQUESTS_PID,
                    "args": {"name": "requests"}})
+    has_waits = False
     for span in trace.spans:
         if span.kind == "queue_wait":
+            has_waits = True
             for rid in span.requests:
-                events += _async_pair(f"queue_wait:{span.worker}", rid, span.start, span.end)
+                events += _async_pair(span.worker, rid, span.start, span.end)
             continue
         pid, tid = ids_for(span.worker)
         events.append({"name": span.kind, "cat": span.kind, "ph": "X", "pid": pid, "tid": tid,
@@ -79,12 +93,8 @@ def to_chrome_trace(trace: Trace, counters: bool = True) -> dict:
                        "args": _span_args(span)})
 
     for r in trace.requests:
-        if r.prefill_start is not None and r.prefill_start > r.arrival:
-            events += _async_pair("prefill_queue", r.id, r.arrival, r.prefill_start,
-                                  {"prompt_tokens": r.prompt_tokens})
-        first = r.first_token
-        if first is not None and r.decode_start is not None and r.decode_start > first:
-            events += _async_pair("decode_queue", r.id, first, r.decode_start)
+        if not has_waits:  # a trace with its own waits is not given derived ones twice
+            events += _derived_waits(r)
         if r.finish is not None:
             events.append({"name": "finish", "cat": "request", "ph": "n", "id": r.id,
                            "pid": REQUESTS_PID, "tid": 0, "ts": r.finish * US,
@@ -97,8 +107,9 @@ def to_chrome_trace(trace: Trace, counters: bool = True) -> dict:
             events.append({"name": "queue length", "ph": "C", "pid": REQUESTS_PID,
                            "ts": t * US, "args": {"prefill": p, "decode": d, "running": run}})
 
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {k: str(v) for k, v in trace.meta.items()}}
+    other = {k: v if isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str)
+             for k, v in trace.meta.items()}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
 def dumps_chrome_trace(trace: Trace) -> str:

@@ -57,12 +57,18 @@ def test_track_names_and_request_waits():
     begins = [e for e in events if e["ph"] == "b"]
     ends = [e for e in events if e["ph"] == "e"]
     assert len(begins) == len(ends)
-    waits = {(e["name"], e["id"]) for e in begins}
-    # request 1 queued 2 ms for prefill, and waited 2 ms for decode; plus the span wait
-    assert ("prefill_queue", 1) in waits
-    assert ("decode_queue", 1) in waits
-    assert ("queue_wait:prefill_queue", 1) in waits
-    assert ("prefill_queue", 0) not in waits
+    # the trace's own queue_wait span, and no derived waits on top of it
+    assert {(e["name"], e["id"]) for e in begins} == {("prefill_queue", 1)}
+    assert begins[0]["ts"] == 0 and ends[0]["ts"] == pytest.approx(5_000)
+
+
+def test_waits_derived_from_records_without_queue_wait_spans():
+    trace = _trace()
+    trace.spans = [s for s in trace.spans if s.kind != "queue_wait"]
+    events = to_chrome_trace(trace)["traceEvents"]
+    waits = {(e["name"], e["id"]) for e in events if e["ph"] == "b"}
+    # request 1 queued 2 ms for prefill and waited 2 ms for decode; request 0 never waited
+    assert waits == {("prefill_queue", 1), ("decode_queue", 1)}
 
 
 def test_dumps_is_valid_json_with_counters():
