@@ -7,7 +7,7 @@ import uuid
 import torch
 
 from kestrel_rt.backend.base import Backend
-from kestrel_rt.kv_cache import KVCache
+from kestrel_rt.kv_cache import KVCache, Step
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.models import ModelShape
 
@@ -58,11 +58,22 @@ class Qwen3Model:
         real (the rest padding, default all M). Advances each slot's length by n_new[b].
         Returns fp32 logits [B, M, V], or [B, V] at each row's last real token if last_only.
         """
-        be, s = self.backend, self.shape
         tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
         B, M = tokens.shape
         n_new = [M] * B if n_new is None else list(n_new)
         step = self.kv.step(list(slots), M, n_new)
+        logits = self.compute(tokens, step, last_only)  # [B, M or 1, V]
+        self.kv.advance(list(slots), n_new)
+        return logits[:, 0] if last_only else logits
+
+    def compute(self, tokens: torch.Tensor, step: Step, last_only: bool = False) -> torch.Tensor:
+        """The device work of `forward` for a prepared Step: no host sync, nothing outside
+        the backend's ops, so a CUDA graph can capture it (kestrel_rt/cuda/graphs.py).
+
+        tokens [B, M] int64 on the device -> fp32 logits [B, M, V] ([B, 1, V] if last_only).
+        """
+        be, s = self.backend, self.shape
+        B, M = tokens.shape
         D, Hq, Hkv = s.head_dim, s.num_attention_heads, s.num_key_value_heads
 
         x = be.embed(tokens)  # [B, M, H]
@@ -86,9 +97,7 @@ class Qwen3Model:
         if last_only:
             last = (step.n_new - 1)[:, None, None].expand(B, 1, mlp_out.shape[-1])  # [B, 1, H]
             mlp_out, residual = mlp_out.gather(1, last), residual.gather(1, last)
-        logits = be.logits(mlp_out, residual)  # [B, M or 1, V]
-        self.kv.advance(list(slots), n_new)
-        return logits[:, 0] if last_only else logits
+        return be.logits(mlp_out, residual)  # [B, M or 1, V]
 
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         """Append each prompt to its (typically empty) slot in one padded batch.
