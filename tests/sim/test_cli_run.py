@@ -1,0 +1,117 @@
+"""`kestrel run`, `kestrel sweep`, `kestrel schema` end to end on small scenarios."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kestrel_cli.app import app, main
+from kestrel_sim.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = ROOT / "scenarios" / "default.yaml"
+SMALL = ["--set", "workload.requests=40"]
+
+
+def _main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run `kestrel ARGS` through main() as the console script does; (code, out, err)."""
+    monkeypatch.setattr(sys, "argv", ["kestrel", *args])
+    with pytest.raises(SystemExit) as info:
+        main()
+    captured = capsys.readouterr()
+    return info.value.code, captured.out, captured.err
+
+
+def test_run_writes_every_output(tmp_path):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", str(DEFAULT), "--out", str(out), *SMALL])
+    assert result.exit_code == 0, result.output
+    assert "output throughput" in result.output
+    metrics = Metrics.model_validate_json((out / "metrics.json").read_text())
+    assert metrics.completed == 40
+    assert metrics.mean_acceptance_length > 1.0
+    trace = json.loads((out / "trace.json").read_text())
+    kinds = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert {"prefill", "draft", "verify"} <= kinds
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "plotly-graph-div" in html
+    assert json.loads((out / "scenario.json").read_text())["workload"]["requests"] == 40
+    assert len(json.loads((out / "timeseries.json").read_text())["time"]) > 0
+    assert not list(out.glob("*.tmp"))
+
+
+def test_run_is_deterministic(tmp_path):
+    for name in ("a", "b"):
+        result = CliRunner().invoke(app, ["run", str(DEFAULT), "-o", str(tmp_path / name), *SMALL])
+        assert result.exit_code == 0, result.output
+    assert (tmp_path / "a" / "metrics.json").read_text() == (
+        tmp_path / "b" / "metrics.json"
+    ).read_text()
+
+
+def test_bad_scenario_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DEFAULT.read_text().replace("max_batch: 64", "max_bach: 64"))
+    out = tmp_path / "out"
+    code, _, err = _main(monkeypatch, capsys, "run", str(bad), "--out", str(out))
+    assert code == 2
+    assert "serving.max_bach: unknown key 'max_bach'" in err
+    assert f"{bad}:" in err.replace("\n", "")
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_bad_override_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    code, _, err = _main(monkeypatch, capsys, "run", str(DEFAULT), "--out", str(out),
+                         "--set", "workload.arrivals.rate=-1")
+    assert code == 2
+    assert "workload.arrivals.rate: must be > 0" in err.replace("\n", " ")
+    assert not out.exists()
+
+
+def test_sweep_grid_in_two_processes(tmp_path):
+    out = tmp_path / "sweep"
+    result = CliRunner().invoke(app, [
+        "sweep", str(DEFAULT), *SMALL, "--set", "spec.k=1,4",
+        "--set", "workload.arrivals.rate=5,20", "--jobs", "2", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "sweep.json").read_text())
+    assert doc["axes"] == ["spec.k", "workload.arrivals.rate"]
+    assert [r["params"] for r in doc["rows"]] == [
+        {"spec.k": k, "workload.arrivals.rate": rate} for k in (1, 4) for rate in (5, 20)
+    ]
+    lengths = {r["params"]["spec.k"]: r["metrics"]["mean_acceptance_length"] for r in doc["rows"]}
+    assert lengths[4] > lengths[1]  # more drafts, more tokens per round
+    assert all(r["metrics"]["completed"] == 40 for r in doc["rows"])
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    assert len(rows) == 4 and "output_throughput" in rows[0]
+    assert "<h2>output_throughput</h2>" in (out / "sweep.html").read_text()
+
+
+def test_sweep_rejects_a_bad_grid_point_before_running(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "sweep"
+    code, _, err = _main(monkeypatch, capsys, "sweep", str(DEFAULT), "--set", "spec.k=2,0",
+                         "--out", str(out))
+    assert code == 2
+    assert "--set spec.k=0: spec.k: must be >= 1" in err.replace("\n", " ")
+    assert not out.exists()
+
+
+def test_sweep_needs_an_axis(monkeypatch, capsys):
+    code, _, err = _main(monkeypatch, capsys, "sweep", str(DEFAULT), "--set", "spec.k=2")
+    assert code == 2
+    assert "at least one --set" in err
+
+
+def test_schema_is_json_schema():
+    result = CliRunner().invoke(app, ["schema"])
+    assert result.exit_code == 0
+    schema = json.loads(result.output)
+    assert {"workload", "spec", "serving"} <= set(schema["properties"])
