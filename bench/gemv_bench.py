@@ -1,0 +1,173 @@
+"""Bandwidth of the gemv kernels alone (GB/s against the measured device copy bandwidth).
+
+    python bench/gemv_bench.py [--out DIR]
+
+For each kernel (bf16, int8, int4, and torch's own F.linear on bf16) and each qwen3-8b decode
+shape at M = 1, 4 and 16: one CUDA graph calls the kernel on enough distinct weight copies
+to stream >= 1.5 GB (so the 60 MB L2 holds nothing between calls); replays are timed with
+CUDA events, median of 10. "layer stream" runs all four projections of 36 layers in one
+graph, what a qwen3-8b decode step reads. Bytes counted: weights + scales + activations in +
+outputs, each once. Prints a table last; writes gemv_bench.json to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kestrel_rt.cuda.linear import Gemv  # noqa: E402
+from kestrel_rt.quant_weights import Int4Weight, Int8Weight  # noqa: E402
+
+SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
+             "down": (4096, 12288), "lm_head": (151936, 4096)}
+STREAM_BYTES = 1.5e9
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy, bytes read + written per second (median of 10)."""
+    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    return 2 * nbytes / statistics.median(times)
+
+
+def random_weight(kind: str, n: int, k: int, gen: torch.Generator):
+    """A weight of `kind` with random contents, made directly (no quantization pass)."""
+    dev = "cuda"
+    if kind in ("bf16", "torch"):
+        return torch.randn(n, k, device=dev, dtype=torch.bfloat16, generator=gen) * 0.02
+    if kind == "int8":
+        q = torch.randint(-127, 128, (n, k), device=dev, dtype=torch.int8, generator=gen)
+        return Int8Weight(q, torch.rand(n, device=dev, generator=gen) * 1e-3, shape=(n, k))
+    qw = torch.randint(-2**31, 2**31 - 1, (n, k // 8), device=dev, dtype=torch.int32,
+                       generator=gen)
+    qz = torch.randint(-2**31, 2**31 - 1, (k // 128, n // 8), device=dev, dtype=torch.int32,
+                       generator=gen)
+    sc = (torch.rand(k // 128, n, device=dev, generator=gen) * 1e-2).half()
+    return Int4Weight(qw, qz, sc, shape=(n, k))
+
+
+def weight_bytes(w) -> int:
+    return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes
+
+
+def call(gemv: Gemv, kind: str, x: torch.Tensor, w, out: torch.Tensor) -> None:
+    if kind == "torch":
+        torch.matmul(x, w.T, out=out)
+    else:
+        getattr(gemv, kind)(x, w, out=out)
+
+
+def time_graph(fn, reps: int = 10) -> float:
+    """Median seconds of one replay of a graph that runs fn once."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm up: compile, module load, cuBLAS handles
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return statistics.median(times)
+
+
+def bench_shape(gemv, kind, name, n, k, m, gen) -> dict:
+    w0 = random_weight(kind, n, k, gen)
+    per = weight_bytes(w0) + 2 * m * (k + n)
+    copies = max(2, min(64, math.ceil(STREAM_BYTES / per)))
+    ws = [w0] + [random_weight(kind, n, k, gen) for _ in range(copies - 1)]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
+
+    def run():
+        for w, o in zip(ws, outs):
+            call(gemv, kind, x, w, o)
+
+    t = time_graph(run) / copies
+    del ws, outs
+    return {"kernel": kind, "shape": name, "m": m, "n": n, "k": k, "us": t * 1e6,
+            "bytes": per, "gbps": per / t / 1e9}
+
+
+def bench_layers(gemv, kind, m, gen, layers: int = 36) -> dict:
+    """All projections of `layers` qwen3-8b layers in one graph: a decode step's weights."""
+    mats = [(n, k) for name, (n, k) in SHAPES_8B.items() if name != "lm_head"]
+    ws = [random_weight(kind, n, k, gen) for _ in range(layers) for n, k in mats]
+    per = sum(weight_bytes(w) + 2 * m * (w.shape[0] + w.shape[1]) for w in ws)
+    xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+          for k in {k for _, k in mats}}
+    outs = [torch.empty(m, w.shape[0], device="cuda", dtype=torch.bfloat16) for w in ws]
+
+    def run():
+        for w, o in zip(ws, outs):
+            call(gemv, kind, xs[w.shape[1]], w, o)
+
+    t = time_graph(run)
+    del ws, outs
+    return {"kernel": kind, "shape": f"{layers} layers", "m": m, "n": 0, "k": 0,
+            "us": t * 1e6, "bytes": per, "gbps": per / t / 1e9}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--kinds", default="bf16,int8,int4,torch")
+    parser.add_argument("--ms", default="1,4,16")
+    args = parser.parse_args()
+    gen = torch.Generator("cuda").manual_seed(0)
+    gemv = Gemv("cuda")
+    gemv.compile()
+    copy_bw = copy_bandwidth()
+    rows = []
+    for kind in args.kinds.split(","):
+        for m in [int(v) for v in args.ms.split(",")]:
+            for name, (n, k) in SHAPES_8B.items():
+                if name == "lm_head" and m != 1:
+                    continue
+                rows.append(bench_shape(gemv, kind, name, n, k, m, gen))
+                print(json.dumps(rows[-1]), flush=True)
+            rows.append(bench_layers(gemv, kind, m, gen))
+            print(json.dumps(rows[-1]), flush=True)
+            torch.cuda.empty_cache()
+    props = torch.cuda.get_device_properties(0)
+    result = {"device": props.name, "copy_gbps": copy_bw / 1e9, "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gemv_bench.json").write_text(json.dumps(result, indent=1))
+    print(f"\n{props.name}: copy bandwidth {copy_bw / 1e9:.0f} GB/s (read + write)")
+    print(f"{'kernel':7} {'shape':10} {'M':>3} {'us':>9} {'GB/s':>7} {'of copy':>7}")
+    for r in rows:
+        print(f"{r['kernel']:7} {r['shape']:10} {r['m']:3d} {r['us']:9.1f} {r['gbps']:7.0f} "
+              f"{r['gbps'] * 1e9 / copy_bw:7.1%}")
+
+
+if __name__ == "__main__":
+    main()

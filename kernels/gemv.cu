@@ -1,0 +1,52 @@
+// bf16 skinny matmul for decode / verify: y[M, N] = x[M, K] @ W[N, K]^T, M <= 16.
+// W, x, y bf16 row-major, contiguous; K % 8 == 0; 16-byte aligned. See gemv_mma.cuh.
+// Each thread streams 16-byte chunks (8 k) of two weight rows: per sub-step the 4 threads of
+// a row group cover 32 consecutive k (64 bytes); U sub-steps per iteration keep 2U loads of
+// 16 bytes in flight per thread.
+#include "gemv_mma.cuh"
+
+template <int MT, int KSPLIT, int TPB>
+__global__ void __launch_bounds__(32 * KSPLIT * TPB)
+gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* __restrict__ y, int M,
+          int N, int K) {
+  constexpr int U = 4;
+  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tib = warp / KSPLIT, ks = warp % KSPLIT;
+  const int r0 = (blockIdx.x * TPB + tib) * GEMV_TILE;
+  const int kv = K >> 3;  // 16-byte vectors per row
+  const uint4* wa = w + (size_t)min(r0 + g, N - 1) * kv;
+  const uint4* wb = w + (size_t)min(r0 + g + 8, N - 1) * kv;
+  const uint4* xr[MT];
+  bool xok[MT];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    xok[j] = g + 8 * j < M;
+    xr[j] = x + (size_t)(xok[j] ? g + 8 * j : 0) * kv;
+  }
+  float acc[MT][4] = {};
+  const int nsub = (kv + 3) >> 2;
+  for (int s0 = ks * U; s0 < nsub; s0 += KSPLIT * U) {
+    uint4 A[U], B[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = (s0 + u) * 4 + t;
+      const bool ok = v < kv;
+      A[u] = ok ? ld_stream(wa + v) : zero4();
+      B[u] = ok ? ld_stream(wb + v) : zero4();
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = (s0 + u) * 4 + t;
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        const uint4 X = (v < kv && xok[j]) ? ld_cached(xr[j] + v) : zero4();
+        mma_bf16(acc[j], A[u].x, B[u].x, A[u].y, B[u].y, X.x, X.y);
+        mma_bf16(acc[j], A[u].z, B[u].z, A[u].w, B[u].w, X.z, X.w);
+      }
+    }
+  }
+  reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, tib, ks, lane);
+  if (ks == 0) store_tile<MT>(y, acc, r0, g, t, M, N, 1.f, 1.f);
+}

@@ -1,0 +1,89 @@
+// int4 weight-only skinny matmul (AWQ-style, group 128): y[M, N] = x[M, K] @ W^T, M <= 16,
+// W[n, k] = (q[n, k] - zero[k / 128, n]) * scale[k / 128, n].
+// q in the kernel layout of kestrel_rt/quant.py: int32 [N, K / 8], nibble i of word j holds
+// k = 8j + (0, 2, 4, 6, 1, 3, 5, 7)[i] (AWQ's interleave along k), so the masks 0x000F000F of
+// w, w>>4, w>>8, w>>12 give the bf16 pairs (k0,k1), (k2,k3), (k4,k5), (k6,k7).
+// zeros: AWQ qzeros int32 [K / 128, N / 8]; scales: fp16 [K / 128, N]. K % 128 == 0, N % 8 == 0.
+//
+// Dequantization in registers, exact: (128 + q) by OR into the bf16 pattern of 128, then one
+// bf16x2 add of -(128 + zero) gives the integer q - zero in bf16. Each thread's 16-byte load
+// is 32 k of one row, so the 4 threads of a row group cover one group of 128: the mma sums
+// (q - z) x over the group into fp32, and the group's scale multiplies that partial sum once.
+#include "gemv_mma.cuh"
+
+template <int MT, int KSPLIT, int TPB>
+__global__ void __launch_bounds__(32 * KSPLIT * TPB)
+gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
+          const u16* __restrict__ scales, const uint4* __restrict__ x, u16* __restrict__ y,
+          int M, int N, int K) {
+  constexpr int U = 2;
+  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tib = warp / KSPLIT, ks = warp % KSPLIT;
+  const int r0 = (blockIdx.x * TPB + tib) * GEMV_TILE;
+  const int qv = K >> 5;      // 16-byte vectors (32 k) per weight row
+  const int groups = K >> 7;  // = number of sub-steps: 4 threads x 32 k
+  const int ra = min(r0 + g, N - 1), rb = min(r0 + g + 8, N - 1);
+  const uint4* qa = q + (size_t)ra * qv;
+  const uint4* qb = q + (size_t)rb * qv;
+  // nibble of column c in an AWQ zeros word: index (c / 2) + 4 (c % 2)
+  const int za_shift = 4 * (((ra & 7) >> 1) + 4 * (ra & 1));
+  const int zb_shift = 4 * (((rb & 7) >> 1) + 4 * (rb & 1));
+  const uint4* xr[MT];
+  bool xok[MT];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    xok[j] = g + 8 * j < M;
+    xr[j] = x + (size_t)(xok[j] ? g + 8 * j : 0) * (K >> 3);
+  }
+  float acc[MT][4] = {};
+  for (int s0 = ks * U; s0 < groups; s0 += KSPLIT * U) {
+    uint4 A[U], B[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = (s0 + u) * 4 + t;
+      const bool ok = s0 + u < groups;
+      A[u] = ok ? ld_stream(qa + v) : zero4();
+      B[u] = ok ? ld_stream(qb + v) : zero4();
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int grp = s0 + u;
+      if (grp >= groups) break;
+      const int v = grp * 4 + t;
+      const u32 za = (__ldg(zeros + (size_t)grp * (N >> 3) + (ra >> 3)) >> za_shift) & 0xFu;
+      const u32 zb = (__ldg(zeros + (size_t)grp * (N >> 3) + (rb >> 3)) >> zb_shift) & 0xFu;
+      const u32 nza = (0xC300u | za) * 0x00010001u, nzb = (0xC300u | zb) * 0x00010001u;
+      const float sa = f16_to_f32(__ldg(scales + (size_t)grp * N + ra));
+      const float sb = f16_to_f32(__ldg(scales + (size_t)grp * N + rb));
+      const u32 wa[4] = {A[u].x, A[u].y, A[u].z, A[u].w};
+      const u32 wb[4] = {B[u].x, B[u].y, B[u].z, B[u].w};
+      float cg[MT][4] = {};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        u32 pa[4], pb[4];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          pa[p] = bf16x2_add(and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u), nza);
+          pb[p] = bf16x2_add(and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u), nzb);
+        }
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          const uint4 X = xok[j] ? ld_cached(xr[j] + 4 * v + i) : zero4();  // k 8i..8i+7
+          mma_bf16(cg[j], pa[0], pb[0], pa[1], pb[1], X.x, X.y);
+          mma_bf16(cg[j], pa[2], pb[2], pa[3], pb[3], X.z, X.w);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        acc[j][0] += sa * cg[j][0];
+        acc[j][1] += sa * cg[j][1];
+        acc[j][2] += sb * cg[j][2];
+        acc[j][3] += sb * cg[j][3];
+      }
+    }
+  }
+  reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, tib, ks, lane);
+  if (ks == 0) store_tile<MT>(y, acc, r0, g, t, M, N, 1.f, 1.f);
+}

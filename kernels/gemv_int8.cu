@@ -1,0 +1,83 @@
+// int8 weight-only skinny matmul: y[M, N] = x[M, K] @ (q[N, K] * scale[N])^T, M <= 16.
+// q int8 row-major (symmetric, per output channel), scale fp32 [N], x / y bf16; K % 16 == 0.
+//
+// Dequantization in registers, exact: each int8 q is split into nibbles, q = 16 h + l with
+// h signed in [-8, 7] and l in [0, 15]; both are small integers, exact in bf16, built with
+// one lop3 per pair (OR / XOR into the bf16 pattern of 128) and one bf16x2 add of -128 /
+// -136. Two accumulators, C_h and C_l, both on the tensor cores: q.x = 16 C_h + C_l, and the
+// row's scale is applied once at the end. A word of 4 bytes (k0..k3) gives the pairs
+// (k0, k2) and (k1, k3), so the activation pairs are permuted the same way (prmt).
+#include "gemv_mma.cuh"
+
+template <int MT, int KSPLIT, int TPB>
+__global__ void __launch_bounds__(32 * KSPLIT * TPB)
+gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
+          const uint4* __restrict__ x, u16* __restrict__ y, int M, int N, int K) {
+  constexpr int U = 4;
+  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tib = warp / KSPLIT, ks = warp % KSPLIT;
+  const int r0 = (blockIdx.x * TPB + tib) * GEMV_TILE;
+  const int qv = K >> 4;  // 16-byte vectors (16 k) per weight row
+  const int ra = min(r0 + g, N - 1), rb = min(r0 + g + 8, N - 1);
+  const uint4* qa = q + (size_t)ra * qv;
+  const uint4* qb = q + (size_t)rb * qv;
+  const uint4* xr[MT];
+  bool xok[MT];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    xok[j] = g + 8 * j < M;
+    xr[j] = x + (size_t)(xok[j] ? g + 8 * j : 0) * (K >> 3);
+  }
+  float acc[2][MT][4] = {};  // [0]: C_l, [1]: C_h
+  const int nsub = (qv + 3) >> 2;
+  for (int s0 = ks * U; s0 < nsub; s0 += KSPLIT * U) {
+    uint4 A[U], B[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = (s0 + u) * 4 + t;
+      const bool ok = v < qv;
+      A[u] = ok ? ld_stream(qa + v) : zero4();
+      B[u] = ok ? ld_stream(qb + v) : zero4();
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = (s0 + u) * 4 + t;
+      const u32 wa[4] = {A[u].x, A[u].y, A[u].z, A[u].w};
+      const u32 wb[4] = {B[u].x, B[u].y, B[u].z, B[u].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        u32 la[2], lb[2], ha[2], hb[2];
+        la[0] = bf16x2_add(and_or(wa[i], 0x000F000Fu, 0x43004300u), 0xC300C300u);
+        la[1] = bf16x2_add(and_or(wa[i] >> 8, 0x000F000Fu, 0x43004300u), 0xC300C300u);
+        ha[0] = bf16x2_add(and_xor(wa[i] >> 4, 0x000F000Fu, 0x43084308u), 0xC308C308u);
+        ha[1] = bf16x2_add(and_xor(wa[i] >> 12, 0x000F000Fu, 0x43084308u), 0xC308C308u);
+        lb[0] = bf16x2_add(and_or(wb[i], 0x000F000Fu, 0x43004300u), 0xC300C300u);
+        lb[1] = bf16x2_add(and_or(wb[i] >> 8, 0x000F000Fu, 0x43004300u), 0xC300C300u);
+        hb[0] = bf16x2_add(and_xor(wb[i] >> 4, 0x000F000Fu, 0x43084308u), 0xC308C308u);
+        hb[1] = bf16x2_add(and_xor(wb[i] >> 12, 0x000F000Fu, 0x43084308u), 0xC308C308u);
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          // activations k0..k3 of this word: x vector 2v + i/2, registers (i%2)*2 and +1
+          u32 p = 0u, r = 0u;
+          if ((v < qv) && xok[j]) {
+            const u32* xp = reinterpret_cast<const u32*>(xr[j] + 2 * v + (i >> 1));
+            p = __ldg(xp + (i & 1) * 2);
+            r = __ldg(xp + (i & 1) * 2 + 1);
+          }
+          const u32 x02 = __byte_perm(p, r, 0x5410), x13 = __byte_perm(p, r, 0x7632);
+          mma_bf16(acc[0][j], la[0], lb[0], la[1], lb[1], x02, x13);
+          mma_bf16(acc[1][j], ha[0], hb[0], ha[1], hb[1], x02, x13);
+        }
+      }
+    }
+  }
+  float tot[MT][4];
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) tot[j][c] = 16.f * acc[1][j][c] + acc[0][j][c];
+  reduce_ksplit<KSPLIT, MT * 4>(&tot[0][0], red, tib, ks, lane);
+  if (ks == 0) store_tile<MT>(y, tot, r0, g, t, M, N, __ldg(scale + ra), __ldg(scale + rb));
+}

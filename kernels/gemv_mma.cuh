@@ -1,0 +1,116 @@
+// Shared pieces of the skinny-matmul kernels (gemv.cu, gemv_int8.cu, gemv_int4.cu).
+//
+// y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 rows of activations. Memory-bound: every weight
+// byte is read once with 16-byte loads. The arithmetic runs on the tensor cores with
+// mma.sync m16n8k16 (bf16 in, fp32 accumulate): a warp takes a TILE of 16 weight rows as the
+// A operand and the activations as B (8 columns per n-tile, MT n-tiles), so M = 1..16 costs
+// the same instructions and no CUDA-core FMAs.
+//
+// Fragment trick: the dot product over k does not care about the order of k, so each thread
+// feeds its A and B registers from the SAME 16-byte chunk of its weight row and activation
+// row. Thread (g = lane / 4, t = lane % 4) loads weight rows g and g + 8 of the tile and
+// activation row g (+ 8 * j for n-tile j); the logical k slots (2t, 2t+1, 2t+8, 2t+9) of one
+// mma map to 4 physical k's of that chunk, identically for A and B. Results (fp32 C):
+// c0, c1 -> (weight row g, activation rows 2t, 2t+1), c2, c3 -> (weight row g + 8, same).
+//
+// Launch geometry (template): KSPLIT warps share one tile and split K between them
+// (interleaved chunks, so the warps of a block read neighbouring bytes); TPB tiles per block;
+// blockDim = 32 * KSPLIT * TPB. The KSPLIT partial sums meet in shared memory.
+// No cuda_bf16.h: bf16 values are raw 16-bit patterns moved as 32-bit pairs.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define GEMV_TILE 16
+
+// Weights are streamed once: skip L1 (no reuse), read-only path.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+// Activations are re-read by every block: keep them cached.
+__device__ __forceinline__ uint4 ld_cached(const uint4* p) { return __ldg(p); }
+
+__device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
+
+// c[0..3] += A(16x16, bf16) * B(16x8, bf16), fp32 accumulate.
+// a0: (row g, k 2t..2t+1) a1: (row g+8, k 2t..) a2: (row g, k 2t+8..) a3: (row g+8, k 2t+8..)
+// b0: (k 2t..2t+1, col g)  b1: (k 2t+8.., col g)
+__device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                         u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+  u16 r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
+}
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+
+// d = a * 1 + c on bf16 pairs (exact when the result is a small integer).
+__device__ __forceinline__ u32 bf16x2_add(u32 a, u32 c) {
+  u32 d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0x3F803F80u), "r"(c));
+  return d;
+}
+
+// (a & b) | c and c ^ (a & b) in one instruction each.
+__device__ __forceinline__ u32 and_or(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ u32 and_xor(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Sum the KSPLIT warps' accumulators of each tile; warp ks == 0 of the tile gets the total.
+// acc: NACC floats per thread. red: shared, TPB * KSPLIT * NACC * 32 floats.
+template <int KSPLIT, int NACC>
+__device__ __forceinline__ void reduce_ksplit(float* acc, float* red, int tile_in_block, int ks,
+                                              int lane) {
+  if (KSPLIT == 1) return;
+  float* base = red + (size_t)tile_in_block * KSPLIT * NACC * 32;
+  if (ks != 0) {
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) base[(ks * NACC + i) * 32 + lane] = acc[i];
+  }
+  __syncthreads();
+  if (ks == 0) {
+#pragma unroll
+    for (int s = 1; s < KSPLIT; ++s)
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) acc[i] += base[(s * NACC + i) * 32 + lane];
+  }
+}
+
+// Write the tile's results: acc[j][0..3] of thread (g, t) are y[2t + 8j + {0,1}][r0 + g (+8)],
+// each first multiplied by the row's scale (sa for row g, sb for row g + 8).
+template <int MT>
+__device__ __forceinline__ void store_tile(u16* y, const float (*acc)[4], int r0, int g, int t,
+                                           int M, int N, float sa, float sb) {
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int m = 8 * j + 2 * t + (c & 1);
+      const int r = r0 + g + (c >> 1) * 8;
+      if (m < M && r < N) y[(size_t)m * N + r] = f32_to_bf16(acc[j][c] * (c >> 1 ? sb : sa));
+    }
+  }
+}

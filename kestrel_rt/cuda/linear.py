@@ -1,0 +1,178 @@
+"""The dense linear path on the GPU: skinny-matmul kernels for decode / verify, cuBLAS beyond.
+
+`Gemv(device).linear(x, w)` computes x [..., in] @ W.T for a weight `w` that is a bf16 tensor
+[out, in], an `Int8Weight` or an `Int4Weight` (kestrel_rt/quant_weights.py):
+
+* M = prod(x.shape[:-1]) <= 16 rows: kernels/gemv.cu, gemv_int8.cu, gemv_int4.cu, launched
+  on torch's current stream (so they interleave with torch ops and are captured in CUDA
+  graphs), output allocated by torch;
+* more rows (prefill): torch's matmul (cuBLAS); a quantized weight is dequantized to bf16
+  first (one extra pass over the weight, small next to a prefill's matmul).
+
+One `Gemv` per backend instance: it owns the compiled modules (cupy RawModule, compiled on
+first use) and nothing else; it keeps no tensors between calls.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kernels import KERNEL_DIR
+from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
+
+MAX_ROWS = 16  # activation rows the kernels take (two n-tiles of 8)
+HEADER = "gemv_mma.cuh"
+# (warps splitting K per tile, tiles per block): blockDim = 32 * KSPLIT * TPB
+GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))
+KERNELS = {"gemv": "gemv_bf16", "gemv_int8": "gemv_int8", "gemv_int4": "gemv_int4"}
+K_PER_ITER = {"gemv": 128, "gemv_int8": 256, "gemv_int4": 256}  # k one warp covers per loop
+WARPS_PER_SM = 16  # aim: enough 16-byte loads in flight to cover DRAM latency
+
+
+def _source(file: str) -> str:
+    """kernels/FILE.cu with kernels/gemv_mma.cuh pasted in (keeps cupy's cache key honest)."""
+    text = (KERNEL_DIR / f"{file}.cu").read_text()
+    return text.replace(f'#include "{HEADER}"', (KERNEL_DIR / HEADER).read_text())
+
+
+def _names(kernel: str) -> list[str]:
+    return [f"{kernel}<{mt}, {ks}, {tpb}>" for mt in (1, 2) for ks, tpb in GEOMETRIES]
+
+
+def geometry(file: str, n: int, k: int, sms: int) -> tuple[int, int]:
+    """(KSPLIT, TPB) for an [n, k] weight: split K over more warps until the chip is full."""
+    tiles = math.ceil(n / 16)
+    iters = math.ceil(k / K_PER_ITER[file])
+    for ks, tpb in GEOMETRIES:
+        if tiles * ks >= sms * WARPS_PER_SM or 2 * ks > iters:
+            return ks, tpb
+    return GEOMETRIES[-1]
+
+
+class Gemv:
+    """The skinny-matmul kernels of one backend, on one CUDA device."""
+
+    def __init__(self, device: torch.device | str = "cuda") -> None:
+        import cupy
+
+        self._cupy = cupy
+        device = torch.device(device)
+        self.device_index = device.index if device.index is not None else torch.cuda.current_device()
+        self.sms = torch.cuda.get_device_properties(self.device_index).multi_processor_count
+        self._modules: dict[str, object] = {}
+        self._streams: dict[int, object] = {}
+
+    def compile(self) -> None:
+        """Compile all three modules now (before timing or a graph capture)."""
+        for file in KERNELS:
+            self._module(file)
+
+    def _module(self, file: str):
+        module = self._modules.get(file)
+        if module is None:
+            with self._cupy.cuda.Device(self.device_index):
+                module = self._cupy.RawModule(code=_source(file), options=("-std=c++17",),
+                                              name_expressions=_names(KERNELS[file]))
+                module.compile()
+            self._modules[file] = module
+        return module
+
+    def _stream(self):
+        handle = torch.cuda.current_stream(self.device_index).cuda_stream
+        stream = self._streams.get(handle)
+        if stream is None:
+            stream = self._cupy.cuda.ExternalStream(handle, self.device_index)
+            self._streams[handle] = stream
+        return stream
+
+    def _launch(self, file: str, m: int, n: int, k: int, args: tuple,
+                geom: tuple[int, int] | None = None) -> None:
+        ks, tpb = geom or geometry(file, n, k, self.sms)
+        mt = 1 if m <= 8 else 2
+        fn = self._module(file).get_function(f"{KERNELS[file]}<{mt}, {ks}, {tpb}>")
+        grid = (math.ceil(n / (16 * tpb)),)
+        with self._cupy.cuda.Device(self.device_index):
+            fn(grid, (32 * ks * tpb,), args, stream=self._stream())
+
+    # -- the three kernels on 2-D activations x [M, K] (contiguous, bf16) -----------------
+    def bf16(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
+             geom: tuple[int, int] | None = None) -> torch.Tensor:
+        """x [M, K] @ w[N, K].T -> [M, N] bf16, M <= 16, K % 8 == 0."""
+        m, k = x.shape
+        n = w.shape[0]
+        y = _output(out, m, n, x.device)
+        self._launch("gemv", m, n, k, (_p(w), _p(x), _p(y), _i(m), _i(n), _i(k)), geom)
+        return y
+
+    def int8(self, x: torch.Tensor, w: Int8Weight, out: torch.Tensor | None = None,
+             geom: tuple[int, int] | None = None) -> torch.Tensor:
+        """x [M, K] @ (q * scales).T -> [M, N] bf16, M <= 16, K % 16 == 0."""
+        m, k = x.shape
+        n = w.shape[0]
+        y = _output(out, m, n, x.device)
+        self._launch("gemv_int8", m, n, k,
+                     (_p(w.q), _p(w.scales), _p(x), _p(y), _i(m), _i(n), _i(k)), geom)
+        return y
+
+    def int4(self, x: torch.Tensor, w: Int4Weight, out: torch.Tensor | None = None,
+             geom: tuple[int, int] | None = None) -> torch.Tensor:
+        """x [M, K] @ dequant(w).T -> [M, N] bf16, M <= 16, K % 128 == 0, N % 8 == 0."""
+        m, k = x.shape
+        n = w.shape[0]
+        y = _output(out, m, n, x.device)
+        self._launch("gemv_int4", m, n, k, (_p(w.qweight_t), _p(w.qzeros), _p(w.scales),
+                                            _p(x), _p(y), _i(m), _i(n), _i(k)), geom)
+        return y
+
+    # -- dispatch ----------------------------------------------------------------------
+    def supports(self, x2: torch.Tensor, w) -> bool:
+        """True when a gemv kernel takes x2 [M, K] and weight w as they are."""
+        m, k = x2.shape
+        if not (x2.is_cuda and x2.dtype == torch.bfloat16 and 0 < m <= MAX_ROWS
+                and x2.is_contiguous() and x2.data_ptr() % 16 == 0):
+            return False
+        if isinstance(w, Int8Weight):
+            return w.dim() == 2 and k % 16 == 0 and w.q.is_contiguous() and w.q.is_cuda
+        if isinstance(w, Int4Weight):
+            return (w.dim() == 2 and k % 128 == 0 and w.shape[0] % 8 == 0 and w.qweight_t.is_cuda
+                    and w.qweight_t.is_contiguous() and w.scales.is_contiguous())
+        return (isinstance(w, torch.Tensor) and w.dim() == 2 and w.dtype == torch.bfloat16
+                and w.is_cuda and w.is_contiguous() and k % 8 == 0 and w.data_ptr() % 16 == 0)
+
+    def linear(self, x: torch.Tensor, w) -> torch.Tensor:
+        """x [..., in] @ W.T -> [..., out]: kernel for <= 16 rows, else cuBLAS."""
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k)  # [M, K]
+        if self.supports(x2, w):
+            if isinstance(w, Int8Weight):
+                y = self.int8(x2, w)
+            elif isinstance(w, Int4Weight):
+                y = self.int4(x2, w)
+            else:
+                y = self.bf16(x2, w)
+            return y.reshape(*lead, w.shape[0])
+        if isinstance(w, QuantizedWeight):
+            return F.linear(x, w.dequantize(x.dtype))
+        return F.linear(x, w)
+
+
+def _output(out: torch.Tensor | None, m: int, n: int, device) -> torch.Tensor:
+    """`out` checked to be a contiguous bf16 [m, n] on the device, or a new one."""
+    if out is None:
+        return torch.empty(m, n, device=device, dtype=torch.bfloat16)
+    if out.shape != (m, n) or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous bf16 [{m}, {n}], got {out.dtype} "
+                         f"{list(out.shape)}")
+    return out
+
+
+def _p(t: torch.Tensor) -> np.uint64:
+    return np.uint64(t.data_ptr())
+
+
+def _i(v: int) -> np.int32:
+    return np.int32(v)

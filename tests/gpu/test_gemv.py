@@ -1,0 +1,121 @@
+"""The gemv kernels (kernels/gemv*.cu) against the torch reference on the GPU.
+
+Fresh random inputs for every case, a NaN-poisoned output buffer (every element must be
+written), relative error ||y - ref|| / ||ref|| <= 1e-2 for bf16 operands; NaN never passes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+cupy = pytest.importorskip("cupy")
+
+from kestrel_rt.cuda.linear import GEOMETRIES, Gemv  # noqa: E402
+from kestrel_rt.quant_weights import Int4Weight, Int8Weight  # noqa: E402
+
+TOL = 1e-2
+# (M, N, K): qwen3-8b's decode shapes (qkv, o, gate_up, down), verify widths, odd sizes.
+SHAPES = [
+    (1, 6144, 4096), (1, 4096, 4096), (1, 24576, 4096), (1, 4096, 12288),
+    (4, 4096, 4096), (9, 6144, 4096), (16, 4096, 12288),
+    (1, 1024, 1024), (3, 1000, 1152), (16, 8, 128), (7, 520, 384), (2, 3000, 640),
+]
+
+
+@pytest.fixture(scope="module")
+def gemv():
+    g = Gemv("cuda")
+    g.compile()
+    return g
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(y).all(), "non-finite output (an element not written, or a NaN)"
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def _poisoned(m: int, n: int) -> torch.Tensor:
+    return torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+
+
+def _x(m: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_bf16(gemv, m, n, k):
+    gen = torch.Generator("cuda").manual_seed(m * 7919 + n * 31 + k)
+    x = _x(m, k, gen)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+    y = gemv.bf16(x, w, out=_poisoned(m, n))
+    assert _rel_err(y, x.double() @ w.double().T) <= TOL
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_int8(gemv, m, n, k):
+    if k % 16:
+        pytest.skip("int8 kernel needs K % 16 == 0")
+    gen = torch.Generator("cuda").manual_seed(m * 7 + n * 131 + k)
+    x = _x(m, k, gen)
+    w = Int8Weight.from_float(torch.randn(n, k, device="cuda", generator=gen))
+    y = gemv.int8(x, w, out=_poisoned(m, n))
+    assert _rel_err(y, x.double() @ w.dequantize(torch.float64).T) <= TOL
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_int4(gemv, m, n, k):
+    if k % 128 or n % 8:
+        pytest.skip("int4 kernel needs K % 128 == 0 and N % 8 == 0")
+    gen = torch.Generator("cuda").manual_seed(m * 3 + n * 17 + k)
+    x = _x(m, k, gen)
+    w = Int4Weight.from_float(torch.randn(n, k, device="cuda", generator=gen))
+    y = gemv.int4(x, w, out=_poisoned(m, n))
+    assert _rel_err(y, x.double() @ w.dequantize(torch.float64).T) <= TOL
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES)
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
+def test_every_launch_geometry(gemv, kind, geom):
+    """Each (K split, tiles per block) variant, on a ragged N and both n-tile widths."""
+    gen = torch.Generator("cuda").manual_seed(hash((kind, geom)) % 2**31)
+    n, k = 1032, 2048
+    w32 = torch.randn(n, k, device="cuda", generator=gen)
+    w = {"bf16": w32.bfloat16(), "int8": Int8Weight.from_float(w32),
+         "int4": Int4Weight.from_float(w32)}[kind]
+    dense = w if kind == "bf16" else w.dequantize(torch.float64)
+    for m in (1, 12):
+        x = _x(m, k, gen)
+        y = getattr(gemv, kind)(x, w, out=_poisoned(m, n), geom=geom)
+        assert _rel_err(y, x.double() @ dense.double().T) <= TOL
+
+
+def test_nan_input_gives_nan(gemv):
+    """A NaN in the activations must show in the output (no masking of bad values)."""
+    x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+    x[0, 5] = float("nan")
+    w = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    assert torch.isnan(gemv.bf16(x, w)).all()
+
+
+def test_linear_dispatch_and_graph_capture(gemv):
+    """linear() on [B, M, K] inputs, cuBLAS above 16 rows, and replay inside a CUDA graph."""
+    w = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    q4 = Int4Weight.from_float(w.float())
+    for rows in ((1, 1), (2, 5), (3, 7)):  # 1, 10, 21 rows: kernel, kernel, cuBLAS
+        x = torch.randn(*rows, 1024, device="cuda", dtype=torch.bfloat16)
+        for weight, dense in ((w, w.double()), (q4, q4.dequantize(torch.float64))):
+            y = gemv.linear(x, weight)
+            assert y.shape == (*rows, 512)
+            assert _rel_err(y, x.double() @ dense.T) <= TOL
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    out = _poisoned(1, 512)
+    gemv.bf16(x, w, out=out)  # warm (module loaded) before capture
+    graph = torch.cuda.CUDAGraph()
+    out.fill_(float("nan"))
+    with torch.cuda.graph(graph):
+        gemv.bf16(x, w, out=out)
+    x.copy_(torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel_err(out, x.double() @ w.double().T) <= TOL
