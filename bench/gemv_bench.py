@@ -20,12 +20,11 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kestrel_rt.cuda.linear import Gemv  # noqa: E402
-from kestrel_rt.quant_weights import Int4Weight, Int8Weight  # noqa: E402
+from kestrel_rt.cuda.linear import Gemv
+from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
              "down": (4096, 12288), "lm_head": (151936, 4096)}
@@ -113,7 +112,6 @@ def bench_shape(gemv, kind, name, n, k, m, gen) -> dict:
             call(gemv, kind, x, w, o)
 
     t = time_graph(run) / copies
-    del ws, outs
     return {"kernel": kind, "shape": name, "m": m, "n": n, "k": k, "us": t * 1e6,
             "bytes": per, "gbps": per / t / 1e9}
 
@@ -132,7 +130,6 @@ def bench_layers(gemv, kind, m, gen, layers: int = 36) -> dict:
             call(gemv, kind, xs[w.shape[1]], w, o)
 
     t = time_graph(run)
-    del ws, outs
     return {"kernel": kind, "shape": f"{layers} layers", "m": m, "n": 0, "k": 0,
             "us": t * 1e6, "bytes": per, "gbps": per / t / 1e9}
 

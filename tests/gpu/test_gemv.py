@@ -11,8 +11,8 @@ import torch
 
 cupy = pytest.importorskip("cupy")
 
-from kestrel_rt.cuda.linear import GEOMETRIES, Gemv  # noqa: E402
-from kestrel_rt.quant_weights import Int4Weight, Int8Weight  # noqa: E402
+from kestrel_rt.cuda.linear import GEOMETRIES, Gemv
+from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 TOL = 1e-2
 # (M, N, K): qwen3-8b's decode shapes (qkv, o, gate_up, down), verify widths, odd sizes.
