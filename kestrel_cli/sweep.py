@@ -86,15 +86,19 @@ def sweep_csv(rows: list[dict], axes: list[str]) -> str:
     return buf.getvalue()
 
 
+SUMMARY = {"output_throughput": "out tok/s", "request_throughput": "req/s",
+           "goodput": "goodput", "mean_ttft_ms": "TTFT ms", "p99_ttft_ms": "p99 TTFT",
+           "mean_tpot_ms": "TPOT ms", "mean_acceptance_length": "tok/round"}
+
+
 def summary_table(rows: list[dict], axes: list[str]) -> Table:
+    """Axes (by their last key) and a few headline metrics, one row per grid point."""
     table = Table(title="sweep", header_style="bold")
-    columns = ["output_throughput", "request_throughput", "mean_ttft_ms", "mean_tpot_ms",
-               "goodput"]
-    for name in [*axes, *columns]:
+    for name in [*(a.rsplit(".", 1)[-1] for a in axes), *SUMMARY.values()]:
         table.add_column(name, justify="right")
     for r in rows:
         cells = [str(r["params"][a]) for a in axes]
-        cells += ["-" if r["metrics"].get(c) is None else f"{r['metrics'][c]:.4g}" for c in columns]
+        cells += ["-" if r["metrics"].get(m) is None else f"{r['metrics'][m]:.4g}" for m in SUMMARY]
         table.add_row(*cells)
     return table
 
