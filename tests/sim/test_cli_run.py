@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kestrel_cli.app import app, main
-from kestrel_sim.metrics import Metrics
+from kestrel_sim.metrics import Metrics, compute_metrics
+from kestrel_sim.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "scenarios" / "default.yaml"
@@ -29,7 +30,8 @@ def _main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 
 def test_run_writes_every_output(tmp_path):
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["run", str(DEFAULT), "--out", str(out), *SMALL])
+    result = CliRunner().invoke(app, ["run", str(DEFAULT), "--out", str(out), "--raw-trace",
+                                      *SMALL])
     assert result.exit_code == 0, result.output
     assert "output throughput" in result.output
     metrics = Metrics.model_validate_json((out / "metrics.json").read_text())
@@ -43,6 +45,9 @@ def test_run_writes_every_output(tmp_path):
     assert json.loads((out / "scenario.json").read_text())["workload"]["requests"] == 40
     assert len(json.loads((out / "timeseries.json").read_text())["time"]) > 0
     assert not list(out.glob("*.tmp"))
+    # the raw Trace reloads, and metrics recomputed from it alone are the same
+    raw = Trace.load(out / "kestrel_trace.json")
+    assert compute_metrics(raw, {"ttft_ms": 500, "tpot_ms": 50}) == metrics
 
 
 def test_run_is_deterministic(tmp_path):
