@@ -79,8 +79,11 @@ class KVCache:
             raise ValueError(f"rollback of slot {slot} to {length}: has {self.lengths[slot]}")
         self.lengths[slot] = length
 
-    def step(self, slots: list[int], m: int, n_new: list[int]) -> Step:
-        """The Step for M new tokens per slot (n_new[b] of them valid); checks capacity."""
+    def step(self, slots: list[int], m: int, n_new: list[int], static: bool = False) -> Step:
+        """The Step for M new tokens per slot (n_new[b] of them valid); checks capacity.
+
+        static=True sets max_ctx to max_len, so attention shapes do not depend on lengths
+        (for CUDA-graph capture: copy the Step's tensors into the captured buffers)."""
         start = [self.lengths[s] for s in slots]
         for s, st, n in zip(slots, start, n_new):
             if not 0 < n <= m:
@@ -99,7 +102,7 @@ class KVCache:
             start=start_t,
             n_new=torch.tensor(n_new, dtype=torch.long, device=dev),
             positions=positions,
-            max_ctx=max(start) + m,
+            max_ctx=self.max_len if static else max(start) + m,
         )
 
     def advance(self, slots: list[int], n_new: list[int]) -> None:

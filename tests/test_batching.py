@@ -160,3 +160,19 @@ def test_a_backend_refuses_a_second_model(tmp_path):
     Qwen3Model(*tm.read(folder), backend)
     with pytest.raises(BackendInUseError, match="own backend"):
         Qwen3Model(*tm.read(folder), backend)
+
+
+def test_static_step_reads_the_whole_cache_and_gives_the_same_logits(folder):
+    """kv.step(static=True) (CUDA-graph shapes: keys up to max_len) changes nothing."""
+    model = _model(folder, slots=2, max_len=32)
+    prompts = _prompts(model.shape.vocab_size, [3, 6], seed=6)
+    slots = [model.kv.allocate() for _ in prompts]
+    model.prefill(prompts, slots)
+    tokens = torch.tensor([[4, 8], [15, 16]])  # [2, 2]
+    dynamic = model.kv.step(slots, 2, [2, 2])
+    static = model.kv.step(slots, 2, [2, 2], static=True)
+    assert dynamic.max_ctx == 8 and static.max_ctx == 32
+    a = model.compute(tokens, dynamic)
+    b = model.compute(tokens, static)  # rewrites the same K/V, lengths untouched
+    assert (a - b).abs().max().item() <= TOL
+    assert model.kv.lengths[slots[0]] == 3
