@@ -31,7 +31,9 @@ same inputs). Rules every op follows:
   * shapes are static for a given (B, M): decode and verify can be captured in CUDA graphs.
     `Step` (kv_cache.py) carries slots / start / n_new / positions as device tensors; its
     `max_ctx` is a host int that the torch reference uses to slice keys (a graph kernel
-    may ignore it and read up to each sequence's length instead).
+    may ignore it and read up to each sequence's length instead); `kv.step(..., static=True)`
+    sets it to max_len so even the torch ops keep one shape. `Qwen3Model.compute(tokens,
+    step)` is the device part of a forward (no host work) that a graph captures.
   * rows i >= step.n_new[b] are padding (ragged prefill): their outputs are unspecified, but
     they must never change valid rows. `attention` may write their K/V past the sequence's
     length (the model guarantees start + M <= max_len).
