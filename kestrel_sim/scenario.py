@@ -269,14 +269,15 @@ class Serving(_Strict):
 
     @model_validator(mode="after")
     def _mode_fields(self):
+        # by value (not by "was it given"), so a dumped scenario validates again
         if self.mode == "colocated":
-            odd = {"prefill_workers", "decode_workers"} & self.model_fields_set
+            odd = [f for f in ("prefill_workers", "decode_workers") if getattr(self, f) != 1]
             if odd:
                 raise ValueError(
-                    f"{', '.join(sorted(odd))} only apply to mode: disaggregated; "
+                    f"{', '.join(odd)} only apply to mode: disaggregated; "
                     "colocated mode uses `workers`"
                 )
-        elif "workers" in self.model_fields_set:
+        elif self.workers != 1:
             raise ValueError(
                 "`workers` only applies to mode: colocated; disaggregated mode uses "
                 "prefill_workers and decode_workers"
