@@ -1,0 +1,177 @@
+"""The SimPy model's behaviour: determinism, batching limits, chunked prefill, KV pressure,
+disaggregated transfers, and what the Trace holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from kestrel_sim import simulate
+from kestrel_sim.costs.shape import model_shape
+from kestrel_sim.scenario import Scenario
+
+
+def scenario(**over) -> Scenario:
+    data = {
+        "name": "model",
+        "draft": {"model": "qwen3-0.6b"},
+        "spec": {"k": 4, "correction": "separate", "acceptance": {"alpha": 0.6}},
+        "workload": {
+            "arrivals": {"process": "poisson", "rate": 30.0},
+            "requests": 300,
+            "prompt_tokens": {"dist": "uniform", "low": 32, "high": 1500},
+            "output_tokens": {"dist": "uniform", "low": 1, "high": 300},
+            "seed": 3,
+        },
+    }
+    for key, value in over.items():
+        node = data
+        *path, last = key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return Scenario.load_from_dict(data)
+
+
+def fingerprint(trace):
+    return (
+        [(s.kind, s.worker, s.start, s.end, tuple(s.requests), s.accepted and tuple(s.accepted))
+         for s in trace.spans],
+        [(r.arrival, r.finish, tuple(r.emit_times), tuple(r.emit_counts)) for r in trace.requests],
+    )
+
+
+def check_complete(trace, sc: Scenario) -> None:
+    """Every request finished, emitted exactly its drawn output, in time order."""
+    for r in trace.requests:
+        assert r.finish is not None and r.prefill_start is not None
+        assert r.arrival <= r.prefill_start <= r.emit_times[0] <= r.finish
+        assert sum(r.emit_counts) == r.output_tokens
+        assert r.emit_times == sorted(r.emit_times) and r.emit_times[-1] == r.finish
+        if sc.spec:
+            assert max(r.emit_counts) <= sc.spec.k + 1
+
+
+def test_same_seed_same_trace_other_seed_differs():
+    a, b = simulate(scenario()), simulate(scenario())
+    assert fingerprint(a) == fingerprint(b)
+    c = simulate(scenario(**{"workload.seed": 4}))
+    assert fingerprint(a) != fingerprint(c)
+
+
+@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+@pytest.mark.parametrize("correction", ["separate", "fused", None])
+def test_every_request_completes(mode, correction):
+    over = {"serving": {"mode": mode}}
+    if correction is None:
+        over.update({"spec": None, "draft": None})
+    else:
+        over["spec.correction"] = correction
+    sc = scenario(**over)
+    tr = simulate(sc)
+    check_complete(tr, sc)
+    kinds = {s.kind for s in tr.spans}
+    expect = {"prefill", "queue_wait"} | (
+        {"decode"} if correction is None
+        else {"draft", "verify"} | ({"correction"} if correction == "separate" else set())
+    )
+    if mode == "disaggregated":
+        expect.add("kv_transfer")
+    assert expect <= kinds
+    assert "correction" not in kinds or correction == "separate"
+    assert tr.meta["source"] == "sim" and tr.meta["k"] == (0 if correction is None else 4)
+    assert set(tr.meta["workers"]) >= {s.worker for s in tr.spans}
+
+
+def test_verify_spans_record_proposals_and_acceptance():
+    tr = simulate(scenario(serving={"max_batch": 8}))
+    verify = [s for s in tr.spans if s.kind == "verify"]
+    assert verify and all(len(s.requests) <= 8 for s in verify)
+    for s in verify:
+        assert s.proposed == 4 and len(s.accepted) == len(s.requests)
+        assert all(0 <= a <= 4 for a in s.accepted) and s.tokens == 5 * len(s.requests)
+    # the round's k draft spans precede its verify back to back
+    drafts = [s for s in tr.spans if s.kind == "draft"]
+    assert len(drafts) == 4 * len(verify)
+
+
+def test_chunked_prefill_respects_chunk_and_token_budget():
+    sc = scenario(**{
+        "serving": {"prefill_chunk": 1000, "max_batched_tokens": 1500},
+        "workload.prompt_tokens": {"dist": "fixed", "value": 2500},
+        "workload.requests": 20,
+    })
+    tr = simulate(sc)
+    check_complete(tr, sc)
+    prefills = [s for s in tr.spans if s.kind == "prefill" and s.worker.endswith("target")]
+    assert max(s.tokens for s in prefills) <= 1500
+    per_request = {}
+    for s in prefills:
+        for rid in s.requests:
+            per_request[rid] = per_request.get(rid, 0) + 1
+    assert min(per_request.values()) >= 3  # 2500 tokens in chunks of at most 1000
+
+
+def test_kv_pressure_preempts_and_recomputes_but_never_drops():
+    sc = scenario(**{"serving": {"kv_capacity_tokens": 6000}, "workload.arrivals.rate": 200.0})
+    tr = simulate(sc)
+    check_complete(tr, sc)
+    assert tr.meta["preemptions"] > 0
+    assert sum(r.preemptions for r in tr.requests) == tr.meta["preemptions"]
+    # a preempted request is prefilled again (its prompt plus what it had emitted)
+    victim = next(r for r in tr.requests if r.preemptions)
+    prefills = [s for s in tr.spans if s.kind == "prefill" and victim.id in s.requests]
+    assert len(prefills) > 1
+
+
+def test_kv_wait_policy_never_preempts():
+    sc = scenario(**{"serving": {"kv_capacity_tokens": 6000, "on_kv_full": "wait"},
+                     "workload.arrivals.rate": 200.0})
+    tr = simulate(sc)
+    check_complete(tr, sc)
+    assert tr.meta["preemptions"] == 0
+
+
+def test_request_larger_than_kv_capacity_is_refused():
+    from kestrel_sim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="kv_capacity_tokens"):
+        simulate(scenario(serving={"kv_capacity_tokens": 500}))
+
+
+def test_disaggregated_transfer_time_and_first_token():
+    link = {"bandwidth_gb_s": 10.0, "latency_us": 100.0}
+    sc = scenario(**{
+        "serving": {"mode": "disaggregated", "prefill_workers": 2, "decode_workers": 2,
+                    "link": link},
+        "workload.arrivals.rate": 2.0, "workload.requests": 30,
+    })
+    tr = simulate(sc)
+    check_complete(tr, sc)
+    per_token = 2 * (model_shape("qwen3-8b").kv_elements_per_token
+                     + model_shape("qwen3-0.6b").kv_elements_per_token)
+    transfers = [s for s in tr.spans if s.kind == "kv_transfer"]
+    assert len(transfers) == 30
+    for s in transfers:
+        assert s.end - s.start == pytest.approx(1e-4 + s.tokens * per_token / 10e9)
+        r = tr.requests[s.requests[0]]
+        assert r.emit_times[0] <= s.start  # first token comes from the prefill
+        if r.output_tokens > 1:
+            assert r.decode_start >= s.end
+    assert {s.worker for s in tr.spans if s.kind == "verify"} <= {"decode0/target",
+                                                                  "decode1/target"}
+
+
+def test_single_token_outputs_finish_at_prefill():
+    sc = scenario(**{"workload.output_tokens": {"dist": "fixed", "value": 1}})
+    tr = simulate(sc)
+    check_complete(tr, sc)
+    assert not [s for s in tr.spans if s.kind == "verify"]
+
+
+def test_progress_is_reported_up_to_the_total():
+    seen = []
+    simulate(scenario(**{"workload.requests": 50}), progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (50, 50) and [d for d, _ in seen] == sorted(d for d, _ in seen)
