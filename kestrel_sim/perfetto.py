@@ -29,22 +29,29 @@ def worker_pool(worker: str) -> tuple[str, str]:
     return (re.sub(r"\d+$", "", worker) or worker), worker
 
 
-def _span_args(span) -> dict:
-    args = {"batch": len(span.requests), "tokens": span.tokens, "context": span.context}
-    ids = span.requests[:MAX_IDS_IN_ARGS]
-    args["requests"] = ids if len(span.requests) <= MAX_IDS_IN_ARGS else [*ids, "..."]
+def _ids(values: list[int]) -> str:
+    """A JSON list of at most MAX_IDS_IN_ARGS integers, "..." marking the cut."""
+    text = ",".join(map(str, values[:MAX_IDS_IN_ARGS]))
+    return f"[{text},\"...\"]" if len(values) > MAX_IDS_IN_ARGS else f"[{text}]"
+
+
+def _span_event(span, pid: int, tid: int) -> str:
+    """One complete event as JSON text (written directly: traces hold ~1e6 spans)."""
+    args = (f'"batch":{len(span.requests)},"tokens":{span.tokens},"context":{span.context},'
+            f'"requests":{_ids(span.requests)}')
     if span.kind == "verify":
-        args["proposed"] = span.proposed
+        args += f',"proposed":{span.proposed}'
         if span.accepted:
-            args["accepted"] = span.accepted[:MAX_IDS_IN_ARGS]
-            args["accepted_total"] = sum(span.accepted)
-    return args
+            args += f',"accepted":{_ids(span.accepted)},"accepted_total":{sum(span.accepted)}'
+    return (f'{{"name":"{span.kind}","ph":"X","pid":{pid},"tid":{tid},'
+            f'"ts":{span.start * US:.3f},"dur":{(span.end - span.start) * US:.3f},'
+            f'"args":{{{args}}}}}')
 
 
 def _async_pair(name: str, rid: int, start: float, end: float, args: dict | None = None):
     common = {"name": name, "cat": "request", "id": rid, "pid": REQUESTS_PID, "tid": 0}
-    begin = {**common, "ph": "b", "ts": start * US, "args": args or {}}
-    return [begin, {**common, "ph": "e", "ts": end * US}]
+    begin = {**common, "ph": "b", "ts": round(start * US, 3), "args": args or {}}
+    return [begin, {**common, "ph": "e", "ts": round(end * US, 3)}]
 
 
 def _derived_waits(r) -> list[dict]:
@@ -59,59 +66,59 @@ def _derived_waits(r) -> list[dict]:
     return events
 
 
-def to_chrome_trace(trace: Trace, counters: bool = True) -> dict:
-    """The trace as a Chrome trace-event document: {"traceEvents": [...], ...}."""
-    events: list[dict] = []
+def dumps_chrome_trace(trace: Trace, counters: bool = True) -> str:
+    """The trace as Chrome trace-event JSON text: {"traceEvents": [...], ...}."""
+    events: list[str] = []  # one JSON object per event
     pids: dict[str, int] = {}
     tids: dict[str, tuple[int, int]] = {}
+
+    def add(event: dict) -> None:
+        events.append(json.dumps(event, separators=(",", ":")))
 
     def ids_for(worker: str) -> tuple[int, int]:
         if worker not in tids:
             pool, thread = worker_pool(worker)
             if pool not in pids:
                 pids[pool] = len(pids) + 1
-                events.append({"ph": "M", "name": "process_name", "pid": pids[pool],
-                               "args": {"name": pool}})
+                add({"ph": "M", "name": "process_name", "pid": pids[pool], "args": {"name": pool}})
             tid = sum(1 for p, _ in tids.values() if p == pids[pool]) + 1
             tids[worker] = (pids[pool], tid)
-            events.append({"ph": "M", "name": "thread_name", "pid": pids[pool], "tid": tid,
-                           "args": {"name": thread}})
+            add({"ph": "M", "name": "thread_name", "pid": pids[pool], "tid": tid,
+                 "args": {"name": thread}})
         return tids[worker]
 
-    events.append({"ph": "M", "name": "process_name", "pid": REQUESTS_PID,
-                   "args": {"name": "requests"}})
+    add({"ph": "M", "name": "process_name", "pid": REQUESTS_PID, "args": {"name": "requests"}})
     has_waits = False
     for span in trace.spans:
         if span.kind == "queue_wait":
             has_waits = True
             for rid in span.requests:
-                events += _async_pair(span.worker, rid, span.start, span.end)
+                for event in _async_pair(span.worker, rid, span.start, span.end):
+                    add(event)
             continue
-        pid, tid = ids_for(span.worker)
-        events.append({"name": span.kind, "cat": span.kind, "ph": "X", "pid": pid, "tid": tid,
-                       "ts": span.start * US, "dur": (span.end - span.start) * US,
-                       "args": _span_args(span)})
+        events.append(_span_event(span, *ids_for(span.worker)))
 
     for r in trace.requests:
         if not has_waits:  # a trace with its own waits is not given derived ones twice
-            events += _derived_waits(r)
+            for event in _derived_waits(r):
+                add(event)
         if r.finish is not None:
-            events.append({"name": "finish", "cat": "request", "ph": "n", "id": r.id,
-                           "pid": REQUESTS_PID, "tid": 0, "ts": r.finish * US,
-                           "args": {"output_tokens": r.output_tokens,
-                                    "preemptions": r.preemptions}})
+            add({"name": "finish", "cat": "request", "ph": "n", "id": r.id, "pid": REQUESTS_PID,
+                 "tid": 0, "ts": round(r.finish * US, 3),
+                 "args": {"output_tokens": r.output_tokens, "preemptions": r.preemptions}})
 
     if counters:
         ts = compute_timeseries(trace)
         for t, p, d, run in zip(ts.time, ts.prefill_queue, ts.decode_queue, ts.running):
-            events.append({"name": "queue length", "ph": "C", "pid": REQUESTS_PID,
-                           "ts": t * US, "args": {"prefill": p, "decode": d, "running": run}})
+            add({"name": "queue length", "ph": "C", "pid": REQUESTS_PID, "ts": round(t * US, 3),
+                 "args": {"prefill": p, "decode": d, "running": run}})
 
     other = {k: v if isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str)
              for k, v in trace.meta.items()}
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+    head = json.dumps({"displayTimeUnit": "ms", "otherData": other})[:-1]
+    return head + ',"traceEvents":[\n' + ",\n".join(events) + "\n]}"
 
 
-def dumps_chrome_trace(trace: Trace) -> str:
-    """The Chrome trace JSON as compact text."""
-    return json.dumps(to_chrome_trace(trace), separators=(",", ":"))
+def to_chrome_trace(trace: Trace, counters: bool = True) -> dict:
+    """The Chrome trace document as a dict (parsed back from `dumps_chrome_trace`)."""
+    return json.loads(dumps_chrome_trace(trace, counters))

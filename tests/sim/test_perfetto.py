@@ -76,3 +76,12 @@ def test_dumps_is_valid_json_with_counters():
     assert doc["displayTimeUnit"] == "ms"
     assert any(e["ph"] == "C" for e in doc["traceEvents"])
     assert doc["otherData"]["source"] == "sim"
+
+
+def test_large_batches_list_a_bounded_number_of_ids():
+    trace = Trace(spans=[Span("decode", "gpu0/target", 0.0, 0.001, list(range(100)), tokens=100)])
+    event = next(e for e in to_chrome_trace(trace)["traceEvents"] if e["ph"] == "X")
+    assert event["args"]["batch"] == 100
+    assert event["args"]["requests"][:3] == [0, 1, 2]
+    assert event["args"]["requests"][-1] == "..."
+    assert len(event["args"]["requests"]) == 33
