@@ -13,12 +13,13 @@ _EMPTY = np.empty(0, dtype=np.int64)
 
 
 class RunningBatch:
-    __slots__ = ("ctx", "ids", "pending", "rem")
+    __slots__ = ("ctx", "ctx_sum", "ids", "pending", "rem")
 
     def __init__(self):
         self.ids = _EMPTY  # [b] request ids
         self.ctx = _EMPTY  # [b] tokens in the KV cache (prompt + emitted)
         self.rem = _EMPTY  # [b] output tokens still to emit
+        self.ctx_sum = 0  # == ctx.sum(), kept up to date by every change below
         self.pending: list[tuple[int, int, int]] = []  # (id, ctx, rem) joined since last round
 
     def __len__(self) -> int:
@@ -36,10 +37,18 @@ class RunningBatch:
         self.ids = np.concatenate((self.ids, new[:, 0]))
         self.ctx = np.concatenate((self.ctx, new[:, 1]))
         self.rem = np.concatenate((self.rem, new[:, 2]))
+        self.ctx_sum += int(new[:, 1].sum())
         return new[:, 0].tolist()
+
+    def grow(self, emitted: np.ndarray, total: int) -> None:
+        """Each request gained `emitted` tokens ([b]; `total` of them in all)."""
+        self.rem -= emitted
+        self.ctx += emitted
+        self.ctx_sum += total
 
     def keep(self, mask: np.ndarray) -> None:
         self.ids, self.ctx, self.rem = self.ids[mask], self.ctx[mask], self.rem[mask]
+        self.ctx_sum = int(self.ctx.sum())
 
     def pop_newest(self) -> tuple[int, int, int]:
         """Remove and return the most recently joined request (id, ctx, rem)."""
@@ -47,4 +56,5 @@ class RunningBatch:
             return self.pending.pop()
         out = int(self.ids[-1]), int(self.ctx[-1]), int(self.rem[-1])
         self.ids, self.ctx, self.rem = self.ids[:-1], self.ctx[:-1], self.rem[:-1]
+        self.ctx_sum -= out[1]
         return out

@@ -147,25 +147,25 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker):
             w.kv.used -= ctx
             need -= k + 1
             st.requeue_preempted(rid, ctx, rem)
-    ids, ctx, rem = batch.ids, batch.ctx, batch.rem
+    ids, rem = batch.ids, batch.rem
     b = len(ids)
-    csum = int(ctx.sum())
+    csum = batch.ctx_sum
     c = csum / b
     rlist = ids.tolist()
     spans = st.spans
     if k:
         td = cfg.draft.seconds("draft", b, 1, c)
         acc = cfg.acceptance.sample(b, st.rng)
+        alist = acc.tolist()
         tv = cfg.target.seconds("verify", b, k + 1, c)
         t = now
         for j in range(k):
             spans.append(Span("draft", w.draft_name, t, t + td, rlist, b, csum + j * b))
             t += td
-        spans.append(Span("verify", w.name, t, t + tv, rlist, b * (k + 1), csum, k,
-                          acc.tolist()))
+        spans.append(Span("verify", w.name, t, t + tv, rlist, b * (k + 1), csum, k, alist))
         t += tv
         if cfg.separate:
-            asum = int(acc.sum())
+            asum = sum(alist)
             tc = cfg.target.seconds("correction", b, 1, (csum + asum) / b)
             spans.append(Span("correction", w.name, t, t + tc, rlist, b, csum + asum))
             t += tc
@@ -177,16 +177,16 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker):
         emit = np.ones(b, dtype=np.int64)
     yield env.timeout(dur)
 
-    rem -= emit
-    ctx += emit
+    total = int(emit.sum())
+    batch.grow(emit, total)
     if cfg.preempt:
-        w.kv.used += int(emit.sum())
+        w.kv.used += total
     st.emit(ids, emit)
     done = rem == 0
     if done.any():
         fin = ids[done]
         if cfg.preempt:
-            w.kv.used -= int(ctx[done].sum())
+            w.kv.used -= int(batch.ctx[done].sum())
         else:
             w.kv.used -= int(st.reserve[fin].sum())
         batch.keep(~done)
