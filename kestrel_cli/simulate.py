@@ -95,6 +95,9 @@ def metrics_table(metrics: Metrics, title: str) -> Table:
         table.add_row("per-position acceptance", per_pos, "", "")
     for worker, busy in m.worker_utilization.items():
         table.add_row(f"utilization {worker}", f"{busy:.1%}", "", "")
+    if m.stage_share:
+        share = "  ".join(f"{k} {v:.0%}" for k, v in m.stage_share.items())
+        table.add_row("stage share of busy time", share, "", "")
     if m.preemptions:
         table.add_row("preemptions", str(m.preemptions), "", "")
     return table

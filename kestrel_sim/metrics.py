@@ -55,6 +55,7 @@ class Metrics(BaseModel):
     mean_acceptance_length: float | None  # tokens per round incl. the bonus token
     per_position_acceptance: list[float]  # [i]: fraction of rounds accepting > i drafts
     worker_utilization: dict[str, float]  # worker -> busy fraction of duration
+    stage_share: dict[str, float]  # span kind -> share of all worker-busy seconds
     preemptions: int
 
 
@@ -177,6 +178,16 @@ def worker_busy(trace: Trace) -> dict[str, float]:
             for w, (a, b) in sorted(by_worker.items())}
 
 
+def stage_share(trace: Trace) -> dict[str, float]:
+    """Share of summed span seconds per stage kind (queue waits excluded)."""
+    seconds: dict[str, float] = {}
+    for s in trace.spans:
+        if s.kind not in BUSY_EXCLUDED:
+            seconds[s.kind] = seconds.get(s.kind, 0.0) + (s.end - s.start)
+    total = sum(seconds.values())
+    return {k: (v / total if total > 0 else 0.0) for k, v in seconds.items()}
+
+
 def run_window(trace: Trace) -> tuple[float, float]:
     """(start, end) of the measured run: first arrival to last finish."""
     done = _completed(trace)
@@ -229,6 +240,7 @@ def compute_metrics(trace: Trace, slo=None) -> Metrics:
         mean_acceptance_length=length,
         per_position_acceptance=per_position,
         worker_utilization={w: (b / duration if duration > 0 else 0.0) for w, b in busy.items()},
+        stage_share=stage_share(trace),
         preemptions=sum(r.preemptions for r in trace.requests),
     )
 

@@ -22,7 +22,7 @@ def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     return fig
 
 
-def timeline_window(trace: Trace, max_spans: int = 3000) -> tuple[float, float]:
+def timeline_window(trace: Trace, max_spans: int = 1000) -> tuple[float, float]:
     """A window in the middle of the run holding at most `max_spans` worker spans."""
     starts = np.sort([s.start for s in trace.spans if s.kind != "queue_wait"])
     if starts.size == 0:
@@ -35,7 +35,7 @@ def timeline_window(trace: Trace, max_spans: int = 3000) -> tuple[float, float]:
 
 
 def timeline_figure(trace: Trace, window: tuple[float, float] | None = None,
-                    max_spans: int = 3000) -> go.Figure:
+                    max_spans: int = 1000) -> go.Figure:
     """Gantt chart: one row per worker, one bar per span, coloured by stage."""
     lo, hi = window or timeline_window(trace, max_spans)
     spans = [s for s in trace.spans
@@ -110,6 +110,28 @@ def acceptance_figure(trace: Trace) -> go.Figure | None:
                       yaxis_title="fraction of rounds", xaxis={"dtick": 1})
     return _layout(fig, f"Acceptance length (k = {k}, mean {accepted.mean() + 1:.3f})",
                    height=360)
+
+
+def stage_time_figure(trace: Trace) -> go.Figure | None:
+    """Busy seconds per worker, stacked by stage: where the time goes."""
+    seconds: dict[tuple[str, str], float] = {}
+    for s in trace.spans:
+        if s.kind != "queue_wait":
+            key = (s.worker, s.kind)
+            seconds[key] = seconds.get(key, 0.0) + (s.end - s.start)
+    if not seconds:
+        return None
+    workers = sorted({w for w, _ in seconds})
+    fig = go.Figure()
+    for kind, color in KIND_COLORS.items():
+        values = [seconds.get((w, kind), 0.0) for w in workers]
+        if any(values):
+            fig.add_trace(go.Bar(name=kind, y=workers, x=values, orientation="h",
+                                 marker_color=color,
+                                 hovertemplate=f"{kind}: %{{x:.3f}} s<extra></extra>"))
+    fig.update_layout(barmode="stack", xaxis_title="busy seconds")
+    return _layout(fig, "Where the time goes (busy seconds per worker and stage)",
+                   height=max(260, 120 + 45 * len(workers)))
 
 
 # ---------------------------------------------------------------- sweeps

@@ -76,6 +76,7 @@ def run_report(trace: Trace, metrics: Metrics, timeseries: TimeSeries,
     sections: list[tuple[str, object]] = [
         ("Metrics", table_html(metric_rows(metrics))),
         ("Stage timeline", figures.timeline_figure(trace)),
+        ("Stage time", figures.stage_time_figure(trace)),
         ("Latency", figures.latency_cdf_figure(trace)),
         ("Over time", figures.timeseries_figure(timeseries)),
         ("Speculative decoding", figures.acceptance_figure(trace)),

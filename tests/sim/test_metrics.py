@@ -90,6 +90,13 @@ def test_worker_utilization_counts_overlaps_once_and_skips_queue_waits():
     assert "prefill_queue" not in util
 
 
+def test_stage_share_sums_span_seconds_by_kind():
+    share = compute_metrics(_two_requests()).stage_share
+    # prefill 0.1 + 0.2, draft 0.05, verify 0.05 + 0.15 of 0.55 busy seconds
+    assert share == pytest.approx({"prefill": 0.3 / 0.55, "draft": 0.05 / 0.55,
+                                   "verify": 0.2 / 0.55})
+
+
 def test_unfinished_requests_are_not_completed():
     trace = _two_requests()
     trace.requests.append(RequestRecord(id=2, arrival=1.2, prompt_tokens=5))

@@ -65,6 +65,14 @@ def test_acceptance_histogram_sums_to_one():
     assert figures.acceptance_figure(trace) is None
 
 
+def test_stage_time_stacks_busy_seconds():
+    fig = figures.stage_time_figure(_spec_trace())
+    by_kind = {t.name: dict(zip(t.y, t.x)) for t in fig.data}
+    assert by_kind["verify"]["gpu0/target"] == pytest.approx(20 * 3 * 0.002)
+    assert by_kind["draft"]["gpu0/draft"] == pytest.approx(20 * 3 * 0.001)
+    assert by_kind["prefill"].get("gpu0/draft", 0.0) == 0.0
+
+
 def test_cdf_ends_at_the_maximum():
     trace = _spec_trace()
     fig = figures.latency_cdf_figure(trace)
@@ -80,8 +88,8 @@ def test_run_report_is_self_contained(tmp_path):
     assert text.startswith("<!DOCTYPE html>")
     assert "<script src=\"http" not in text  # plotly.js embedded, not fetched
     assert "Plotly.newPlot" in text and len(text) > 1_000_000
-    # timeline, CDFs, time series, acceptance
-    assert text.count("class=\"plotly-graph-div\"") == 4
+    # timeline, stage time, CDFs, time series, acceptance
+    assert text.count("class=\"plotly-graph-div\"") == 5
     assert "mean_acceptance_length" in text and "worker_utilization[gpu0/draft]" in text
 
 
