@@ -10,7 +10,9 @@ from kestrel_sim.costs.profile import ProfileCost
 from kestrel_sim.costs.roofline import RooflineCost
 from kestrel_sim.costs.shape import model_shape
 from kestrel_sim.costs.table import TableCost
+from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import Hardware, hardware_for_device, load_hardware
+from kestrel_sim.models import PRESETS
 from kestrel_sim.profile import Profile
 from kestrel_sim.scenario import Scenario
 
@@ -38,16 +40,25 @@ def needed_stages(sc: Scenario) -> list[str]:
 
 
 def build_costs(sc: Scenario, rng: np.random.Generator) -> SimCosts:
+    # hardware: a bundled/YAML description, or a Profile JSON (its fingerprint names the
+    # device); the Profile prices steps unless `costs` picks another model explicitly
     profile_path = sc.costs.profile if sc.costs else None
     hw: Hardware | None
     if sc.hardware.endswith(".json"):
-        profile_path = profile_path or sc.hardware
-        hw = None
+        hw_profile = Profile.load(sc.hardware)
+        hw = hardware_for_device(hw_profile.fingerprint.device)
+        if sc.costs is None:
+            profile_path = sc.hardware
     else:
         hw = load_hardware(sc.hardware)
     profile = Profile.load(profile_path) if profile_path else None
     if profile is not None and hw is None:
         hw = hardware_for_device(profile.fingerprint.device)
+    if hw is None and (sc.costs is None or sc.costs.table is None) and profile is None:
+        raise ConfigError(
+            f"hardware {sc.hardware}: no bundled description matches the profile's device, "
+            "so the roofline cannot be used; give a hardware name or YAML"
+        )
 
     target_shape = model_shape(sc.model)
     draft_shape = model_shape(sc.draft.model) if sc.draft else None
@@ -63,12 +74,18 @@ def build_costs(sc: Scenario, rng: np.random.Generator) -> SimCosts:
         return SimCosts(target, draft, hw, draft_hw, "table")
 
     if profile is not None:
-        fallback = RooflineCost(hw, target_shape) if hw is not None else None
-        target = ProfileCost(profile, profile_path, fallback=None)
+        fp = profile.fingerprint
+        if sc.model in PRESETS and fp.model.lower() in PRESETS and fp.model.lower() != sc.model:
+            raise ConfigError(
+                f"profile {profile_path} measures {fp.model} but the scenario's model is "
+                f"{sc.model}: measure that model, or use the roofline (costs: {{roofline: {{}}}})"
+            )
+        target = ProfileCost(profile, profile_path)
         target.require(needed_stages(sc))
         draft = None
         if sc.draft is not None:
-            if sc.draft.device == "cpu" or not target.has("draft"):
+            other_draft = fp.draft_model is not None and fp.draft_model.lower() != sc.draft.model
+            if sc.draft.device == "cpu" or not target.has("draft") or other_draft:
                 if draft_hw is None:
                     ProfileCost(profile, profile_path).require(["draft"])
                 draft = RooflineCost(draft_hw, draft_shape)
@@ -76,7 +93,6 @@ def build_costs(sc: Scenario, rng: np.random.Generator) -> SimCosts:
                 roof = RooflineCost(draft_hw, draft_shape) if draft_hw is not None else _Zero()
                 draft = ProfileCost(profile, profile_path, fallback=roof)
                 draft._fits.pop("prefill", None)  # prefill entries measure the target
-        del fallback
         return SimCosts(target, draft, hw, draft_hw, "profile")
 
     ro = sc.costs.roofline if sc.costs is not None and sc.costs.roofline else None

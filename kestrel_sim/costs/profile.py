@@ -8,8 +8,10 @@ where f is piecewise linear in T with a knot at every measured T (it captures th
 from memory-bound to compute-bound), `a` the KV read per cached token and `e` the
 attention work per (new token x cached token); a and e are dropped when the measurements
 do not vary them independently. Below the smallest measured T, f is clamped; above the
-largest, it continues along its last segment. A stage the scenario needs but the
-profile lacks is a ConfigError naming the stage and the file.
+largest, it continues along its last segment. A `correction` step (one token per
+sequence through the target) is priced as `decode` when the profile has no correction
+measurements. A stage the scenario needs but the profile lacks is a ConfigError naming
+the stage and the file.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class ProfileCost:
         for mm in profile.measurements:
             rows.setdefault(mm.stage, []).append((mm.batch, mm.tokens_per_seq, mm.context, mm.ms))
         self._fits = {stage: _StageFit(r) for stage, r in rows.items()}
+        if "correction" not in self._fits and "decode" in self._fits:
+            self._fits["correction"] = self._fits["decode"]
 
     def has(self, stage: str) -> bool:
         return stage in self._fits

@@ -119,6 +119,7 @@ def simulate(
     st.fill_emissions()
 
     meta = {
+        "name": sc.name,
         "scenario": sc.name,
         "source": "sim",
         "seed": sc.workload.seed,

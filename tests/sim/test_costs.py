@@ -181,3 +181,26 @@ def test_cpu_draft_uses_cpu_hardware():
     assert costs.draft_hardware.name == "cpu-xeon"
     gpu = RooflineCost(H200, preset("qwen3-0.6b")).seconds("draft", 1, 1, 500)
     assert costs.draft.seconds("draft", 1, 1, 500) > 10 * gpu
+
+
+def test_profile_of_another_model_is_refused(tmp_path):
+    synthetic_profile().save(tmp_path / "p.json")
+    sc = Scenario.load_from_dict({
+        "hardware": "p.json", "model": "qwen3-14b",
+        "workload": {"arrivals": {"process": "poisson", "rate": 1.0}},
+    }, base_dir=tmp_path)
+    with pytest.raises(ConfigError, match="measures qwen3-8b but the scenario's model is"):
+        build_costs(sc, np.random.default_rng(0))
+
+
+def test_profile_prices_correction_as_decode_and_other_drafts_by_roofline(tmp_path):
+    synthetic_profile().save(tmp_path / "p.json")
+    sc = Scenario.load_from_dict({
+        "hardware": "p.json", "draft": {"model": "qwen3-1.7b"},
+        "spec": {"k": 4, "correction": "separate", "acceptance": {"alpha": 0.6}},
+        "workload": {"arrivals": {"process": "poisson", "rate": 1.0}},
+    }, base_dir=tmp_path)
+    costs = build_costs(sc, np.random.default_rng(0))
+    assert costs.target.seconds("correction", 8, 1, 900) == costs.target.seconds("decode", 8, 1, 900)
+    # the profile's draft stage measured qwen3-0.6b, so a 1.7b draft is priced by the roofline
+    assert isinstance(costs.draft, RooflineCost) and costs.draft.shape.name == "qwen3-1.7b"
