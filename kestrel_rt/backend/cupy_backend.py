@@ -1,0 +1,133 @@
+"""The cupy backend: the torch reference backend with hot ops replaced by kernels/*.cu.
+
+    be = CupyBackend("cuda", torch.bfloat16)      # one instance per model
+    model = Qwen3Model(shape, weights, be)         # or GraphModel (kestrel_rt/cuda/graphs.py)
+
+What an instance owns: its weight store and KV cache (from Backend), its compiled kernels
+(`self.kernels`, a KernelModules), its capture stream and CUDA graph pool. Nothing is shared
+between instances, so a draft and a target never see each other's weights or modules.
+
+Ops that a kernel cannot take (fp16, prefill with M > MAX_KERNEL_M, head_dim not a multiple
+of 8 in bf16, MoE batches over MAX_MOE_TOKENS tokens, quantized expert weights) fall back to
+the TorchBackend op: same function, same shapes. `linear` stays torch (cuBLAS) here; the
+quantized and skinny-matmul kernels plug in there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kestrel_rt.backend.torch_backend import TorchBackend
+from kestrel_rt.cuda import ops, reference
+from kestrel_rt.cuda.module import KernelModules
+from kestrel_rt.cuda.ops import Unsupported
+
+MAX_KERNEL_M = 16  # decode / verify: M new tokens per sequence served by the attention kernel
+MAX_MOE_TOKENS = 64  # tokens per MoE call served by the per-(token, expert) GEMV kernels
+KERNEL_FILES = ("rmsnorm", "qk_norm_rope", "decode_attention", "swiglu", "moe", "greedy_accept")
+
+
+class CupyBackend(TorchBackend):
+    """TorchBackend with RMSNorm, q/k norm + RoPE, attention, SwiGLU, MoE as CUDA kernels."""
+
+    def __init__(self, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16):
+        super().__init__(device, dtype)
+        self.kernels = KernelModules(self.device)  # raises KestrelError off CUDA / no cupy
+        if self.device.index is None:
+            self.device = torch.device("cuda", self.kernels.device_index)
+        props = torch.cuda.get_device_properties(self.device)
+        self.num_sms = props.multi_processor_count
+        self.capture_stream = torch.cuda.Stream(self.device)
+        self.graph_pool = None  # torch.cuda.graph_pool_handle(), made on first capture
+
+    # -- which shapes run on kernels (and may be captured in a graph) ----------------------
+    def kernel_dtype(self) -> bool:
+        return self.dtype in ops.SUFFIX
+
+    def graph_safe(self, batch: int, m: int) -> bool:
+        """True when a forward of [batch, m] tokens runs only kernels and torch ops with no
+        host sync and no host-side bound (the torch attention slices keys to step.max_ctx),
+        so it may be captured in a CUDA graph."""
+        s = self.shape
+        vec = 16 // torch.empty((), dtype=self.dtype).element_size()
+        if not self.kernel_dtype() or m > MAX_KERNEL_M or s.head_dim % vec or s.head_dim > 256:
+            return False
+        return not s.is_moe or self._moe_kernel_ok(batch * m)
+
+    def _moe_kernel_ok(self, tokens: int) -> bool:
+        s = self.shape
+        if tokens > MAX_MOE_TOKENS or s.num_experts > ops.MAX_MOE_EXPERTS:
+            return False
+        if not 0 < s.num_experts_per_tok <= 32:
+            return False
+        vec = 16 // torch.empty((), dtype=self.dtype).element_size()
+        if s.hidden_size % vec or s.moe_intermediate_size % vec:
+            return False
+        for i in range(s.num_hidden_layers):
+            if s.is_moe_layer(i):
+                w = (self.weight(f"layers.{i}.experts.gate_up"),
+                     self.weight(f"layers.{i}.experts.down"))
+                return all(type(t) is torch.Tensor and t.is_contiguous() for t in w)
+        return True
+
+    # -- ops -------------------------------------------------------------------------------
+    def rms_norm(self, x, name):
+        try:
+            return ops.rms_norm(self.kernels, x, self.weight(name), self.shape.rms_norm_eps)[0]
+        except Unsupported:
+            return super().rms_norm(x, name)
+
+    def add_rms_norm(self, x, residual, name):
+        try:
+            return ops.rms_norm(self.kernels, x, self.weight(name), self.shape.rms_norm_eps,
+                                residual=residual)
+        except Unsupported:
+            return super().add_rms_norm(x, residual, name)
+
+    def qk_norm_rope(self, q, k, layer, step):
+        try:
+            return ops.qk_norm_rope(
+                self.kernels, q, k, self.weight(f"layers.{layer}.q_norm"),
+                self.weight(f"layers.{layer}.k_norm"), self._cos, self._sin, step.positions,
+                self.shape.rms_norm_eps)
+        except Unsupported:
+            return super().qk_norm_rope(q, k, layer, step)
+
+    def attention(self, q, k, v, layer, step):
+        if q.shape[1] > MAX_KERNEL_M:  # prefill: torch's fused attention over the cache
+            return super().attention(q, k, v, layer, step)
+        kc, vc = self.kv.k[layer], self.kv.v[layer]  # [slots, max_len, Hkv, D]
+        try:
+            ops.kv_write(self.kernels, k, v, kc, vc, step.slots, step.positions)
+            return ops.decode_attention(self.kernels, q, kc, vc, step.slots, step.positions,
+                                        self.num_sms)
+        except Unsupported:
+            return super().attention(q, k, v, layer, step)
+
+    def swiglu(self, gate_up):
+        try:
+            return ops.swiglu(self.kernels, gate_up, self.num_sms)
+        except Unsupported:
+            return super().swiglu(gate_up)
+
+    def moe(self, x, layer):
+        s = self.shape
+        if not (self.kernel_dtype() and self._moe_kernel_ok(x.shape[0])):
+            return super().moe(x, layer)
+        try:
+            logits = self.linear(x, f"layers.{layer}.router")  # [N, E]
+            weights, experts = ops.moe_route(self.kernels, logits, s.num_experts_per_tok,
+                                             s.norm_topk_prob)
+            return ops.moe_experts(self.kernels, x, weights, experts,
+                                   self.weight(f"layers.{layer}.experts.gate_up"),
+                                   self.weight(f"layers.{layer}.experts.down"))
+        except Unsupported:
+            return super().moe(x, layer)
+
+    # -- speculative decoding ----------------------------------------------------------------
+    def greedy_accept(self, draft: torch.Tensor, target: torch.Tensor):
+        """draft [B, k], target argmax [B, k+1] int64 -> (accepted [B], next token [B])."""
+        try:
+            return ops.greedy_accept(self.kernels, draft, target)
+        except Unsupported:
+            return reference.greedy_accept(draft, target)

@@ -1,0 +1,137 @@
+"""CUDA graphs of decode and verify forwards, per batch-size bucket, with static buffers.
+
+    model = GraphModel(shape, weights, CupyBackend("cuda", torch.bfloat16))
+    model.allocate_kv(num_slots, max_len)      # reserves one extra scratch slot for padding
+    model.forward(tokens, slots)               # same contract as Qwen3Model.forward
+
+A forward of B sequences x M new tokens is *graphable* when M <= max_m and the backend says
+the shape runs without host syncs (`CupyBackend.graph_safe`). Its batch is padded up to a
+bucket (1, 2, 4, ..., 64); padding rows write K/V only into the scratch slot. The first call
+of a (bucket, M, last_only) runs eagerly on the capture stream (its real result, which also
+warms up cuBLAS and compiles the kernels), then the same computation is captured; later
+calls copy tokens and the Step into the static buffers with one host-to-device copy and
+replay. Anything else (prefill, larger batches) runs eagerly: the fallback is
+Qwen3Model.forward itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kestrel_rt.kv_cache import ContextFullError, KVCache, Step
+from kestrel_rt.model import Qwen3Model
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class _Captured:
+    """One captured forward: its graph, its static input buffer and output."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: torch.Tensor, step: Step,
+                 tokens: torch.Tensor, out: torch.Tensor) -> None:
+        self.graph, self.inputs, self.step, self.tokens, self.out = graph, inputs, step, tokens, out
+
+
+class GraphModel(Qwen3Model):
+    """Qwen3Model whose decode / verify forwards replay CUDA graphs (backend: CupyBackend)."""
+
+    def __init__(self, *args, buckets: tuple[int, ...] = BUCKETS, max_m: int = 16, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.buckets = tuple(sorted(buckets))
+        self.max_m = max_m
+        self.graphs: dict[tuple[int, int, bool], _Captured] = {}
+        self.scratch_slot: int | None = None
+        self.replays = 0  # forwards served by a graph replay (for tests and reports)
+
+    def allocate_kv(self, num_slots: int, max_len: int) -> KVCache:
+        """A cache of num_slots usable slots plus one scratch slot that padding rows write."""
+        kv = self.backend.allocate_kv(num_slots + 1, max_len)
+        taken = [kv.allocate() for _ in range(num_slots + 1)]
+        self.scratch_slot = taken[-1]
+        for s in reversed(taken[:-1]):
+            kv.free(s)
+        self.graphs.clear()  # captured graphs point into the old cache
+        return kv
+
+    def _bucket(self, batch: int) -> int | None:
+        return next((b for b in self.buckets if b >= batch), None)
+
+    @torch.inference_mode()
+    def forward(self, tokens, slots, n_new=None, last_only=False):
+        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        B, M = tokens.shape
+        bucket = self._bucket(B)
+        safe = getattr(self.backend, "graph_safe", None)
+        if (bucket is None or M > self.max_m or self.scratch_slot is None or safe is None
+                or not safe(bucket, M)):
+            return super().forward(tokens, slots, n_new, last_only)
+        slots = list(slots)
+        n_new = [M] * B if n_new is None else list(n_new)
+        kv = self.kv
+        start = [kv.length(s) for s in slots]
+        for s, st, n in zip(slots, start, n_new):
+            if not 0 < n <= M:
+                raise ValueError(f"slot {s}: n_new={n} must be in 1..{M}")
+            if st + M > kv.max_len:
+                raise ContextFullError(
+                    f"sequence in KV slot {s} has {st} tokens and {M} new ones: more than the "
+                    f"cache's max_len {kv.max_len} (the context); expected at most "
+                    f"{kv.max_len - st} new tokens")
+        pad = bucket - B
+        host = _pack(tokens.cpu(), slots + [self.scratch_slot] * pad, start + [0] * pad,
+                     n_new + [M] * pad, bucket, M)
+        key = (bucket, M, bool(last_only))
+        cap = self.graphs.get(key)
+        if cap is None:
+            out = self._capture(key, host)
+        else:
+            cap.inputs.copy_(host, non_blocking=True)
+            cap.graph.replay()
+            out = cap.out
+            self.replays += 1
+        out = out[:B].clone()  # the static output is overwritten by the next replay
+        kv.advance(slots, n_new)
+        return out[:, 0] if last_only else out
+
+    def _capture(self, key: tuple[int, int, bool], host: torch.Tensor) -> torch.Tensor:
+        """Run the forward eagerly on the capture stream (this call's result), then capture it."""
+        bucket, M, last_only = key
+        be = self.backend
+        inputs = host.to(self.device)
+        tokens, step = _views(inputs, bucket, M, self.kv.max_len)
+        stream = be.capture_stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            eager = self.compute(tokens, step, last_only).clone()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        stream.synchronize()
+        if be.graph_pool is None:
+            be.graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=be.graph_pool, stream=stream):
+            out = self.compute(tokens, step, last_only)
+        self.graphs[key] = _Captured(graph, inputs, step, tokens, out)
+        return eager
+
+
+def _pack(tokens: torch.Tensor, slots: list[int], start: list[int], n_new: list[int],
+          bucket: int, m: int) -> torch.Tensor:
+    """One int64 host tensor: tokens [bucket*M] | slots | start | n_new | positions [bucket*M]."""
+    tok = torch.zeros(bucket, m, dtype=torch.long)
+    tok[: tokens.shape[0]] = tokens
+    start_t = torch.tensor(start, dtype=torch.long)  # [bucket]
+    positions = start_t[:, None] + torch.arange(m)[None, :]  # [bucket, M]
+    return torch.cat([tok.flatten(), torch.tensor(slots, dtype=torch.long), start_t,
+                      torch.tensor(n_new, dtype=torch.long), positions.flatten()])
+
+
+def _views(inputs: torch.Tensor, bucket: int, m: int, max_len: int) -> tuple[torch.Tensor, Step]:
+    """Static tokens [bucket, M] and Step views into the packed device buffer."""
+    n = bucket * m
+    tokens = inputs[:n].view(bucket, m)
+    slots = inputs[n: n + bucket]
+    start = inputs[n + bucket: n + 2 * bucket]
+    n_new = inputs[n + 2 * bucket: n + 3 * bucket]
+    positions = inputs[n + 3 * bucket:].view(bucket, m)
+    return tokens, Step(slots=slots, start=start, n_new=n_new, positions=positions,
+                        max_ctx=max_len)

@@ -1,0 +1,112 @@
+"""Compile kernels/*.cu with cupy and launch them on torch's current CUDA stream.
+
+One `KernelModules` per backend instance (no global cache): it compiles each source file
+once, the first time one of its kernels is asked for, and launches on
+`torch.cuda.current_stream()` wrapped as a cupy ExternalStream, so launches interleave with
+torch ops and are recorded by `torch.cuda.graph` capture. Arguments are passed as numpy
+scalars: tensors as their device address (`ptr`), so no DLPack round trip per launch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kernels import KERNEL_DIR, source
+from kestrel_sim.errors import KestrelError
+
+# cupy compiles for the current device's architecture (sm_90 on an H100/H200) by itself;
+# an explicit -arch here would be passed to NVRTC twice.
+OPTIONS = ("-std=c++17",)
+INCLUDE = '#include "common.cuh"'
+
+
+def full_source(name: str) -> str:
+    """kernels/NAME.cu with kernels/common.cuh pasted in place of its #include.
+
+    Inlining keeps cupy's on-disk kernel cache honest: its key is the source text, which then
+    covers the header too.
+    """
+    text = source(name)
+    if INCLUDE in text:
+        header = (KERNEL_DIR / "common.cuh").read_text().replace("#pragma once\n", "")
+        text = text.replace(INCLUDE, header)
+    return text
+
+
+def ptr(t: torch.Tensor | None) -> np.uint64:
+    """A tensor's device address as a kernel argument (None -> null)."""
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def i32(v: int) -> np.int32:
+    return np.int32(v)
+
+
+def i64(v: int) -> np.int64:
+    return np.int64(v)
+
+
+def f32(v: float) -> np.float32:
+    return np.float32(v)
+
+
+class KernelModules:
+    """The compiled kernels one backend uses, on one CUDA device."""
+
+    def __init__(self, device: torch.device) -> None:
+        try:
+            import cupy
+        except ImportError:
+            raise KestrelError(
+                "the cupy backend needs cupy: install kestrel with the 'cuda13' (or 'cuda12') "
+                "extra, e.g. pip install -e '.[rt,cuda13]'"
+            ) from None
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise KestrelError(f"the cupy backend runs on a CUDA device, not '{device}'")
+        self._cupy = cupy
+        self.device_index = device.index if device.index is not None else torch.cuda.current_device()
+        self._modules: dict[str, object] = {}
+        self._functions: dict[tuple[str, str], object] = {}
+        self._streams: dict[int, object] = {}
+
+    def function(self, file: str, name: str):
+        """Kernel `name` of kernels/FILE.cu, compiled on first use."""
+        key = (file, name)
+        fn = self._functions.get(key)
+        if fn is None:
+            self.compile_all((file,))
+            fn = self._modules[file].get_function(name)
+            self._functions[key] = fn
+        return fn
+
+    def _stream(self):
+        handle = torch.cuda.current_stream(self.device_index).cuda_stream
+        stream = self._streams.get(handle)
+        if stream is None:
+            try:
+                stream = self._cupy.cuda.ExternalStream(handle, self.device_index)
+            except TypeError:  # older cupy: no device argument
+                stream = self._cupy.cuda.ExternalStream(handle)
+            self._streams[handle] = stream
+        return stream
+
+    def launch(self, file: str, name: str, grid: tuple, block: tuple, args: tuple,
+               shared_mem: int = 0) -> None:
+        """Launch kernels/FILE.cu:NAME on torch's current stream of this device."""
+        fn = self.function(file, name)
+        if self.device_index == 0:  # cupy's current device unless a caller changed it
+            fn(grid, block, args, shared_mem=shared_mem, stream=self._stream())
+        else:
+            with self._cupy.cuda.Device(self.device_index):
+                fn(grid, block, args, shared_mem=shared_mem, stream=self._stream())
+
+    def compile_all(self, files: tuple[str, ...]) -> None:
+        """Compile the given source files now (before a graph capture, say)."""
+        for file in files:
+            if file not in self._modules:
+                with self._cupy.cuda.Device(self.device_index):
+                    module = self._cupy.RawModule(code=full_source(file), options=OPTIONS)
+                    module.compile()
+                self._modules[file] = module

@@ -1,0 +1,280 @@
+"""Python wrappers of the kernels: torch tensors in, torch tensors out, on torch's stream.
+
+Each wrapper checks what its kernel assumes (dtype, layout, sizes) and raises
+`Unsupported` when it does not hold, so the caller can fall back to the torch reference.
+Shapes follow the Backend ops (kestrel_rt/backend/base.py). `km` is the calling backend's
+KernelModules.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kestrel_rt.cuda.module import KernelModules, f32, i32, i64, ptr
+
+SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+ATTN_THREADS = 256
+ATTN_ELEMS = 4096  # rows-per-block * head_dim held in registers by one attention block
+MAX_MOE_EXPERTS = 256
+
+
+class Unsupported(Exception):
+    """This kernel cannot take these inputs; use the torch reference instead."""
+
+
+def _suffix(*tensors: torch.Tensor) -> str:
+    dtype = tensors[0].dtype
+    if dtype not in SUFFIX or any(t.dtype != dtype for t in tensors):
+        raise Unsupported(f"dtypes {[t.dtype for t in tensors]}")
+    if any(not t.is_cuda for t in tensors):
+        raise Unsupported("tensor not on a CUDA device")
+    return SUFFIX[dtype]
+
+
+def _vec(dtype: torch.dtype) -> int:
+    """Elements of `dtype` in 16 bytes."""
+    return 16 // torch.empty((), dtype=dtype).element_size()
+
+
+def _aligned(*tensors: torch.Tensor) -> bool:
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def _token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x [B, M, heads, D] -> (x or a dense copy, stride between consecutive (b, m) tokens)
+    such that token t = b * M + m starts at t * stride and its heads x D are dense."""
+    B, M, heads, D = x.shape
+    st = x.stride()
+    if (D == 1 or st[3] == 1) and (heads == 1 or st[2] == D):
+        if M == 1:
+            return x, st[0]
+        if B == 1 or st[0] == M * st[1]:
+            return x, st[1]
+    x = x.contiguous()
+    return x, heads * D
+
+
+def _dest(out: torch.Tensor | None, shape, dtype: torch.dtype,
+          device: torch.device | None = None) -> torch.Tensor:
+    """`out` checked to be a dense tensor of shape/dtype, or a new empty one."""
+    if out is None:
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype}: expected dense {tuple(shape)} {dtype}")
+    return out
+
+
+# -- norms ----------------------------------------------------------------------------------
+def rms_norm(km: KernelModules, x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+             res_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x [..., n] (+ residual) -> (w * rmsnorm(s), s) with s = residual + x (None without).
+    out / res_out: optional dense destinations shaped like x."""
+    tensors = (x, weight) if residual is None else (x, weight, residual)
+    sfx = _suffix(*tensors)
+    n = x.shape[-1]
+    x = x.contiguous()
+    residual = None if residual is None else residual.contiguous()
+    out = torch.empty_like(x) if out is None else _dest(out, x.shape, x.dtype)
+    if residual is None:
+        res_out = None
+    else:
+        res_out = torch.empty_like(x) if res_out is None else _dest(res_out, x.shape, x.dtype)
+    rows = x.numel() // n if n else 0
+    if rows == 0:
+        return out, res_out
+    v = _vec(x.dtype)
+    vec = n % v == 0 and _aligned(*tensors, out) and (res_out is None or _aligned(res_out))
+    threads = min(1024, max(32, _round_up(math.ceil(n / (v if vec else 1)), 32)))
+    km.launch("rmsnorm", f"rmsnorm_{sfx}", (rows,), (threads,),
+              (ptr(x), ptr(residual), ptr(weight.contiguous()), ptr(out), ptr(res_out),
+               i32(n), f32(eps), i32(int(vec))))
+    return out, res_out
+
+
+def qk_norm_rope(km: KernelModules, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
+                 k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 positions: torch.Tensor, eps: float, q_out: torch.Tensor | None = None,
+                 k_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, M, Hq, D], k [B, M, Hkv, D] (strided views allowed), cos/sin tables [P, D],
+    positions [B, M] int64 -> (q, k) normalised per head and rotated, dense."""
+    sfx = _suffix(q, k, q_weight, k_weight, cos, sin)
+    B, M, Hq, D = q.shape
+    Hkv = k.shape[2]
+    if D % 2 or D > 256 or positions.dtype != torch.long:
+        raise Unsupported(f"head_dim {D}, positions {positions.dtype}")
+    q, q_st = _token_rows(q)
+    k, k_st = _token_rows(k)
+    q_out = _dest(q_out, (B, M, Hq, D), q.dtype, q.device)
+    k_out = _dest(k_out, (B, M, Hkv, D), q.dtype, q.device)
+    if B * M == 0:
+        return q_out, k_out
+    threads = 32 * min(16, Hq + Hkv)
+    km.launch("qk_norm_rope", f"qk_norm_rope_{sfx}", (B * M,), (threads,),
+              (ptr(q), i64(q_st), ptr(k), i64(k_st), ptr(q_weight.contiguous()),
+               ptr(k_weight.contiguous()), ptr(cos.contiguous()), ptr(sin.contiguous()),
+               ptr(positions.contiguous()), ptr(q_out), ptr(k_out), i32(Hq), i32(Hkv), i32(D),
+               f32(eps)))
+    return q_out, k_out
+
+
+# -- attention ------------------------------------------------------------------------------
+def kv_write(km: KernelModules, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> None:
+    """k, v [B, M, Hkv, D] -> k_cache, v_cache [slots, max_len, Hkv, D] at (slots[b],
+    positions[b, m])."""
+    sfx = _suffix(k, v, k_cache, v_cache)
+    B, M, Hkv, D = k.shape
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise Unsupported("cache not contiguous")
+    k, k_st = _token_rows(k)
+    v, v_st = _token_rows(v)
+    width = Hkv * D
+    n = _vec(k.dtype)
+    vec = (width % n == 0 and k_st % n == 0 and v_st % n == 0
+           and _aligned(k, v, k_cache, v_cache))
+    threads = min(256, max(32, _round_up(math.ceil(width / (n if vec else 1)), 32)))
+    km.launch("decode_attention", f"kv_write_{sfx}", (B * M,), (threads,),
+              (ptr(k), i64(k_st), ptr(v), i64(v_st), ptr(k_cache), ptr(v_cache),
+               ptr(slots.contiguous()), ptr(positions.contiguous()), i32(M),
+               i64(k_cache.stride(0)), i64(k_cache.stride(1)), i32(width), i32(int(vec))))
+
+
+def attention_plan(B: int, M: int, Hq: int, Hkv: int, D: int, max_len: int,
+                   num_sms: int) -> tuple[int, int, int, int]:
+    """(rows per block, row groups, key tile, splits) for decode attention. Depends only on
+    shapes and the cache's max_len (not on current lengths), so a captured graph stays valid
+    as sequences grow: each block sizes its slice of the context at run time."""
+    rows = M * (Hq // Hkv)
+    rb = max(1, min(rows, ATTN_ELEMS // D))
+    groups = math.ceil(rows / rb)
+    tile = 16 if D <= 128 else 8
+    base = B * Hkv * groups
+    splits = max(1, min(64, math.ceil(2 * num_sms / base), math.ceil(max_len / (4 * tile))))
+    return rb, groups, tile, splits
+
+
+def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                     num_sms: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, M, Hq, D] over one layer's cache [slots, max_len, Hkv, D] (new K/V already
+    written) -> [B, M, Hq, D]; key p visible to (b, m) iff p <= positions[b, m]."""
+    sfx = _suffix(q, k_cache, v_cache)
+    B, M, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    n = _vec(q.dtype)
+    if D % n or D > 256 or Hq % Hkv or not k_cache.is_contiguous():
+        raise Unsupported(f"head_dim {D}, heads {Hq}/{Hkv}")
+    q = q.contiguous()
+    out = _dest(out, q.shape, q.dtype, q.device)
+    if B * M == 0:
+        return out
+    rb, groups, tile, splits = attention_plan(B, M, Hq, Hkv, D, k_cache.shape[1], num_sms)
+    rows = M * (Hq // Hkv)
+    part_acc = torch.empty(B * Hkv * rows * splits * D, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(B * Hkv * rows * splits * 2, dtype=torch.float32, device=q.device)
+    smem = 4 * (rb * D + tile * (D + 1) + tile * D + rb * tile + 3 * rb)
+    slots, positions = slots.contiguous(), positions.contiguous()
+    km.launch("decode_attention", f"attn_partial_{sfx}", (B * Hkv, groups, splits),
+              (ATTN_THREADS,),
+              (ptr(q), ptr(k_cache), ptr(v_cache), ptr(slots), ptr(positions),
+               i64(k_cache.stride(0)), i64(k_cache.stride(1)), ptr(part_acc), ptr(part_ml),
+               i32(M), i32(Hq), i32(Hkv), i32(D), i32(rb), i32(tile), f32(D ** -0.5)),
+              shared_mem=smem)
+    km.launch("decode_attention", f"attn_combine_{sfx}", (B * Hkv * rows,),
+              (min(128, _round_up(D, 32)),),
+              (ptr(part_acc), ptr(part_ml), ptr(out), i32(M), i32(Hq), i32(Hkv), i32(D),
+               i32(splits)))
+    return out
+
+
+# -- MLP ------------------------------------------------------------------------------------
+def swiglu(km: KernelModules, gate_up: torch.Tensor, num_sms: int,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """gate_up [..., 2I] (gate then up) -> silu(gate) * up [..., I]."""
+    sfx = _suffix(gate_up)
+    two_i = gate_up.shape[-1]
+    if two_i % 2:
+        raise Unsupported(f"odd last dim {two_i}")
+    inter = two_i // 2
+    gate_up = gate_up.contiguous()
+    out = _dest(out, gate_up.shape[:-1] + (inter,), gate_up.dtype, gate_up.device)
+    rows = gate_up.numel() // two_i if two_i else 0
+    if rows == 0:
+        return out
+    n = _vec(gate_up.dtype)
+    vec = inter % n == 0 and _aligned(gate_up, out)
+    work = rows * (inter // n if vec else inter)
+    blocks = max(1, min(math.ceil(work / 256), 8 * num_sms))
+    km.launch("swiglu", f"swiglu_{sfx}", (blocks,), (256,),
+              (ptr(gate_up), ptr(out), i64(rows), i32(inter), i32(int(vec))))
+    return out
+
+
+def moe_route(km: KernelModules, logits: torch.Tensor, top_k: int,
+              renorm: bool, out: tuple[torch.Tensor, torch.Tensor] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [N, E] -> (weights [N, k] in logits' dtype, experts [N, k] int64)."""
+    sfx = _suffix(logits)
+    N, E = logits.shape
+    if E > MAX_MOE_EXPERTS or not 0 < top_k <= min(E, 32):
+        raise Unsupported(f"{E} experts, top {top_k}")
+    logits = logits.contiguous()
+    out = out or (None, None)
+    weights = _dest(out[0], (N, top_k), logits.dtype, logits.device)
+    experts = _dest(out[1], (N, top_k), torch.long, logits.device)
+    if N:
+        km.launch("moe", f"moe_route_{sfx}", (math.ceil(N / 4),), (128,),
+                  (ptr(logits), ptr(weights), ptr(experts), i32(N), i32(E), i32(top_k),
+                   i32(int(renorm))))
+    return weights, experts
+
+
+def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
+                experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [N, H], weights [N, k], experts [N, k] int64, gate_up [E, 2I, H], down [E, H, I]
+    -> [N, H]: each token's chosen experts' SwiGLU MLPs, weighted and summed."""
+    sfx = _suffix(x, weights, gate_up, down)
+    N, H = x.shape
+    two_i = gate_up.shape[1]
+    inter, top_k = two_i // 2, weights.shape[1]
+    n = _vec(x.dtype)
+    if H % n or inter % n or not (gate_up.is_contiguous() and down.is_contiguous()):
+        raise Unsupported(f"hidden {H}, intermediate {inter}")
+    x, weights, experts = x.contiguous(), weights.contiguous(), experts.contiguous()
+    act = torch.empty((N, top_k, inter), dtype=x.dtype, device=x.device)
+    out = _dest(out, x.shape, x.dtype, x.device)
+    if N == 0:
+        return out
+    km.launch("moe", f"moe_gate_up_{sfx}", (N * top_k, math.ceil(inter / 8)), (256,),
+              (ptr(x), ptr(gate_up), ptr(experts), ptr(act), i32(top_k), i32(H), i32(inter)))
+    km.launch("moe", f"moe_down_{sfx}", (N, math.ceil(H / 8)), (256,),
+              (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(out), i32(top_k), i32(H),
+               i32(inter)))
+    return out
+
+
+# -- speculative decoding -------------------------------------------------------------------
+def greedy_accept(km: KernelModules, draft: torch.Tensor,
+                  target: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """draft [B, k], target argmax [B, k+1] (int64) -> (accepted [B], next token [B]) int64."""
+    B, k = draft.shape
+    if draft.dtype != torch.long or target.dtype != torch.long or target.shape != (B, k + 1):
+        raise Unsupported(f"draft {tuple(draft.shape)} {draft.dtype}, target "
+                          f"{tuple(target.shape)} {target.dtype}")
+    out = out or (None, None)
+    accepted = _dest(out[0], (B,), torch.long, draft.device)
+    nxt = _dest(out[1], (B,), torch.long, draft.device)
+    if B:
+        km.launch("greedy_accept", "greedy_accept", (math.ceil(B / 128),), (128,),
+                  (ptr(draft.contiguous()), ptr(target.contiguous()), ptr(accepted), ptr(nxt),
+                   i32(B), i32(k)))
+    return accepted, nxt
