@@ -25,7 +25,7 @@ def _fmt(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
     return str(value)
 
 
@@ -73,7 +73,10 @@ def run_report(trace: Trace, metrics: Metrics, timeseries: TimeSeries,
                scenario: dict | None = None) -> str:
     """report.html of one run: metrics, timeline, CDFs, time series, acceptance."""
     name = trace.meta.get("name") or (scenario or {}).get("name") or "run"
+    about = [(k, v) for k, v in trace.meta.items()
+             if isinstance(v, (str, int, float, bool)) and len(str(v)) <= 80]
     sections: list[tuple[str, object]] = [
+        ("Run", table_html(about) if about else None),
         ("Metrics", table_html(metric_rows(metrics))),
         ("Stage timeline", figures.timeline_figure(trace)),
         ("Stage time", figures.stage_time_figure(trace)),
