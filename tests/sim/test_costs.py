@@ -204,3 +204,20 @@ def test_profile_prices_correction_as_decode_and_other_drafts_by_roofline(tmp_pa
     assert costs.target.seconds("correction", 8, 1, 900) == costs.target.seconds("decode", 8, 1, 900)
     # the profile's draft stage measured qwen3-0.6b, so a 1.7b draft is priced by the roofline
     assert isinstance(costs.draft, RooflineCost) and costs.draft.shape.name == "qwen3-1.7b"
+
+
+def test_model_shape_from_a_config_json_folder(tmp_path):
+    from kestrel_sim.costs.shape import model_shape
+
+    cfg = preset("qwen3-30b-a3b").model_dump(exclude={"name", "architecture"})
+    cfg["mlp_only_layers"] = []
+    cfg.update(architectures=["Qwen3MoeForCausalLM"], torch_dtype="bfloat16", model_type="qwen3_moe")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    shape = model_shape(str(tmp_path))
+    assert shape.is_moe and shape.num_experts == 128 and shape.hidden_size == 2048
+    ours = RooflineCost(H200, shape).seconds("decode", 4, 1, 100)
+    assert ours == RooflineCost(H200, preset("qwen3-30b-a3b")).seconds("decode", 4, 1, 100)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    model_shape.cache_clear()
+    with pytest.raises(ConfigError, match="does not describe a Qwen3 model"):
+        model_shape(str(tmp_path))
