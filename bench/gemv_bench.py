@@ -1,6 +1,9 @@
 """Bandwidth of the gemv kernels alone (GB/s against the measured device copy bandwidth).
 
     python bench/gemv_bench.py [--out DIR]
+    python bench/gemv_bench.py --sweep --out DIR   # every launch variant; writes the best
+                                                   # per shape as DIR/gemv_tuned.json
+
 
 For each kernel (bf16, int8, int4, and torch's own F.linear on bf16) and each qwen3-8b decode
 shape at M = 1, 4 and 16: one CUDA graph calls the kernel on enough distinct weight copies
@@ -17,18 +20,24 @@ import json
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kestrel_rt.cuda.linear import Gemv
+from kestrel_rt.cuda.linear import FILES_OF, Gemv, all_variants
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
              "down": (4096, 12288), "lm_head": (151936, 4096)}
 STREAM_BYTES = 1.5e9
+# decode shapes (N, K) of the benchmark's models: qwen3-8b, qwen3-0.6b, qwen3-30b-a3b attention
+SWEEP_SHAPES = sorted(set(SHAPES_8B.values()) | {
+    (4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024),  # 0.6b
+    (5120, 2048), (2048, 4096), (151936, 2048),  # 30b-a3b attention, lm_head
+})
 
 
 def copy_bandwidth(nbytes: int = 2 << 30) -> float:
@@ -134,16 +143,66 @@ def bench_layers(gemv, kind, m, gen, layers: int = 36) -> dict:
             "us": t * 1e6, "bytes": per, "gbps": per / t / 1e9}
 
 
+def sweep(gemv: Gemv, kinds: list[str], gen, copy_bw: float) -> dict:
+    """Time every variant on every SWEEP_SHAPES shape at M = 1 and 16; keep the best."""
+    best, everything = [], []
+    for kind in kinds:
+        file = FILES_OF[kind]
+        for n, k in SWEEP_SHAPES:
+            w0 = random_weight(kind, n, k, gen)
+            per_w = weight_bytes(w0)
+            copies = max(2, min(64, math.ceil(0.8e9 / per_w)))
+            ws = [w0] + [random_weight(kind, n, k, gen) for _ in range(copies - 1)]
+            fn = getattr(gemv, kind)
+            for m in (1, 16):
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+                outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
+                per = per_w + 2 * m * (k + n)
+                results = []
+                for variant in all_variants():
+                    def run(variant=variant, ws=ws, outs=outs, fn=fn, x=x):
+                        for w, o in zip(ws, outs):
+                            fn(x, w, out=o, geom=variant)
+                    t = time_graph(run, reps=5) / copies
+                    results.append((t, variant))
+                    everything.append({"file": file, "n": n, "k": k, "m": m,
+                                       "variant": list(variant), "us": t * 1e6})
+                t, variant = min(results)
+                best.append({"file": file, "n": n, "k": k, "mt": 1 if m <= 8 else 2,
+                             "variant": list(variant), "us": t * 1e6, "gbps": per / t / 1e9,
+                             "of_copy": per / t / copy_bw})
+                print(json.dumps(best[-1]), flush=True)
+            ws = outs = None
+            torch.cuda.empty_cache()
+    return {"best": best, "all": everything}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--kinds", default="bf16,int8,int4,torch")
     parser.add_argument("--ms", default="1,4,16")
+    parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
     gen = torch.Generator("cuda").manual_seed(0)
-    gemv = Gemv("cuda")
+    gemv = Gemv("cuda", sweep=args.sweep)
     gemv.compile()
     copy_bw = copy_bandwidth()
+    props = torch.cuda.get_device_properties(0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.sweep:
+        kinds = [k for k in args.kinds.split(",") if k != "torch"]
+        found = sweep(gemv, kinds, gen, copy_bw)
+        found.update(device=props.name, copy_gbps=copy_bw / 1e9,
+                     date=time.strftime("%Y-%m-%d", time.gmtime()))
+        (args.out / "gemv_tuned.json").write_text(json.dumps(found, indent=1))
+        print(f"\n{props.name}: copy bandwidth {copy_bw / 1e9:.0f} GB/s")
+        print(f"{'file':10} {'N':>6} {'K':>6} {'mt':>2} {'variant':18} {'us':>8} {'of copy':>7}")
+        for r in found["best"]:
+            print(f"{r['file']:10} {r['n']:6d} {r['k']:6d} {r['mt']:2d} {r['variant']!s:18} "
+                  f"{r['us']:8.1f} {r['of_copy']:7.1%}")
+        gemv = Gemv("cuda", tuned=args.out / "gemv_tuned.json")  # the table just measured
+        gemv.compile()
     rows = []
     for kind in args.kinds.split(","):
         for m in [int(v) for v in args.ms.split(",")]:
@@ -155,9 +214,7 @@ def main() -> None:
             rows.append(bench_layers(gemv, kind, m, gen))
             print(json.dumps(rows[-1]), flush=True)
             torch.cuda.empty_cache()
-    props = torch.cuda.get_device_properties(0)
     result = {"device": props.name, "copy_gbps": copy_bw / 1e9, "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gemv_bench.json").write_text(json.dumps(result, indent=1))
     print(f"\n{props.name}: copy bandwidth {copy_bw / 1e9:.0f} GB/s (read + write)")
     print(f"{'kernel':7} {'shape':10} {'M':>3} {'us':>9} {'GB/s':>7} {'of copy':>7}")

@@ -5,11 +5,10 @@
 // 16 bytes in flight per thread.
 #include "gemv_mma.cuh"
 
-template <int MT, int KSPLIT, int TPB>
+template <int MT, int KSPLIT, int TPB, int U, bool PF>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* __restrict__ y, int M,
           int N, int K) {
-  constexpr int U = 4;
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -33,8 +32,8 @@ gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* __restr
     for (int u = 0; u < U; ++u) {
       const int v = (s0 + u) * 4 + t;
       const bool ok = v < kv;
-      A[u] = ok ? ld_stream(wa + v) : zero4();
-      B[u] = ok ? ld_stream(wb + v) : zero4();
+      A[u] = ok ? ld_stream<PF>(wa + v) : zero4();
+      B[u] = ok ? ld_stream<PF>(wb + v) : zero4();
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {

@@ -11,12 +11,11 @@
 // (q - z) x over the group into fp32, and the group's scale multiplies that partial sum once.
 #include "gemv_mma.cuh"
 
-template <int MT, int KSPLIT, int TPB>
+template <int MT, int KSPLIT, int TPB, int U, bool PF>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
           const u16* __restrict__ scales, const uint4* __restrict__ x, u16* __restrict__ y,
           int M, int N, int K) {
-  constexpr int U = 2;
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -44,8 +43,8 @@ gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
     for (int u = 0; u < U; ++u) {
       const int v = (s0 + u) * 4 + t;
       const bool ok = s0 + u < groups;
-      A[u] = ok ? ld_stream(qa + v) : zero4();
-      B[u] = ok ? ld_stream(qb + v) : zero4();
+      A[u] = ok ? ld_stream<PF>(qa + v) : zero4();
+      B[u] = ok ? ld_stream<PF>(qb + v) : zero4();
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {

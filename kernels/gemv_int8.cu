@@ -9,11 +9,10 @@
 // (k0, k2) and (k1, k3), so the activation pairs are permuted the same way (prmt).
 #include "gemv_mma.cuh"
 
-template <int MT, int KSPLIT, int TPB>
+template <int MT, int KSPLIT, int TPB, int U, bool PF>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
           const uint4* __restrict__ x, u16* __restrict__ y, int M, int N, int K) {
-  constexpr int U = 4;
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -38,8 +37,8 @@ gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
     for (int u = 0; u < U; ++u) {
       const int v = (s0 + u) * 4 + t;
       const bool ok = v < qv;
-      A[u] = ok ? ld_stream(qa + v) : zero4();
-      B[u] = ok ? ld_stream(qb + v) : zero4();
+      A[u] = ok ? ld_stream<PF>(qa + v) : zero4();
+      B[u] = ok ? ld_stream<PF>(qb + v) : zero4();
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {

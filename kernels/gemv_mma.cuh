@@ -13,6 +13,9 @@
 // mma map to 4 physical k's of that chunk, identically for A and B. Results (fp32 C):
 // c0, c1 -> (weight row g, activation rows 2t, 2t+1), c2, c3 -> (weight row g + 8, same).
 //
+// Template parameters: MT n-tiles (1: M <= 8, 2: M <= 16); U sub-steps per loop iteration
+// (each thread issues 2U 16-byte weight loads before the first mma: bytes in flight and the
+// length of the contiguous run each row gets); PF the L2 256-byte prefetch hint.
 // Launch geometry (template): KSPLIT warps share one tile and split K between them
 // (interleaved chunks, so the warps of a block read neighbouring bytes); TPB tiles per block;
 // blockDim = 32 * KSPLIT * TPB. The KSPLIT partial sums meet in shared memory.
@@ -24,11 +27,17 @@ typedef unsigned short u16;
 
 #define GEMV_TILE 16
 
-// Weights are streamed once: skip L1 (no reuse), read-only path.
+// Weights are streamed once: skip L1 (no reuse), read-only path. PF: ask L2 to fetch the
+// whole 256-byte block around the address (neighbouring loads of the warp then hit L2).
+template <bool PF>
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  if (PF)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
 

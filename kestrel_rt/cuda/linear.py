@@ -15,7 +15,9 @@ first use) and nothing else; it keeps no tensors between calls.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,11 +28,17 @@ from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
 
 MAX_ROWS = 16  # activation rows the kernels take (two n-tiles of 8)
 HEADER = "gemv_mma.cuh"
-# (warps splitting K per tile, tiles per block): blockDim = 32 * KSPLIT * TPB
-GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))
 KERNELS = {"gemv": "gemv_bf16", "gemv_int8": "gemv_int8", "gemv_int4": "gemv_int4"}
-K_PER_ITER = {"gemv": 128, "gemv_int8": 256, "gemv_int4": 256}  # k one warp covers per loop
+FILES_OF = {"bf16": "gemv", "int8": "gemv_int8", "int4": "gemv_int4"}
+# A launch variant: (KSPLIT warps splitting K per tile, TPB tiles per block, U sub-steps per
+# loop iteration, PF L2 prefetch hint); blockDim = 32 * KSPLIT * TPB.
+GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))
+U_CHOICES = (2, 4, 8)
+K_PER_SUB = {"gemv": 32, "gemv_int8": 64, "gemv_int4": 128}  # k one sub-step covers
+DEFAULT_U = {"gemv": 8, "gemv_int8": 4, "gemv_int4": 4}
 WARPS_PER_SM = 16  # aim: enough 16-byte loads in flight to cover DRAM latency
+# Best variant per (file, N, K, n-tiles) measured by `bench/gemv_bench.py --sweep` on an H200.
+TUNED_FILE = Path(__file__).with_name("gemv_tuned.json")
 
 
 def _source(file: str) -> str:
@@ -39,24 +47,41 @@ def _source(file: str) -> str:
     return text.replace(f'#include "{HEADER}"', (KERNEL_DIR / HEADER).read_text())
 
 
-def _names(kernel: str) -> list[str]:
-    return [f"{kernel}<{mt}, {ks}, {tpb}>" for mt in (1, 2) for ks, tpb in GEOMETRIES]
+def kernel_name(file: str, mt: int, variant: tuple[int, int, int, bool]) -> str:
+    ks, tpb, u, pf = variant
+    return f"{KERNELS[file]}<{mt}, {ks}, {tpb}, {u}, {'true' if pf else 'false'}>"
 
 
-def geometry(file: str, n: int, k: int, sms: int) -> tuple[int, int]:
-    """(KSPLIT, TPB) for an [n, k] weight: split K over more warps until the chip is full."""
+def all_variants() -> list[tuple[int, int, int, bool]]:
+    return [(ks, tpb, u, pf) for ks, tpb in GEOMETRIES for u in U_CHOICES for pf in (False, True)]
+
+
+def default_variant(file: str, n: int, k: int, sms: int) -> tuple[int, int, int, bool]:
+    """Split K over more warps until the chip holds ~WARPS_PER_SM warps per SM."""
+    u = DEFAULT_U[file]
     tiles = math.ceil(n / 16)
-    iters = math.ceil(k / K_PER_ITER[file])
+    iters = math.ceil(k / (K_PER_SUB[file] * u))
     for ks, tpb in GEOMETRIES:
         if tiles * ks >= sms * WARPS_PER_SM or 2 * ks > iters:
-            return ks, tpb
-    return GEOMETRIES[-1]
+            return ks, tpb, u, True
+    return (*GEOMETRIES[-1], u, True)
+
+
+def load_tuned(path: Path = TUNED_FILE) -> dict:
+    """{(file, n, k, mt): variant} from a sweep's JSON, or {} when there is none."""
+    if not path.is_file():
+        return {}
+    rows = json.loads(path.read_text())["best"]
+    return {(r["file"], r["n"], r["k"], r["mt"]): tuple(r["variant"]) for r in rows}
 
 
 class Gemv:
     """The skinny-matmul kernels of one backend, on one CUDA device."""
 
-    def __init__(self, device: torch.device | str = "cuda") -> None:
+    def __init__(self, device: torch.device | str = "cuda", sweep: bool = False,
+                 tuned: Path | None = None) -> None:
+        """sweep: compile every variant (for bench/gemv_bench.py --sweep), not just the
+        tuned and default ones."""
         import cupy
 
         self._cupy = cupy
@@ -65,18 +90,28 @@ class Gemv:
         self.sms = torch.cuda.get_device_properties(self.device_index).multi_processor_count
         self._modules: dict[str, object] = {}
         self._streams: dict[int, object] = {}
+        self.tuned = load_tuned(tuned or TUNED_FILE)
+        self.sweep = sweep
 
     def compile(self) -> None:
         """Compile all three modules now (before timing or a graph capture)."""
         for file in KERNELS:
             self._module(file)
 
+    def _names(self, file: str) -> list[str]:
+        if self.sweep:
+            variants = set(all_variants())
+        else:
+            variants = {v for key, v in self.tuned.items() if key[0] == file}
+            variants |= {(ks, tpb, DEFAULT_U[file], True) for ks, tpb in GEOMETRIES}
+        return sorted({kernel_name(file, mt, v) for v in variants for mt in (1, 2)})
+
     def _module(self, file: str):
         module = self._modules.get(file)
         if module is None:
             with self._cupy.cuda.Device(self.device_index):
                 module = self._cupy.RawModule(code=_source(file), options=("-std=c++17",),
-                                              name_expressions=_names(KERNELS[file]))
+                                              name_expressions=self._names(file))
                 module.compile()
             self._modules[file] = module
         return module
@@ -89,18 +124,24 @@ class Gemv:
             self._streams[handle] = stream
         return stream
 
-    def _launch(self, file: str, m: int, n: int, k: int, args: tuple,
-                geom: tuple[int, int] | None = None) -> None:
-        ks, tpb = geom or geometry(file, n, k, self.sms)
+    def variant(self, file: str, n: int, k: int, mt: int) -> tuple[int, int, int, bool]:
+        """The launch variant for an [n, k] weight: the tuned one, else the default rule."""
+        return self.tuned.get((file, n, k, mt)) or default_variant(file, n, k, self.sms)
+
+    def _launch(self, file: str, m: int, n: int, k: int, args: tuple, geom=None) -> None:
         mt = 1 if m <= 8 else 2
-        fn = self._module(file).get_function(f"{KERNELS[file]}<{mt}, {ks}, {tpb}>")
+        variant = self.variant(file, n, k, mt)
+        if geom is not None:  # (ks, tpb) or a full (ks, tpb, u, pf)
+            variant = tuple(geom) if len(geom) == 4 else (*geom, *variant[2:])
+        ks, tpb = variant[:2]
+        fn = self._module(file).get_function(kernel_name(file, mt, variant))
         grid = (math.ceil(n / (16 * tpb)),)
         with self._cupy.cuda.Device(self.device_index):
             fn(grid, (32 * ks * tpb,), args, stream=self._stream())
 
     # -- the three kernels on 2-D activations x [M, K] (contiguous, bf16) -----------------
     def bf16(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
-             geom: tuple[int, int] | None = None) -> torch.Tensor:
+             geom: tuple | None = None) -> torch.Tensor:
         """x [M, K] @ w[N, K].T -> [M, N] bf16, M <= 16, K % 8 == 0."""
         m, k = x.shape
         n = w.shape[0]
@@ -109,7 +150,7 @@ class Gemv:
         return y
 
     def int8(self, x: torch.Tensor, w: Int8Weight, out: torch.Tensor | None = None,
-             geom: tuple[int, int] | None = None) -> torch.Tensor:
+             geom: tuple | None = None) -> torch.Tensor:
         """x [M, K] @ (q * scales).T -> [M, N] bf16, M <= 16, K % 16 == 0."""
         m, k = x.shape
         n = w.shape[0]
@@ -119,7 +160,7 @@ class Gemv:
         return y
 
     def int4(self, x: torch.Tensor, w: Int4Weight, out: torch.Tensor | None = None,
-             geom: tuple[int, int] | None = None) -> torch.Tensor:
+             geom: tuple | None = None) -> torch.Tensor:
         """x [M, K] @ dequant(w).T -> [M, N] bf16, M <= 16, K % 128 == 0, N % 8 == 0."""
         m, k = x.shape
         n = w.shape[0]

@@ -11,7 +11,7 @@ import torch
 
 cupy = pytest.importorskip("cupy")
 
-from kestrel_rt.cuda.linear import GEOMETRIES, Gemv
+from kestrel_rt.cuda.linear import Gemv, all_variants
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 TOL = 1e-2
@@ -74,11 +74,19 @@ def test_int4(gemv, m, n, k):
     assert _rel_err(y, x.double() @ w.dequantize(torch.float64).T) <= TOL
 
 
-@pytest.mark.parametrize("geom", GEOMETRIES)
+@pytest.fixture(scope="module")
+def gemv_all():
+    g = Gemv("cuda", sweep=True)
+    g.compile()
+    return g
+
+
+@pytest.mark.parametrize("geom", all_variants())
 @pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
-def test_every_launch_geometry(gemv, kind, geom):
-    """Each (K split, tiles per block) variant, on a ragged N and both n-tile widths."""
-    gen = torch.Generator("cuda").manual_seed(hash((kind, geom)) % 2**31)
+def test_every_launch_variant(gemv_all, kind, geom):
+    """Each (K split, tiles per block, U, prefetch) variant, ragged N, both n-tile widths."""
+    gemv = gemv_all
+    gen = torch.Generator("cuda").manual_seed(abs(hash((kind, geom))) % 2**31)
     n, k = 1032, 2048
     w32 = torch.randn(n, k, device="cuda", generator=gen)
     w = {"bf16": w32.bfloat16(), "int8": Int8Weight.from_float(w32),
