@@ -208,3 +208,15 @@ def test_cli_imports_without_torch():
     """The simulator's CLI must load without torch: generate imports it lazily."""
     code = "import sys, kestrel_cli.app; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sharded", "moe"])
+def test_cuda_fp32_ids_equal_transformers_greedy(folders, name):
+    folder = folders[name]
+    result = invoke("--model", str(folder), "--prompt-ids", ",".join(map(str, PROMPT)),
+                    "--max-new-tokens", "12", "--json", "--device", "cuda", "--dtype", "float32")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["device"] == "cuda" and report["dtype"] == "float32"
+    assert report["token_ids"] == reference_greedy(folder, PROMPT, 12)

@@ -209,3 +209,13 @@ def test_dummy_load_is_made_on_the_gpu_without_host_memory():
     on_gpu = sum(t.numel() * t.element_size() for t in weights.values())
     assert all(t.is_cuda for t in weights.values())
     assert on_gpu > 15e9 and grown_gib < 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shard", [None, "8KB"])
+def test_folder_loads_onto_the_gpu(tmp_path, shard):
+    model = save_tiny(tmp_path, moe=True, dtype=torch.bfloat16, max_shard_size=shard)
+    _, weights = load_folder(tmp_path, "cuda", "float32")
+    name = "model.layers.1.self_attn.o_proj.weight"
+    assert all(t.is_cuda and t.dtype == torch.float32 for t in weights.values())
+    assert torch.equal(weights[name].cpu(), model.state_dict()[name].float())
