@@ -183,6 +183,13 @@ def test_rotary_inv_freq_is_ignored(folder):
     assert "model.rotary_emb.inv_freq" not in weights
 
 
+def test_tied_checkpoint_with_an_lm_head_copy_loads(folder):
+    """Some tied checkpoints also store lm_head.weight; the model uses the embedding."""
+    edit_config(folder, tie_word_embeddings=True)
+    shape, weights, _ = load_model(folder)
+    assert shape.tie_word_embeddings and "lm_head.weight" not in weights
+
+
 def test_index_naming_a_missing_shard(sharded):
     shards = sorted(sharded.glob("model-*.safetensors"))
     shards[1].unlink()
