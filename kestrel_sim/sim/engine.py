@@ -116,6 +116,8 @@ def simulate(
     else:
         env.process(proc.open_arrivals(st, drawn.arrivals))
     env.run(until=st.all_done)
+    leaked = {w.name: w.kv.used for w in st.prefill_workers + st.decode_workers if w.kv.used}
+    assert not leaked, f"KV accounting leaked tokens: {leaked}"  # every request released its KV
     st.fill_emissions()
 
     meta = {

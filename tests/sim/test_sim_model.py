@@ -4,6 +4,8 @@ disaggregated transfers, and what the Trace holds."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kestrel_sim import simulate
 from kestrel_sim.costs.shape import model_shape
@@ -175,3 +177,35 @@ def test_progress_is_reported_up_to_the_total():
     seen = []
     simulate(scenario(**{"workload.requests": 50}), progress=lambda d, t: seen.append((d, t)))
     assert seen[-1] == (50, 50) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    mode=st.sampled_from(["colocated", "disaggregated"]),
+    policy=st.sampled_from(["preempt", "wait"]),
+    spec=st.sampled_from([None, "separate", "fused"]),
+    k=st.integers(1, 6),
+    max_batch=st.integers(1, 32),
+    chunk=st.integers(16, 4096),
+    capacity=st.integers(2200, 40_000),
+    rate=st.floats(0.5, 300.0),
+    seed=st.integers(0, 2**16),
+)
+def test_any_configuration_completes_every_request(
+    mode, policy, spec, k, max_batch, chunk, capacity, rate, seed
+):
+    serving = {"mode": mode, "max_batch": max_batch, "prefill_chunk": chunk,
+               "max_batched_tokens": max(chunk, 512), "kv_capacity_tokens": capacity,
+               "on_kv_full": policy}
+    over = {"serving": serving, "workload.arrivals.rate": rate, "workload.requests": 60,
+            "workload.seed": seed, "workload.prompt_tokens": {"dist": "uniform", "low": 1,
+                                                              "high": 1500}}
+    if spec is None:
+        over.update({"spec": None, "draft": None})
+    else:
+        over.update({"spec.k": k, "spec.correction": spec})
+    sc = scenario(**over)
+    tr = simulate(sc)  # also asserts that every worker released all of its KV
+    check_complete(tr, sc)
+    if policy == "wait":
+        assert tr.meta["preemptions"] == 0
