@@ -31,7 +31,7 @@ def main() -> None:
     try:
         app()
     except KestrelError as err:
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {err}", highlight=False)
         sys.exit(2)
 
 
