@@ -44,7 +44,7 @@ class Hardware(BaseModel):
         default=None, gt=0, description="attention throughput; default 60% of matmul_tflops"
     )
     launch_us: float = Field(default=1.0, ge=0, description="per kernel")
-    step_overhead_us: float = Field(default=30.0, ge=0, description="fixed per step")
+    step_overhead_us: float = Field(default=50.0, ge=0, description="fixed per step")
     kernels_per_layer: int = Field(default=10, ge=0)
     bytes_per_param: float = Field(default=2.0, gt=0, description="weights dtype (bf16 = 2)")
     bytes_per_kv: float = Field(default=2.0, gt=0, description="KV cache dtype (bf16 = 2)")
