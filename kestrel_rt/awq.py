@@ -45,7 +45,7 @@ def _read_all(folder: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
         raise AwqCheckpointError(f"{folder} has no *.safetensors files")
     for path in files:
         with safe_open(path, framework="pt") as f:
-            for name in f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 sl = f.get_slice(name)
                 found[name] = (path, tuple(sl.get_shape()), sl.get_dtype())
     return found
@@ -154,7 +154,7 @@ def write_awq_folder(src: str | Path, dst: str | Path) -> Path:
 
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
-    _shape, weights = load_folder(src, "cpu", "float32")
+    _, weights = load_folder(src, "cpu", "float32")
     out: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
         if is_projection(name):
