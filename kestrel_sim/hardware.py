@@ -10,8 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kestrel_sim.errors import ConfigError
 
@@ -87,11 +86,9 @@ def load_hardware(name_or_path: str) -> Hardware:
             f"unknown hardware '{name_or_path}': expected one of {', '.join(bundled_names())} "
             "or a path to a hardware YAML file"
         )
-    try:
-        data = yaml.safe_load(path.read_text())
-        return Hardware.model_validate(data)
-    except (yaml.YAMLError, ValidationError) as err:
-        raise ConfigError(f"hardware description {path} is invalid: {err}") from None
+    from kestrel_sim.yamlio import load_model  # FILE:LINE: key: problem messages
+
+    return load_model(path, Hardware)
 
 
 def hardware_for_device(device_name: str) -> Hardware | None:

@@ -221,3 +221,12 @@ def test_model_shape_from_a_config_json_folder(tmp_path):
     model_shape.cache_clear()
     with pytest.raises(ConfigError, match="does not describe a Qwen3 model"):
         model_shape(str(tmp_path))
+
+
+def test_bad_hardware_yaml_names_file_line_and_key(tmp_path):
+    path = tmp_path / "gpu.yaml"
+    path.write_text("name: x\nmemory_gb: 80\nmem_bandwidth_tb_s: -2\nmatmul_tflops: 700\n")
+    with pytest.raises(ConfigError, match=r"gpu.yaml:3: mem_bandwidth_tb_s: must be > 0"):
+        load_hardware(str(path))
+    path.write_text("name: x\nmemory_gb: 80\nmem_bandwidth_tb_s: 2\nmatmul_tflops: 700\n")
+    assert load_hardware.__wrapped__(str(path)).mem_bandwidth_tb_s == 2
