@@ -87,12 +87,17 @@ def build_costs(sc: Scenario, rng: np.random.Generator) -> SimCosts:
             other_draft = fp.draft_model is not None and fp.draft_model.lower() != sc.draft.model
             if sc.draft.device == "cpu" or not target.has("draft") or other_draft:
                 if draft_hw is None:
-                    ProfileCost(profile, profile_path).require(["draft"])
+                    raise ConfigError(
+                        f"profile {profile_path} has no draft measurements of {sc.draft.model} "
+                        f"and its device '{fp.device}' has no bundled hardware description "
+                        "for the roofline: measure the draft stage, or name the hardware"
+                    )
                 draft = RooflineCost(draft_hw, draft_shape)
             else:
+                # the draft's own prompt pass is not in the profile (its prefill rows
+                # measure the target): roofline where the device is known
                 roof = RooflineCost(draft_hw, draft_shape) if draft_hw is not None else _Zero()
-                draft = ProfileCost(profile, profile_path, fallback=roof)
-                draft._fits.pop("prefill", None)  # prefill entries measure the target
+                draft = ProfileCost(profile, profile_path, fallback=roof, stages=("draft",))
         return SimCosts(target, draft, hw, draft_hw, "profile")
 
     ro = sc.costs.roofline if sc.costs is not None and sc.costs.roofline else None

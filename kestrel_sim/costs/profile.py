@@ -79,11 +79,14 @@ class ProfileCost:
 
     __slots__ = ("_fallback", "_fits", "path")
 
-    def __init__(self, profile: Profile, path: str = "<profile>", fallback=None):
+    def __init__(self, profile: Profile, path: str = "<profile>", fallback=None,
+                 stages: tuple[str, ...] | None = None):
         self.path = path
         self._fallback = fallback  # a StageCost for stages the profile lacks, or None
         rows: dict[str, list] = {}
         for mm in profile.measurements:
+            if stages is not None and mm.stage not in stages:
+                continue  # e.g. a draft model's costs: only the `draft` rows are its own
             rows.setdefault(mm.stage, []).append((mm.batch, mm.tokens_per_seq, mm.context, mm.ms))
         self._fits = {stage: _StageFit(r) for stage, r in rows.items()}
         if "correction" not in self._fits and "decode" in self._fits:

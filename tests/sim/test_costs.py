@@ -167,6 +167,10 @@ def test_scenario_runs_on_a_profile(tmp_path):
     }, base_dir=tmp_path)
     costs = build_costs(sc, np.random.default_rng(0))
     assert costs.source == "profile" and costs.hardware.name == "h200"  # from the fingerprint
+    draft_roof = RooflineCost(H200, preset("qwen3-0.6b"))
+    assert isinstance(costs.draft, ProfileCost)  # the profile measured this draft
+    # ... but not the draft's own prompt pass (prefill rows measure the target)
+    assert costs.draft.seconds("prefill", 1, 512, 0) == draft_roof.seconds("prefill", 1, 512, 0)
     tr = simulate(sc)
     assert tr.meta["costs"] == "profile" and all(r.finish for r in tr.requests)
 
