@@ -35,7 +35,7 @@ FILES_OF = {"bf16": "gemv", "int8": "gemv_int8", "int4": "gemv_int4"}
 GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))
 U_CHOICES = (2, 4, 8)
 K_PER_SUB = {"gemv": 32, "gemv_int8": 64, "gemv_int4": 128}  # k one sub-step covers
-DEFAULT_U = {"gemv": 8, "gemv_int8": 4, "gemv_int4": 4}
+DEFAULT_U = {"gemv": 4, "gemv_int8": 4, "gemv_int4": 2}
 WARPS_PER_SM = 16  # aim: enough 16-byte loads in flight to cover DRAM latency
 # Best variant per (file, N, K, n-tiles) measured by `bench/gemv_bench.py --sweep` on an H200.
 TUNED_FILE = Path(__file__).with_name("gemv_tuned.json")
