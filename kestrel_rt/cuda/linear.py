@@ -217,3 +217,17 @@ def _p(t: torch.Tensor) -> np.uint64:
 
 def _i(v: int) -> np.int32:
     return np.int32(v)
+
+
+class GemvLinear:
+    """Backend mixin: `linear` through one Gemv per backend instance (kernels for <= 16
+    rows, cuBLAS beyond; bf16, Int8Weight and Int4Weight weights).
+
+        class CupyBackend(GemvLinear, TorchBackend): ...
+    """
+
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        gemv = getattr(self, "_gemv", None)
+        if gemv is None:
+            gemv = self._gemv = Gemv(self.device)
+        return gemv.linear(x, self.weight(name))
