@@ -170,6 +170,7 @@ class Bench:
             for quant in self.quants:
                 grid = profiles.get(name) if quant == "bf16" else None
                 self.guard(f"{name} {quant}", self.model_runs, name, quant, grid)
+                self.write(props.name, commit, profiles, final=False)  # partial results
         if self.with_transformers:
             self.guard("transformers generate", self.transformers_baseline)
         self.write(props.name, commit, profiles)
@@ -187,7 +188,7 @@ class Bench:
                            draft_model=draft, dtype="bfloat16",
                            date=time.strftime("%Y-%m-%d", time.gmtime()), git_commit=commit)
 
-    def write(self, device: str, commit, profiles: dict) -> None:
+    def write(self, device: str, commit, profiles: dict, final: bool = True) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         small = profiles["qwen3-0.6b"]
         if small:
@@ -207,7 +208,8 @@ class Bench:
         (self.out / "h200_decode.json").write_text(json.dumps(meta, indent=1))
         table = render(meta)
         (self.out / "h200_decode.md").write_text(table)
-        print("\n" + table, flush=True)
+        if final:
+            print("\n" + table, flush=True)
 
 
 def render(meta: dict) -> str:
