@@ -159,7 +159,7 @@ def sweep(gemv: Gemv, kinds: list[str], gen, copy_bw: float) -> dict:
                 outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
                 per = per_w + 2 * m * (k + n)
                 results = []
-                for variant in all_variants():
+                for variant in all_variants(file):
                     def run(variant=variant, ws=ws, outs=outs, fn=fn, x=x):
                         for w, o in zip(ws, outs):
                             fn(x, w, out=o, geom=variant)

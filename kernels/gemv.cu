@@ -1,9 +1,26 @@
 // bf16 skinny matmul for decode / verify: y[M, N] = x[M, K] @ W[N, K]^T, M <= 16.
 // W, x, y bf16 row-major, contiguous; K % 8 == 0; 16-byte aligned. See gemv_mma.cuh.
 // Each thread streams 16-byte chunks (8 k) of two weight rows: per sub-step the 4 threads of
-// a row group cover 32 consecutive k (64 bytes); U sub-steps per iteration keep 2U loads of
-// 16 bytes in flight per thread.
+// a row group cover 32 consecutive k (64 bytes). Software pipelined: the loads of the next
+// iteration (U sub-steps: 2U weight vectors + the activations) are issued before the mmas of
+// the current one, and the mmas alternate between two accumulators (shorter chains).
 #include "gemv_mma.cuh"
+
+template <int MT, int U, bool PF>
+__device__ __forceinline__ void bf16_load(uint4 (&A)[U], uint4 (&B)[U], uint4 (&X)[U][MT],
+                                          const uint4* wa, const uint4* wb,
+                                          const uint4* const (&xr)[MT], const bool (&xok)[MT],
+                                          int s0, int t, int kv) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int v = (s0 + u) * 4 + t;
+    const bool ok = v < kv;
+    A[u] = ok ? ld_stream<PF>(wa + v) : zero4();
+    B[u] = ok ? ld_stream<PF>(wb + v) : zero4();
+#pragma unroll
+    for (int j = 0; j < MT; ++j) X[u][j] = (ok && xok[j]) ? ld_cached(xr[j] + v) : zero4();
+  }
+}
 
 template <int MT, int KSPLIT, int TPB, int U, bool PF>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
@@ -24,28 +41,32 @@ gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* __restr
     xok[j] = g + 8 * j < M;
     xr[j] = x + (size_t)(xok[j] ? g + 8 * j : 0) * kv;
   }
-  float acc[MT][4] = {};
-  const int nsub = (kv + 3) >> 2;
-  for (int s0 = ks * U; s0 < nsub; s0 += KSPLIT * U) {
-    uint4 A[U], B[U];
+  float acc[2][MT][4] = {};
+  const int nsub = (kv + 3) >> 2, stride = KSPLIT * U;
+  uint4 A[U], B[U], X[U][MT];
+  bf16_load<MT, U, PF>(A, B, X, wa, wb, xr, xok, ks * U, t, kv);
+  for (int s0 = ks * U; s0 < nsub; s0 += stride) {
+    uint4 An[U], Bn[U], Xn[U][MT];
+    bf16_load<MT, U, PF>(An, Bn, Xn, wa, wb, xr, xok, s0 + stride, t, kv);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = (s0 + u) * 4 + t;
-      const bool ok = v < kv;
-      A[u] = ok ? ld_stream<PF>(wa + v) : zero4();
-      B[u] = ok ? ld_stream<PF>(wb + v) : zero4();
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = (s0 + u) * 4 + t;
+    for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
-        const uint4 X = (v < kv && xok[j]) ? ld_cached(xr[j] + v) : zero4();
-        mma_bf16(acc[j], A[u].x, B[u].x, A[u].y, B[u].y, X.x, X.y);
-        mma_bf16(acc[j], A[u].z, B[u].z, A[u].w, B[u].w, X.z, X.w);
+        mma_bf16(acc[0][j], A[u].x, B[u].x, A[u].y, B[u].y, X[u][j].x, X[u][j].y);
+        mma_bf16(acc[1][j], A[u].z, B[u].z, A[u].w, B[u].w, X[u][j].z, X[u][j].w);
       }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      A[u] = An[u];
+      B[u] = Bn[u];
+#pragma unroll
+      for (int j = 0; j < MT; ++j) X[u][j] = Xn[u][j];
     }
   }
-  reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, tib, ks, lane);
-  if (ks == 0) store_tile<MT>(y, acc, r0, g, t, M, N, 1.f, 1.f);
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[0][j][c] += acc[1][j][c];
+  reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0][0], red, tib, ks, lane);
+  if (ks == 0) store_tile<MT>(y, acc[0], r0, g, t, M, N, 1.f, 1.f);
 }

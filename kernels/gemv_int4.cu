@@ -9,7 +9,40 @@
 // bf16x2 add of -(128 + zero) gives the integer q - zero in bf16. Each thread's 16-byte load
 // is 32 k of one row, so the 4 threads of a row group cover one group of 128: the mma sums
 // (q - z) x over the group into fp32, and the group's scale multiplies that partial sum once.
+// Software pipelined like gemv.cu: the next iteration's weight loads go out before this
+// iteration's math; two mma chains per group.
 #include "gemv_mma.cuh"
+
+// Loads of U groups: weight vectors of rows a / b and each group's zero points (as
+// -(128 + z) in both bf16 halves) and scales. (Activations are loaded where they are used:
+// they hit L1, and prefetching them too would spill registers.)
+template <int U, bool PF>
+__device__ __forceinline__ void int4_load(uint4 (&A)[U], uint4 (&B)[U], u32 (&nz)[U][2],
+                                          float (&sc)[U][2], const uint4* qa, const uint4* qb,
+                                          const u32* zeros, const u16* scales, int ra, int rb,
+                                          int za_shift, int zb_shift, int s0, int t, int groups,
+                                          int N) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int grp = s0 + u;
+    const bool ok = grp < groups;
+    const int v = grp * 4 + t;
+    A[u] = ok ? ld_stream<PF>(qa + v) : zero4();
+    B[u] = ok ? ld_stream<PF>(qb + v) : zero4();
+    u32 za = 0u, zb = 0u;
+    float sa = 0.f, sb = 0.f;
+    if (ok) {
+      za = (__ldg(zeros + (size_t)grp * (N >> 3) + (ra >> 3)) >> za_shift) & 0xFu;
+      zb = (__ldg(zeros + (size_t)grp * (N >> 3) + (rb >> 3)) >> zb_shift) & 0xFu;
+      sa = f16_to_f32(__ldg(scales + (size_t)grp * N + ra));
+      sb = f16_to_f32(__ldg(scales + (size_t)grp * N + rb));
+    }
+    nz[u][0] = (0xC300u | za) * 0x00010001u;
+    nz[u][1] = (0xC300u | zb) * 0x00010001u;
+    sc[u][0] = sa;
+    sc[u][1] = sb;
+  }
+}
 
 template <int MT, int KSPLIT, int TPB, int U, bool PF>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
@@ -37,50 +70,57 @@ gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
     xr[j] = x + (size_t)(xok[j] ? g + 8 * j : 0) * (K >> 3);
   }
   float acc[MT][4] = {};
-  for (int s0 = ks * U; s0 < groups; s0 += KSPLIT * U) {
-    uint4 A[U], B[U];
+  const int stride = KSPLIT * U;
+  uint4 A[U], B[U];
+  u32 nz[U][2];
+  float sc[U][2];
+  int4_load<U, PF>(A, B, nz, sc, qa, qb, zeros, scales, ra, rb, za_shift, zb_shift, ks * U, t,
+                   groups, N);
+  for (int s0 = ks * U; s0 < groups; s0 += stride) {
+    uint4 An[U], Bn[U];
+    u32 nzn[U][2];
+    float scn[U][2];
+    int4_load<U, PF>(An, Bn, nzn, scn, qa, qb, zeros, scales, ra, rb, za_shift, zb_shift,
+                     s0 + stride, t, groups, N);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int v = (s0 + u) * 4 + t;
       const bool ok = s0 + u < groups;
-      A[u] = ok ? ld_stream<PF>(qa + v) : zero4();
-      B[u] = ok ? ld_stream<PF>(qb + v) : zero4();
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int grp = s0 + u;
-      if (grp >= groups) break;
-      const int v = grp * 4 + t;
-      const u32 za = (__ldg(zeros + (size_t)grp * (N >> 3) + (ra >> 3)) >> za_shift) & 0xFu;
-      const u32 zb = (__ldg(zeros + (size_t)grp * (N >> 3) + (rb >> 3)) >> zb_shift) & 0xFu;
-      const u32 nza = (0xC300u | za) * 0x00010001u, nzb = (0xC300u | zb) * 0x00010001u;
-      const float sa = f16_to_f32(__ldg(scales + (size_t)grp * N + ra));
-      const float sb = f16_to_f32(__ldg(scales + (size_t)grp * N + rb));
       const u32 wa[4] = {A[u].x, A[u].y, A[u].z, A[u].w};
       const u32 wb[4] = {B[u].x, B[u].y, B[u].z, B[u].w};
-      float cg[MT][4] = {};
+      float cg[2][MT][4] = {};  // the group's (q - z).x, two mma chains
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         u32 pa[4], pb[4];
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
-          pa[p] = bf16x2_add(and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u), nza);
-          pb[p] = bf16x2_add(and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u), nzb);
+          pa[p] = bf16x2_add(and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u), nz[u][0]);
+          pb[p] = bf16x2_add(and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u), nz[u][1]);
         }
 #pragma unroll
         for (int j = 0; j < MT; ++j) {
-          const uint4 X = xok[j] ? ld_cached(xr[j] + 4 * v + i) : zero4();  // k 8i..8i+7
-          mma_bf16(cg[j], pa[0], pb[0], pa[1], pb[1], X.x, X.y);
-          mma_bf16(cg[j], pa[2], pb[2], pa[3], pb[3], X.z, X.w);
+          // k 8i..8i+7 of this thread's 32
+          const uint4 xv = (ok && xok[j]) ? ld_cached(xr[j] + 4 * v + i) : zero4();
+          mma_bf16(cg[0][j], pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
+          mma_bf16(cg[1][j], pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
         }
       }
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
-        acc[j][0] += sa * cg[j][0];
-        acc[j][1] += sa * cg[j][1];
-        acc[j][2] += sb * cg[j][2];
-        acc[j][3] += sb * cg[j][3];
+        acc[j][0] += sc[u][0] * (cg[0][j][0] + cg[1][j][0]);
+        acc[j][1] += sc[u][0] * (cg[0][j][1] + cg[1][j][1]);
+        acc[j][2] += sc[u][1] * (cg[0][j][2] + cg[1][j][2]);
+        acc[j][3] += sc[u][1] * (cg[0][j][3] + cg[1][j][3]);
       }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      A[u] = An[u];
+      B[u] = Bn[u];
+      nz[u][0] = nzn[u][0];
+      nz[u][1] = nzn[u][1];
+      sc[u][0] = scn[u][0];
+      sc[u][1] = scn[u][1];
     }
   }
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, tib, ks, lane);

@@ -7,7 +7,27 @@
 // -136. Two accumulators, C_h and C_l, both on the tensor cores: q.x = 16 C_h + C_l, and the
 // row's scale is applied once at the end. A word of 4 bytes (k0..k3) gives the pairs
 // (k0, k2) and (k1, k3), so the activation pairs are permuted the same way (prmt).
+// Software pipelined like gemv.cu: the next iteration's loads go out before this one's math.
 #include "gemv_mma.cuh"
+
+template <int MT, int U, bool PF>
+__device__ __forceinline__ void int8_load(uint4 (&A)[U], uint4 (&B)[U], uint4 (&X)[U][MT][2],
+                                          const uint4* qa, const uint4* qb,
+                                          const uint4* const (&xr)[MT], const bool (&xok)[MT],
+                                          int s0, int t, int qv) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int v = (s0 + u) * 4 + t;
+    const bool ok = v < qv;
+    A[u] = ok ? ld_stream<PF>(qa + v) : zero4();
+    B[u] = ok ? ld_stream<PF>(qb + v) : zero4();
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      X[u][j][0] = (ok && xok[j]) ? ld_cached(xr[j] + 2 * v) : zero4();
+      X[u][j][1] = (ok && xok[j]) ? ld_cached(xr[j] + 2 * v + 1) : zero4();
+    }
+  }
+}
 
 template <int MT, int KSPLIT, int TPB, int U, bool PF>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
@@ -29,20 +49,15 @@ gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
     xok[j] = g + 8 * j < M;
     xr[j] = x + (size_t)(xok[j] ? g + 8 * j : 0) * (K >> 3);
   }
-  float acc[2][MT][4] = {};  // [0]: C_l, [1]: C_h
-  const int nsub = (qv + 3) >> 2;
-  for (int s0 = ks * U; s0 < nsub; s0 += KSPLIT * U) {
-    uint4 A[U], B[U];
+  float acc[2][2][MT][4] = {};  // [C_l, C_h][word parity: two mma chains each]
+  const int nsub = (qv + 3) >> 2, stride = KSPLIT * U;
+  uint4 A[U], B[U], X[U][MT][2];
+  int8_load<MT, U, PF>(A, B, X, qa, qb, xr, xok, ks * U, t, qv);
+  for (int s0 = ks * U; s0 < nsub; s0 += stride) {
+    uint4 An[U], Bn[U], Xn[U][MT][2];
+    int8_load<MT, U, PF>(An, Bn, Xn, qa, qb, xr, xok, s0 + stride, t, qv);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int v = (s0 + u) * 4 + t;
-      const bool ok = v < qv;
-      A[u] = ok ? ld_stream<PF>(qa + v) : zero4();
-      B[u] = ok ? ld_stream<PF>(qb + v) : zero4();
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = (s0 + u) * 4 + t;
       const u32 wa[4] = {A[u].x, A[u].y, A[u].z, A[u].w};
       const u32 wb[4] = {B[u].x, B[u].y, B[u].z, B[u].w};
 #pragma unroll
@@ -58,17 +73,23 @@ gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
         hb[1] = bf16x2_add(and_xor(wb[i] >> 12, 0x000F000Fu, 0x43084308u), 0xC308C308u);
 #pragma unroll
         for (int j = 0; j < MT; ++j) {
-          // activations k0..k3 of this word: x vector 2v + i/2, registers (i%2)*2 and +1
-          u32 p = 0u, r = 0u;
-          if ((v < qv) && xok[j]) {
-            const u32* xp = reinterpret_cast<const u32*>(xr[j] + 2 * v + (i >> 1));
-            p = __ldg(xp + (i & 1) * 2);
-            r = __ldg(xp + (i & 1) * 2 + 1);
-          }
+          // activations k0..k3 of word i: vector i / 2, registers (i % 2) * 2 and + 1
+          const uint4 xv = X[u][j][i >> 1];
+          const u32 p = (i & 1) ? xv.z : xv.x, r = (i & 1) ? xv.w : xv.y;
           const u32 x02 = __byte_perm(p, r, 0x5410), x13 = __byte_perm(p, r, 0x7632);
-          mma_bf16(acc[0][j], la[0], lb[0], la[1], lb[1], x02, x13);
-          mma_bf16(acc[1][j], ha[0], hb[0], ha[1], hb[1], x02, x13);
+          mma_bf16(acc[0][i & 1][j], la[0], lb[0], la[1], lb[1], x02, x13);
+          mma_bf16(acc[1][i & 1][j], ha[0], hb[0], ha[1], hb[1], x02, x13);
         }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      A[u] = An[u];
+      B[u] = Bn[u];
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        X[u][j][0] = Xn[u][j][0];
+        X[u][j][1] = Xn[u][j][1];
       }
     }
   }
@@ -76,7 +97,8 @@ gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
 #pragma unroll
   for (int j = 0; j < MT; ++j)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) tot[j][c] = 16.f * acc[1][j][c] + acc[0][j][c];
+    for (int c = 0; c < 4; ++c)
+      tot[j][c] = 16.f * (acc[1][0][j][c] + acc[1][1][j][c]) + acc[0][0][j][c] + acc[0][1][j][c];
   reduce_ksplit<KSPLIT, MT * 4>(&tot[0][0], red, tib, ks, lane);
   if (ks == 0) store_tile<MT>(y, tot, r0, g, t, M, N, __ldg(scale + ra), __ldg(scale + rb));
 }

@@ -33,7 +33,8 @@ FILES_OF = {"bf16": "gemv", "int8": "gemv_int8", "int4": "gemv_int4"}
 # A launch variant: (KSPLIT warps splitting K per tile, TPB tiles per block, U sub-steps per
 # loop iteration, PF L2 prefetch hint); blockDim = 32 * KSPLIT * TPB.
 GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))
-U_CHOICES = (2, 4, 8)
+# U per kernel: more would spill registers (two pipeline stages of 2U 16-byte vectors each)
+U_CHOICES = {"gemv": (2, 4, 8), "gemv_int8": (1, 2, 4), "gemv_int4": (1, 2, 4)}
 K_PER_SUB = {"gemv": 32, "gemv_int8": 64, "gemv_int4": 128}  # k one sub-step covers
 DEFAULT_U = {"gemv": 4, "gemv_int8": 4, "gemv_int4": 2}
 WARPS_PER_SM = 16  # aim: enough 16-byte loads in flight to cover DRAM latency
@@ -52,8 +53,9 @@ def kernel_name(file: str, mt: int, variant: tuple[int, int, int, bool]) -> str:
     return f"{KERNELS[file]}<{mt}, {ks}, {tpb}, {u}, {'true' if pf else 'false'}>"
 
 
-def all_variants() -> list[tuple[int, int, int, bool]]:
-    return [(ks, tpb, u, pf) for ks, tpb in GEOMETRIES for u in U_CHOICES for pf in (False, True)]
+def all_variants(file: str) -> list[tuple[int, int, int, bool]]:
+    return [(ks, tpb, u, pf) for ks, tpb in GEOMETRIES for u in U_CHOICES[file]
+            for pf in (False, True)]
 
 
 def default_variant(file: str, n: int, k: int, sms: int) -> tuple[int, int, int, bool]:
@@ -100,7 +102,7 @@ class Gemv:
 
     def _names(self, file: str) -> list[str]:
         if self.sweep:
-            variants = set(all_variants())
+            variants = set(all_variants(file))
         else:
             variants = {v for key, v in self.tuned.items() if key[0] == file}
             variants |= {(ks, tpb, DEFAULT_U[file], True) for ks, tpb in GEOMETRIES}

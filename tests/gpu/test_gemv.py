@@ -11,7 +11,7 @@ import torch
 
 cupy = pytest.importorskip("cupy")
 
-from kestrel_rt.cuda.linear import Gemv, all_variants
+from kestrel_rt.cuda.linear import FILES_OF, Gemv, all_variants
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 TOL = 1e-2
@@ -81,8 +81,8 @@ def gemv_all():
     return g
 
 
-@pytest.mark.parametrize("geom", all_variants())
-@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("kind,geom", [(kind, v) for kind in ("bf16", "int8", "int4")
+                                       for v in all_variants(FILES_OF[kind])])
 def test_every_launch_variant(gemv_all, kind, geom):
     """Each (K split, tiles per block, U, prefetch) variant, ragged N, both n-tile widths."""
     gemv = gemv_all
