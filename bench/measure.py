@@ -116,14 +116,16 @@ def step_flops(shape, batch: int, m: int, context: int) -> float:
 
 
 # -- timed steps -----------------------------------------------------------------------------
-def time_steps(model, batch: int, m: int, context: int, steps: int, gen) -> dict:
+def time_steps(model, batch: int, m: int, context: int, steps: int, gen,
+               max_s: float = 6.0) -> dict:
     """`steps` forwards of [batch, m] new tokens per sequence at `context` cached tokens.
 
     Like a decode loop: the argmax of each step goes back to the host (a sync) and feeds
     the next (m = 1); lengths roll back to `context` after each step so every step sees the
     same context (the cache holds random garbage there; timing does not depend on values).
-    Warm-up forwards capture the graph first. Returns wall tok/s and the median device time
-    of one forward (CUDA events around it).
+    Warm-up forwards capture the graph first. Stops early after `max_s` seconds (slow eager
+    configurations). Returns wall tok/s and the median device time of one forward (CUDA
+    events around it).
     """
     kv = model.kv
     slots = [kv.allocate() for _ in range(batch)]
@@ -144,6 +146,8 @@ def time_steps(model, batch: int, m: int, context: int, steps: int, gen) -> dict
         events = []
         t0 = time.perf_counter()
         for _ in range(steps):
+            if len(events) >= 4 and time.perf_counter() - t0 > max_s:
+                break
             s_ev, e_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s_ev.record()
             logits = one()
@@ -154,6 +158,7 @@ def time_steps(model, batch: int, m: int, context: int, steps: int, gen) -> dict
             events.append((s_ev, e_ev))
         wall = time.perf_counter() - t0
         ms = statistics.median(s.elapsed_time(e) for s, e in events)
+        steps = len(events)
     finally:
         for s in slots:
             kv.free(s)
