@@ -10,9 +10,12 @@
 // kv_write:     k, v [B*M, Hkv*D] (token strides k_st, v_st) -> cache at (slots[b], positions).
 // attn_partial: grid (B*Hkv, row_groups, splits), 256 threads. A block takes the R = M*G query
 //               rows (m, g) of one kv head (G = Hq / Hkv), RB of them (RB * D <= 4096), and
-//               one split of the context, in tiles of TILE keys staged in shared memory.
+//               one split of the context, in tiles of TILE keys staged in shared memory;
+//               tpd (a power of two <= 32) threads share each query-key dot product.
 //               Writes unnormalised acc [.., D] and (max, sum) per (b, kvh, row, split).
-// attn_combine: grid (B*Hkv*R), merges the splits -> out [B, M, Hq, D] in T.
+// attn_decode:  the same partials for R <= 8 rows and D in {64, 128, 256}: one warp per key,
+//               q and the accumulators in registers (faster at decode; see below).
+// attn_combine: grid (B*Hkv*R), merges the splits (<= 64) -> out [B, M, Hq, D] in T.
 #include "common.cuh"
 
 #define ATTN_THREADS 256
@@ -51,7 +54,7 @@ __device__ void attn_partial_impl(const T* __restrict__ q, const T* __restrict__
                                   long long stride_slot, long long stride_pos,
                                   float* __restrict__ part_acc, float* __restrict__ part_ml,
                                   int m_tokens, int hq, int hkv, int d, int rb, int tile,
-                                  float scale) {
+                                  int tpd, float scale) {
   extern __shared__ float smem[];
   constexpr int V = Vec<T>::N;
   const int g_size = hq / hkv;
@@ -62,8 +65,9 @@ __device__ void attn_partial_impl(const T* __restrict__ q, const T* __restrict__
   const int tid = threadIdx.x;
 
   float* s_q = smem;                       // [rb, d], pre-scaled
-  float* s_k = s_q + rb * d;               // [tile, d + 1]
-  float* s_v = s_k + tile * (d + 1);       // [tile, d]
+  const int kstride = d + tpd;             // padded K rows: dot groups hit distinct banks
+  float* s_k = s_q + rb * d;               // [tile, kstride]
+  float* s_v = s_k + tile * kstride;       // [tile, d]
   float* s_p = s_v + tile * d;             // [rb, tile]
   float* s_m = s_p + rb * tile;            // [rb] running max
   float* s_l = s_m + rb;                   // [rb] running sum
@@ -111,46 +115,50 @@ __device__ void attn_partial_impl(const T* __restrict__ q, const T* __restrict__
       }
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        s_k[j * (d + 1) + c + i] = kv[i];
+        s_k[j * kstride + c + i] = kv[i];
         s_v[j * d + c + i] = vv[i];
       }
     }
     __syncthreads();
-    // scores
-    for (int e = tid; e < rb * tile; e += ATTN_THREADS) {
-      const int r = e / tile, j = e % tile, gr = row0 + r;
-      const long long key = t0 + j;
-      float s = -inf_f();
-      if (gr < rows && key < k_end && key <= pos_b[gr / g_size]) {
-        const float* qr = s_q + r * d;
-        const float* kr = s_k + j * (d + 1);
-        s = 0.f;
-        for (int c = 0; c < d; ++c) s = fmaf(qr[c], kr[c], s);
+    // scores: tpd consecutive threads share one (row, key) dot product over d
+    {
+      const int per_block = ATTN_THREADS / tpd, gid = tid / tpd, gl = tid % tpd;
+      const int pairs = rb * tile;
+      const int iters = (pairs + per_block - 1) / per_block;  // uniform: shuffles below
+      for (int it = 0; it < iters; ++it) {
+        const int e = it * per_block + gid;
+        const int r = e / tile, j = e % tile, gr = row0 + r;
+        const long long key = t0 + j;
+        const bool ok = e < pairs && gr < rows && key < k_end && key <= pos_b[gr / g_size];
+        float s = 0.f;
+        if (ok) {
+          const float* qr = s_q + r * d;
+          const float* kr = s_k + j * kstride;
+          for (int c = gl; c < d; c += tpd) s = fmaf(qr[c], kr[c], s);
+        }
+        for (int o = tpd >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (gl == 0 && e < pairs) s_p[e] = ok ? s : -inf_f();
       }
-      s_p[e] = s;
     }
     __syncthreads();
-    // online softmax, one thread per row
-    for (int r = tid; r < rb; r += ATTN_THREADS) {
-      float* pr = s_p + r * tile;
-      float mx = -inf_f();
-      for (int j = 0; j < tile; ++j) mx = fmaxf(mx, pr[j]);
+    // online softmax, one warp per row (tile <= 32 keys, one per lane)
+    for (int r = tid >> 5; r < rb; r += ATTN_THREADS / 32) {
+      const int lane = tid & 31;
+      const float s = lane < tile ? s_p[r * tile + lane] : -inf_f();
       const float m_old = s_m[r];
-      const float m_new = fmaxf(m_old, mx);
-      float sc = 1.f, sum = 0.f;
-      if (m_new == -inf_f()) {
-        for (int j = 0; j < tile; ++j) pr[j] = 0.f;
-      } else {
+      const float m_new = fmaxf(m_old, warp_max(s));
+      float p = 0.f, sc = 1.f;
+      if (m_new != -inf_f()) {
         sc = expf(m_old - m_new);
-        for (int j = 0; j < tile; ++j) {
-          const float p = expf(pr[j] - m_new);
-          pr[j] = p;
-          sum += p;
-        }
+        p = lane < tile ? expf(s - m_new) : 0.f;
       }
-      s_m[r] = m_new;
-      s_l[r] = s_l[r] * sc + sum;
-      s_scale[r] = sc;
+      const float sum = warp_sum(p);
+      if (lane < tile) s_p[r * tile + lane] = p;
+      if (lane == 0) {
+        s_m[r] = m_new;
+        s_l[r] = s_l[r] * sc + sum;
+        s_scale[r] = sc;
+      }
     }
     __syncthreads();
     // acc = acc * scale + P V
@@ -190,6 +198,8 @@ template <typename T>
 __device__ void attn_combine_impl(const float* __restrict__ part_acc,
                                   const float* __restrict__ part_ml, T* __restrict__ out,
                                   int m_tokens, int hq, int hkv, int d, int splits) {
+  __shared__ float s_w[64];  // splits <= 64: weight of each split
+  __shared__ float red[32];
   const int g_size = hq / hkv;
   const int rows = m_tokens * g_size;
   const long long row = blockIdx.x;  // (b * hkv + kvh) * rows + gr
@@ -199,19 +209,173 @@ __device__ void attn_combine_impl(const float* __restrict__ part_acc,
   const long long b = bk / hkv;
   const int mm = gr / g_size, g = gr % g_size;
   const float* ml = part_ml + row * splits * 2;
-  float mx = -inf_f();
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ml[2 * s]);
-  float den = 0.f;
-  for (int s = 0; s < splits; ++s)
-    if (ml[2 * s] != -inf_f()) den += ml[2 * s + 1] * expf(ml[2 * s] - mx);
+  const int tid = threadIdx.x;
+  // block max of the split maxima (blockDim.x >= splits), then weights exp(m_s - max)
+  float m = tid < splits ? ml[2 * tid] : -inf_f();
+  float mx = m;
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((tid & 31) == 0) red[tid >> 5] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (int w = 1; w < (int)(blockDim.x >> 5); ++w) mx = fmaxf(mx, red[w]);
+  const float wgt = (tid < splits && m != -inf_f()) ? expf(m - mx) : 0.f;
+  if (tid < splits) s_w[tid] = wgt;
+  const float den = block_sum(tid < splits ? wgt * ml[2 * tid + 1] : 0.f, red);
   T* o = out + ((b * m_tokens + mm) * hq + kvh * g_size + g) * d;
-  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+  const float* acc = part_acc + row * splits * d;
+  for (int c = tid; c < d; c += blockDim.x) {
     float num = 0.f;
-    for (int s = 0; s < splits; ++s)
-      if (ml[2 * s] != -inf_f()) num += part_acc[(row * splits + s) * d + c] * expf(ml[2 * s] - mx);
+    for (int s = 0; s < splits; ++s) num = fmaf(acc[(long long)s * d + c], s_w[s], num);
     o[c] = Num<T>::store(num / den);
   }
 }
+
+// Decode attention for few query rows (R = M * G <= RB): one warp per key, no block barrier
+// in the key loop. Lane l holds elements [l * DL, l * DL + DL) of q rows, K, V and the
+// accumulators (D = 32 * DL). Grid (B * Hkv, splits), 4 warps; writes the same partials as
+// attn_partial (combined by attn_combine).
+template <typename T, int DL>
+__device__ __forceinline__ void load_lane(const T* p, float* out) {
+  constexpr int BYTES = DL * (int)sizeof(T);
+  if constexpr (BYTES == 16) {
+    load_vec(p, out);
+  } else if constexpr (BYTES == 32) {
+    load_vec(p, out);
+    load_vec(p + Vec<T>::N, out + Vec<T>::N);
+  } else if constexpr (BYTES == 8) {
+    uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < DL; ++i) out[i] = Num<T>::load(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < DL; ++i) out[i] = Num<T>::load(p[i]);
+  }
+}
+
+#define DECODE_WARPS 4
+
+template <typename T, int DL, int RB>
+__device__ void attn_decode_impl(const T* __restrict__ q, const T* __restrict__ k_cache,
+                                 const T* __restrict__ v_cache,
+                                 const long long* __restrict__ slots,
+                                 const long long* __restrict__ positions,
+                                 long long stride_slot, long long stride_pos,
+                                 float* __restrict__ part_acc, float* __restrict__ part_ml,
+                                 int m_tokens, int hq, int hkv, float scale) {
+  constexpr int D = 32 * DL;
+  __shared__ float s_acc[DECODE_WARPS][RB][D];
+  __shared__ float s_ml[DECODE_WARPS][RB][2];
+  const int g_size = hq / hkv;
+  const int rows = m_tokens * g_size;
+  const int b = blockIdx.x / hkv, kvh = blockIdx.x % hkv;
+  const int split = blockIdx.y, splits = gridDim.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long* pos_b = positions + (long long)b * m_tokens;
+  const long long ctx = pos_b[m_tokens - 1] + 1;
+  const long long chunk = (ctx + splits - 1) / splits;
+  const long long k_begin = (long long)split * chunk;
+  const long long k_end = ctx < k_begin + chunk ? ctx : k_begin + chunk;
+  const long long base = slots[b] * stride_slot + (long long)kvh * D + lane * DL;
+
+  float qr[RB][DL], acc[RB][DL], m[RB], l[RB];
+  long long last[RB];  // last visible key of each row
+#pragma unroll
+  for (int r = 0; r < RB; ++r) {
+    m[r] = -inf_f();
+    l[r] = 0.f;
+    last[r] = -1;
+#pragma unroll
+    for (int i = 0; i < DL; ++i) qr[r][i] = acc[r][i] = 0.f;
+    if (r < rows) {
+      const int mm = r / g_size, g = r % g_size;
+      load_lane<T, DL>(q + (((long long)b * m_tokens + mm) * hq + kvh * g_size + g) * D + lane * DL,
+                       qr[r]);
+#pragma unroll
+      for (int i = 0; i < DL; ++i) qr[r][i] *= scale;
+      last[r] = pos_b[mm];
+    }
+  }
+  for (long long key = k_begin + warp; key < k_end; key += 2 * DECODE_WARPS) {
+    float kv[2][DL], vv[2][DL];  // two keys' loads in flight per lane
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const long long kk = key + u * DECODE_WARPS;
+      if (kk < k_end) {
+        load_lane<T, DL>(k_cache + base + kk * stride_pos, kv[u]);
+        load_lane<T, DL>(v_cache + base + kk * stride_pos, vv[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const long long kk = key + u * DECODE_WARPS;
+#pragma unroll
+      for (int r = 0; r < RB; ++r) {
+        if (kk >= k_end || kk > last[r]) continue;  // masked or r >= rows: warp-uniform
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < DL; ++i) s = fmaf(qr[r][i], kv[u][i], s);
+        s = warp_sum(s);
+        const float m_new = fmaxf(m[r], s);
+        const float sc = expf(m[r] - m_new), p = expf(s - m_new);
+        l[r] = l[r] * sc + p;
+#pragma unroll
+        for (int i = 0; i < DL; ++i) acc[r][i] = fmaf(p, vv[u][i], acc[r][i] * sc);
+        m[r] = m_new;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RB; ++r) {
+#pragma unroll
+    for (int i = 0; i < DL; ++i) s_acc[warp][r][lane * DL + i] = acc[r][i];
+    if (lane == 0) {
+      s_ml[warp][r][0] = m[r];
+      s_ml[warp][r][1] = l[r];
+    }
+  }
+  __syncthreads();
+  const long long row_base = ((long long)b * hkv + kvh) * rows;
+  for (int e = threadIdx.x; e < rows * D; e += blockDim.x) {
+    const int r = e / D, c = e % D;
+    float mx = -inf_f();
+#pragma unroll
+    for (int w = 0; w < DECODE_WARPS; ++w) mx = fmaxf(mx, s_ml[w][r][0]);
+    float a = 0.f, den = 0.f;
+    if (mx != -inf_f()) {
+#pragma unroll
+      for (int w = 0; w < DECODE_WARPS; ++w) {
+        const float f = s_ml[w][r][0] == -inf_f() ? 0.f : expf(s_ml[w][r][0] - mx);
+        a = fmaf(s_acc[w][r][c], f, a);
+        den = fmaf(s_ml[w][r][1], f, den);
+      }
+    }
+    const long long slot = (row_base + r) * splits + split;
+    part_acc[slot * D + c] = a;
+    if (c == 0) {
+      part_ml[slot * 2] = mx;
+      part_ml[slot * 2 + 1] = den;
+    }
+  }
+}
+
+#define DECODE_ENTRY(SUFFIX, T, DL, RB)                                                        \
+  extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS)                              \
+      attn_decode_##SUFFIX##_d##DL##_r##RB(                                                    \
+          const T* q, const T* k_cache, const T* v_cache, const long long* slots,              \
+          const long long* positions, long long stride_slot, long long stride_pos,             \
+          float* part_acc, float* part_ml, int m_tokens, int hq, int hkv, float scale) {       \
+    attn_decode_impl<T, DL, RB>(q, k_cache, v_cache, slots, positions, stride_slot,            \
+                                stride_pos, part_acc, part_ml, m_tokens, hq, hkv, scale);      \
+  }
+
+#define DECODE_ENTRIES(SUFFIX, T)                                                              \
+  DECODE_ENTRY(SUFFIX, T, 2, 2) DECODE_ENTRY(SUFFIX, T, 2, 4) DECODE_ENTRY(SUFFIX, T, 2, 8)    \
+  DECODE_ENTRY(SUFFIX, T, 4, 2) DECODE_ENTRY(SUFFIX, T, 4, 4) DECODE_ENTRY(SUFFIX, T, 4, 8)    \
+  DECODE_ENTRY(SUFFIX, T, 8, 2) DECODE_ENTRY(SUFFIX, T, 8, 4) DECODE_ENTRY(SUFFIX, T, 8, 8)
+
+DECODE_ENTRIES(bf16, bf16_t)
+DECODE_ENTRIES(f32, float)
 
 #define ATTN_ENTRY(SUFFIX, T)                                                                   \
   extern "C" __global__ void kv_write_##SUFFIX(                                                \
@@ -225,9 +389,9 @@ __device__ void attn_combine_impl(const float* __restrict__ part_acc,
       const T* q, const T* k_cache, const T* v_cache, const long long* slots,                  \
       const long long* positions, long long stride_slot, long long stride_pos,                 \
       float* part_acc, float* part_ml, int m_tokens, int hq, int hkv, int d, int rb, int tile, \
-      float scale) {                                                                           \
+      int tpd, float scale) {                                                                  \
     attn_partial_impl<T>(q, k_cache, v_cache, slots, positions, stride_slot, stride_pos,       \
-                         part_acc, part_ml, m_tokens, hq, hkv, d, rb, tile, scale);            \
+                         part_acc, part_ml, m_tokens, hq, hkv, d, rb, tile, tpd, scale);       \
   }                                                                                            \
   extern "C" __global__ void attn_combine_##SUFFIX(const float* part_acc, const float* part_ml, \
                                                    T* out, int m_tokens, int hq, int hkv,      \

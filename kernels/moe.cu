@@ -7,7 +7,7 @@
 // moe_gate_up:  x [N, H], gate_up [E, 2I, H] -> act [N, K, I] = T(T(silu(T(x.g))) * T(x.u)).
 //               Grid (N*K, ceil(I / 8)), 8 warps, one output column n per warp.
 // moe_down:     act [N, K, I], down [E, H, I], weights -> out [N, H] =
-//               T(sum_k w[n, k] * T(act[n, k] . down[e_k, h])). Grid (N, ceil(H / 8)).
+//               T(sum_k w[n, k] * T(act[n, k] . down[e_k, h])). Grid (N, H), one warp per k.
 // The GEMVs need H % Vec<T>::N == 0 and I % Vec<T>::N == 0 (16-byte loads, checked by the caller).
 #include "common.cuh"
 
@@ -77,33 +77,34 @@ __device__ void moe_route_impl(const T* __restrict__ logits, T* __restrict__ wei
 }
 
 // dot of n elements of a (T) and b (T), both 16-byte aligned, n % Vec<T>::N == 0; warp-wide.
+// Four independent 16-byte loads per operand in flight per lane.
 template <typename T>
 __device__ __forceinline__ float warp_dot(const T* __restrict__ a, const T* __restrict__ b,
                                           int n) {
   constexpr int V = Vec<T>::N;
   const int lane = threadIdx.x & 31;
-  float s0 = 0.f, s1 = 0.f;
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
   int c = lane * V;
-  for (; c + 32 * V < n; c += 64 * V) {  // two independent 16-byte loads per operand in flight
-    float a0[V], b0[V], a1[V], b1[V];
-    load_vec(a + c, a0);
-    load_vec(b + c, b0);
-    load_vec(a + c + 32 * V, a1);
-    load_vec(b + c + 32 * V, b1);
+  for (; c + 96 * V < n; c += 128 * V) {
+    float av[4][V], bv[4][V];
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      s0 = fmaf(a0[i], b0[i], s0);
-      s1 = fmaf(a1[i], b1[i], s1);
+    for (int u = 0; u < 4; ++u) {
+      load_vec(a + c + 32 * V * u, av[u]);
+      load_vec(b + c + 32 * V * u, bv[u]);
     }
-  }
-  if (c < n) {
-    float a0[V], b0[V];
-    load_vec(a + c, a0);
-    load_vec(b + c, b0);
 #pragma unroll
-    for (int i = 0; i < V; ++i) s0 = fmaf(a0[i], b0[i], s0);
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int i = 0; i < V; ++i) s[u] = fmaf(av[u][i], bv[u][i], s[u]);
   }
-  return warp_sum(s0 + s1);
+  for (; c < n; c += 32 * V) {
+    float av[V], bv[V];
+    load_vec(a + c, av);
+    load_vec(b + c, bv);
+#pragma unroll
+    for (int i = 0; i < V; ++i) s[0] = fmaf(av[i], bv[i], s[0]);
+  }
+  return warp_sum((s[0] + s[1]) + (s[2] + s[3]));
 }
 
 template <typename T>
@@ -129,18 +130,23 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
                               const long long* __restrict__ experts,
                               const T* __restrict__ weights, T* __restrict__ out, int top_k,
                               int hidden, int inter) {
+  __shared__ float part[32];  // top_k <= 32
   const long long tok = blockIdx.x;
-  const int h = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (h >= hidden) return;
-  float acc = 0.f;
-  for (int k = 0; k < top_k; ++k) {
+  const int h = blockIdx.y;
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int k = warp; k < top_k; k += warps) {  // one expert's row per warp, all in flight
     const long long pair = tok * top_k + k;
     const long long e = experts[pair];
     const float y = Num<T>::round(
         warp_dot(act + pair * inter, down + (e * hidden + h) * (long long)inter, inter));
-    acc += Num<T>::round(y * Num<T>::load(weights[pair]));
+    if ((threadIdx.x & 31) == 0) part[k] = Num<T>::round(y * Num<T>::load(weights[pair]));
   }
-  if ((threadIdx.x & 31) == 0) out[tok * hidden + h] = Num<T>::store(acc);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float acc = 0.f;
+    for (int k = 0; k < top_k; ++k) acc += part[k];
+    out[tok * hidden + h] = Num<T>::store(acc);
+  }
 }
 
 #define MOE_ENTRY(SUFFIX, T)                                                                    \

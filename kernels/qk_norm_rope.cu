@@ -7,7 +7,8 @@
 // cos/sin: [max_pos, D] tables in T (cos[:, p] == cos[:, p + h], as transformers builds them).
 // q: [tokens, Hq, D] with token stride q_st and head stride D (a view of the qkv output is
 // fine); k likewise with k_st. Outputs q_out [tokens, Hq, D], k_out [tokens, Hkv, D], dense.
-// One warp per (token, head); lane l handles pairs p = l, l + 32, ... (D <= 256, D even).
+// Grid (tokens, head groups): one warp per (token, head); lane l handles pairs p = l, l + 32,
+// ... (D <= 256, D even).
 #include "common.cuh"
 
 template <typename T>
@@ -23,7 +24,8 @@ __device__ void qk_norm_rope_impl(const T* __restrict__ q, long long q_st,
   const long long t = blockIdx.x;
   const long long pos = positions[t];
   const int half = d >> 1;
-  for (int head = threadIdx.x >> 5; head < hq + hkv; head += warps) {
+  for (int head = blockIdx.y * warps + (threadIdx.x >> 5); head < hq + hkv;
+       head += warps * gridDim.y) {
     const bool is_q = head < hq;
     const int hh = is_q ? head : head - hq;
     const T* src = is_q ? q + t * q_st + (long long)hh * d : k + t * k_st + (long long)hh * d;

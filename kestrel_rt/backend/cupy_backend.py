@@ -131,3 +131,14 @@ class CupyBackend(TorchBackend):
             return ops.greedy_accept(self.kernels, draft, target)
         except Unsupported:
             return reference.greedy_accept(draft, target)
+
+
+def cupy_model(shape, weights: dict, device: str | torch.device = "cuda",
+               dtype: torch.dtype = torch.bfloat16, graphs: bool = True, model_id=None):
+    """A Qwen3 model on its own CupyBackend: GraphModel (decode / verify replay CUDA graphs)
+    or, with graphs=False, a plain Qwen3Model. What `kestrel generate --backend cupy` builds."""
+    from kestrel_rt.cuda.graphs import GraphModel
+    from kestrel_rt.model import Qwen3Model
+
+    cls = GraphModel if graphs else Qwen3Model
+    return cls(shape, weights, CupyBackend(device, dtype), model_id=model_id)

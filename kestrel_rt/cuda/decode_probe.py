@@ -50,21 +50,53 @@ def decode_tok_s(model: Qwen3Model, steps: int) -> float:
     return steps / dt
 
 
+def kernel_table(model: Qwen3Model, steps: int = 8, rows: int = 14) -> str:
+    """Device time per kernel name over `steps` decode forwards (torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    slot = model.kv.allocate()
+    tok = model.prefill([list(range(1, 33))], [slot]).argmax(-1)[:, None]
+    for _ in range(3):
+        tok = model.forward(tok, [slot])[:, 0].argmax(-1)[:, None]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            tok = model.forward(tok, [slot])[:, 0].argmax(-1)[:, None]
+        torch.cuda.synchronize()
+    model.kv.free(slot)
+    stats = []
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0)
+        if t > 0:
+            stats.append((t / steps, e.count // steps, e.key[:60]))
+    stats.sort(reverse=True)
+    total = sum(t for t, _, _ in stats)
+    lines = [f"  device time per step {total / 1e3:.3f} ms"]
+    lines += [f"  {t / 1e3:8.3f} ms {n:5d}x  {k}" for t, n, k in stats[:rows]]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="+")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--bandwidth", type=float, default=4.2e12)
+    ap.add_argument("--profile", action="store_true", help="per-kernel device time (graph)")
+    ap.add_argument("--max-len", type=int, default=2048, help="KV cache length (context)")
     args = ap.parse_args()
     for name in args.models:
         for mode, cls in (("eager", Qwen3Model), ("graph", GraphModel)):
             shape, weights = load_dummy(name, "cuda", torch.bfloat16)
             model = cls(shape, weights, CupyBackend("cuda", torch.bfloat16))
-            model.allocate_kv(1, 32 + args.steps + 16)
+            model.allocate_kv(1, max(args.max_len, 32 + 2 * args.steps + 32))
             rate = decode_tok_s(model, args.steps)
             limit = args.bandwidth / step_bytes(shape)
             print(f"{name:14s} {mode:5s} {rate:8.1f} tok/s  limit {limit:7.1f}  "
                   f"{100 * rate / limit:5.1f}%", flush=True)
+            if args.profile and mode == "graph":
+                print(kernel_table(model), flush=True)
             del model, weights
             torch.cuda.empty_cache()
 

@@ -9,8 +9,8 @@ the shape runs without host syncs (`CupyBackend.graph_safe`). Its batch is padde
 bucket (1, 2, 4, ..., 64); padding rows write K/V only into the scratch slot. The first call
 of a (bucket, M, last_only) runs eagerly on the capture stream (its real result, which also
 warms up cuBLAS and compiles the kernels), then the same computation is captured; later
-calls copy tokens and the Step into the static buffers with one host-to-device copy and
-replay. Anything else (prefill, larger batches) runs eagerly: the fallback is
+calls copy the Step into the static buffers with one host-to-device copy (tokens already on
+the device are copied there device to device) and replay. Anything else (prefill, larger batches) runs eagerly: the fallback is
 Qwen3Model.forward itself.
 """
 
@@ -58,7 +58,8 @@ class GraphModel(Qwen3Model):
 
     @torch.inference_mode()
     def forward(self, tokens, slots, n_new=None, last_only=False):
-        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        if not isinstance(tokens, torch.Tensor):
+            tokens = torch.tensor(tokens, dtype=torch.long)
         B, M = tokens.shape
         bucket = self._bucket(B)
         safe = getattr(self.backend, "graph_safe", None)
@@ -78,14 +79,17 @@ class GraphModel(Qwen3Model):
                     f"cache's max_len {kv.max_len} (the context); expected at most "
                     f"{kv.max_len - st} new tokens")
         pad = bucket - B
-        host = _pack(tokens.cpu(), slots + [self.scratch_slot] * pad, start + [0] * pad,
-                     n_new + [M] * pad, bucket, M)
+        starts = start + [0] * pad
+        meta = torch.tensor(  # slots | start | n_new | positions, one host tensor
+            slots + [self.scratch_slot] * pad + starts + n_new + [M] * pad
+            + [st + i for st in starts for i in range(M)], dtype=torch.long)
         key = (bucket, M, bool(last_only))
         cap = self.graphs.get(key)
         if cap is None:
-            out = self._capture(key, host)
+            out = self._capture(key, tokens, meta)
         else:
-            cap.inputs.copy_(host, non_blocking=True)
+            cap.inputs.copy_(meta, non_blocking=True)
+            cap.tokens[:B].copy_(tokens, non_blocking=True)  # device tokens stay on the device
             cap.graph.replay()
             out = cap.out
             self.replays += 1
@@ -93,45 +97,34 @@ class GraphModel(Qwen3Model):
         kv.advance(slots, n_new)
         return out[:, 0] if last_only else out
 
-    def _capture(self, key: tuple[int, int, bool], host: torch.Tensor) -> torch.Tensor:
+    def _capture(self, key: tuple[int, int, bool], tokens: torch.Tensor,
+                 meta: torch.Tensor) -> torch.Tensor:
         """Run the forward eagerly on the capture stream (this call's result), then capture it."""
         bucket, M, last_only = key
         be = self.backend
-        inputs = host.to(self.device)
-        tokens, step = _views(inputs, bucket, M, self.kv.max_len)
+        inputs = meta.to(self.device)
+        static_tokens = torch.zeros(bucket, M, dtype=torch.long, device=self.device)
+        static_tokens[: tokens.shape[0]] = tokens.to(self.device)
+        step = _step(inputs, bucket, M, self.kv.max_len)
         stream = be.capture_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            eager = self.compute(tokens, step, last_only).clone()
+            eager = self.compute(static_tokens, step, last_only).clone()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         stream.synchronize()
         if be.graph_pool is None:
             be.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=be.graph_pool, stream=stream):
-            out = self.compute(tokens, step, last_only)
-        self.graphs[key] = _Captured(graph, inputs, step, tokens, out)
+            out = self.compute(static_tokens, step, last_only)
+        self.graphs[key] = _Captured(graph, inputs, step, static_tokens, out)
         return eager
 
 
-def _pack(tokens: torch.Tensor, slots: list[int], start: list[int], n_new: list[int],
-          bucket: int, m: int) -> torch.Tensor:
-    """One int64 host tensor: tokens [bucket*M] | slots | start | n_new | positions [bucket*M]."""
-    tok = torch.zeros(bucket, m, dtype=torch.long)
-    tok[: tokens.shape[0]] = tokens
-    start_t = torch.tensor(start, dtype=torch.long)  # [bucket]
-    positions = start_t[:, None] + torch.arange(m)[None, :]  # [bucket, M]
-    return torch.cat([tok.flatten(), torch.tensor(slots, dtype=torch.long), start_t,
-                      torch.tensor(n_new, dtype=torch.long), positions.flatten()])
-
-
-def _views(inputs: torch.Tensor, bucket: int, m: int, max_len: int) -> tuple[torch.Tensor, Step]:
-    """Static tokens [bucket, M] and Step views into the packed device buffer."""
-    n = bucket * m
-    tokens = inputs[:n].view(bucket, m)
-    slots = inputs[n: n + bucket]
-    start = inputs[n + bucket: n + 2 * bucket]
-    n_new = inputs[n + 2 * bucket: n + 3 * bucket]
-    positions = inputs[n + 3 * bucket:].view(bucket, m)
-    return tokens, Step(slots=slots, start=start, n_new=n_new, positions=positions,
-                        max_ctx=max_len)
+def _step(inputs: torch.Tensor, bucket: int, m: int, max_len: int) -> Step:
+    """A Step whose tensors are views into the static metadata buffer."""
+    slots = inputs[:bucket]
+    start = inputs[bucket: 2 * bucket]
+    n_new = inputs[2 * bucket: 3 * bucket]
+    positions = inputs[3 * bucket:].view(bucket, m)
+    return Step(slots=slots, start=start, n_new=n_new, positions=positions, max_ctx=max_len)

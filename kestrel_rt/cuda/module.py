@@ -2,8 +2,8 @@
 
 One `KernelModules` per backend instance (no global cache): it compiles each source file
 once, the first time one of its kernels is asked for, and launches on
-`torch.cuda.current_stream()` wrapped as a cupy ExternalStream, so launches interleave with
-torch ops and are recorded by `torch.cuda.graph` capture. Arguments are passed as numpy
+`torch.cuda.current_stream()` wrapped as a cupy stream (Stream.from_external), so launches
+interleave with torch ops and are recorded by `torch.cuda.graph` capture. Arguments are passed as numpy
 scalars: tensors as their device address (`ptr`), so no DLPack round trip per launch.
 """
 
@@ -51,6 +51,16 @@ def f32(v: float) -> np.float32:
     return np.float32(v)
 
 
+class _StreamHandle:
+    """A raw CUDA stream handle speaking the CUDA stream protocol (`__cuda_stream__`)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
 class KernelModules:
     """The compiled kernels one backend uses, on one CUDA device."""
 
@@ -85,10 +95,10 @@ class KernelModules:
         handle = torch.cuda.current_stream(self.device_index).cuda_stream
         stream = self._streams.get(handle)
         if stream is None:
-            try:
+            try:  # cupy >= 14: the CUDA stream protocol
+                stream = self._cupy.cuda.Stream.from_external(_StreamHandle(handle))
+            except (AttributeError, TypeError, ValueError):  # older cupy
                 stream = self._cupy.cuda.ExternalStream(handle, self.device_index)
-            except TypeError:  # older cupy: no device argument
-                stream = self._cupy.cuda.ExternalStream(handle)
             self._streams[handle] = stream
         return stream
 

@@ -17,6 +17,9 @@ from kestrel_rt.cuda.module import KernelModules, f32, i32, i64, ptr
 SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 ATTN_THREADS = 256
 ATTN_ELEMS = 4096  # rows-per-block * head_dim held in registers by one attention block
+DECODE_WARPS = 4  # warps of the warp-per-key decode kernel
+DECODE_MAX_ROWS = 8  # query rows (M * Hq / Hkv) it takes; more go to attn_partial
+MAX_SPLITS = 64  # context splits (attn_combine holds one weight per split)
 MAX_MOE_EXPERTS = 256
 
 
@@ -115,8 +118,9 @@ def qk_norm_rope(km: KernelModules, q: torch.Tensor, k: torch.Tensor, q_weight: 
     k_out = _dest(k_out, (B, M, Hkv, D), q.dtype, q.device)
     if B * M == 0:
         return q_out, k_out
-    threads = 32 * min(16, Hq + Hkv)
-    km.launch("qk_norm_rope", f"qk_norm_rope_{sfx}", (B * M,), (threads,),
+    warps = min(4, Hq + Hkv)
+    km.launch("qk_norm_rope", f"qk_norm_rope_{sfx}", (B * M, math.ceil((Hq + Hkv) / warps)),
+              (32 * warps,),
               (ptr(q), i64(q_st), ptr(k), i64(k_st), ptr(q_weight.contiguous()),
                ptr(k_weight.contiguous()), ptr(cos.contiguous()), ptr(sin.contiguous()),
                ptr(positions.contiguous()), ptr(q_out), ptr(k_out), i32(Hq), i32(Hkv), i32(D),
@@ -147,17 +151,21 @@ def kv_write(km: KernelModules, k: torch.Tensor, v: torch.Tensor, k_cache: torch
 
 
 def attention_plan(B: int, M: int, Hq: int, Hkv: int, D: int, max_len: int,
-                   num_sms: int) -> tuple[int, int, int, int]:
-    """(rows per block, row groups, key tile, splits) for decode attention. Depends only on
-    shapes and the cache's max_len (not on current lengths), so a captured graph stays valid
-    as sequences grow: each block sizes its slice of the context at run time."""
+                   num_sms: int) -> tuple[int, int, int, int, int]:
+    """(rows per block, row groups, key tile, splits, threads per dot) for decode attention.
+    Depends only on shapes and the cache's max_len (not on current lengths), so a captured
+    graph stays valid as sequences grow: each block sizes its slice of the context at run
+    time."""
     rows = M * (Hq // Hkv)
     rb = max(1, min(rows, ATTN_ELEMS // D))
     groups = math.ceil(rows / rb)
     tile = 16 if D <= 128 else 8
     base = B * Hkv * groups
-    splits = max(1, min(64, math.ceil(2 * num_sms / base), math.ceil(max_len / (4 * tile))))
-    return rb, groups, tile, splits
+    splits = max(1, min(MAX_SPLITS, math.ceil(2 * num_sms / base), math.ceil(max_len / tile)))
+    tpd = 1
+    while tpd < 32 and rb * tile * tpd * 2 <= ATTN_THREADS:
+        tpd *= 2
+    return rb, groups, tile, splits, tpd
 
 
 def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
@@ -175,23 +183,45 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
     out = _dest(out, q.shape, q.dtype, q.device)
     if B * M == 0:
         return out
-    rb, groups, tile, splits = attention_plan(B, M, Hq, Hkv, D, k_cache.shape[1], num_sms)
     rows = M * (Hq // Hkv)
-    part_acc = torch.empty(B * Hkv * rows * splits * D, dtype=torch.float32, device=q.device)
-    part_ml = torch.empty(B * Hkv * rows * splits * 2, dtype=torch.float32, device=q.device)
-    smem = 4 * (rb * D + tile * (D + 1) + tile * D + rb * tile + 3 * rb)
     slots, positions = slots.contiguous(), positions.contiguous()
-    km.launch("decode_attention", f"attn_partial_{sfx}", (B * Hkv, groups, splits),
-              (ATTN_THREADS,),
-              (ptr(q), ptr(k_cache), ptr(v_cache), ptr(slots), ptr(positions),
-               i64(k_cache.stride(0)), i64(k_cache.stride(1)), ptr(part_acc), ptr(part_ml),
-               i32(M), i32(Hq), i32(Hkv), i32(D), i32(rb), i32(tile), f32(D ** -0.5)),
-              shared_mem=smem)
-    km.launch("decode_attention", f"attn_combine_{sfx}", (B * Hkv * rows,),
-              (min(128, _round_up(D, 32)),),
+    common = (ptr(q), ptr(k_cache), ptr(v_cache), ptr(slots), ptr(positions),
+              i64(k_cache.stride(0)), i64(k_cache.stride(1)))
+    if rows <= DECODE_MAX_ROWS and D in (64, 128, 256):  # warp-per-key kernel
+        rb = 2 if rows <= 2 else 4 if rows <= 4 else 8
+        splits = decode_splits(B, Hkv, k_cache.shape[1], num_sms)
+        part_acc, part_ml = _partials(B * Hkv * rows * splits, D, q.device)
+        km.launch("decode_attention", f"attn_decode_{sfx}_d{D // 32}_r{rb}", (B * Hkv, splits),
+                  (32 * DECODE_WARPS,),
+                  common + (ptr(part_acc), ptr(part_ml), i32(M), i32(Hq), i32(Hkv),
+                            f32(D ** -0.5)))
+    else:
+        rb, groups, tile, splits, tpd = attention_plan(B, M, Hq, Hkv, D, k_cache.shape[1],
+                                                       num_sms)
+        part_acc, part_ml = _partials(B * Hkv * rows * splits, D, q.device)
+        smem = 4 * (rb * D + tile * (D + tpd) + tile * D + rb * tile + 3 * rb)
+        km.launch("decode_attention", f"attn_partial_{sfx}", (B * Hkv, groups, splits),
+                  (ATTN_THREADS,),
+                  common + (ptr(part_acc), ptr(part_ml), i32(M), i32(Hq), i32(Hkv), i32(D),
+                            i32(rb), i32(tile), i32(tpd), f32(D ** -0.5)),
+                  shared_mem=smem)
+    threads = max(_round_up(splits, 32), min(128, _round_up(D, 32)))
+    km.launch("decode_attention", f"attn_combine_{sfx}", (B * Hkv * rows,), (threads,),
               (ptr(part_acc), ptr(part_ml), ptr(out), i32(M), i32(Hq), i32(Hkv), i32(D),
                i32(splits)))
     return out
+
+
+def decode_splits(B: int, Hkv: int, max_len: int, num_sms: int) -> int:
+    """Context splits of the warp-per-key kernel (static for a given cache, like the plan)."""
+    return max(1, min(MAX_SPLITS, math.ceil(2 * num_sms / (B * Hkv)),
+                      math.ceil(max_len / (2 * DECODE_WARPS))))
+
+
+def _partials(rows: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Workspace of per-split partial results: acc [rows, D] and (max, sum) [rows, 2], fp32."""
+    return (torch.empty(rows * D, dtype=torch.float32, device=device),
+            torch.empty(rows * 2, dtype=torch.float32, device=device))
 
 
 # -- MLP ------------------------------------------------------------------------------------
@@ -255,7 +285,7 @@ def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
         return out
     km.launch("moe", f"moe_gate_up_{sfx}", (N * top_k, math.ceil(inter / 8)), (256,),
               (ptr(x), ptr(gate_up), ptr(experts), ptr(act), i32(top_k), i32(H), i32(inter)))
-    km.launch("moe", f"moe_down_{sfx}", (N, math.ceil(H / 8)), (256,),
+    km.launch("moe", f"moe_down_{sfx}", (N, H), (32 * min(8, top_k),),
               (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(out), i32(top_k), i32(H),
                i32(inter)))
     return out

@@ -1,8 +1,8 @@
 """The cupy backend against the torch backend on the GPU, and per-model isolation.
 
 Logits of tiny Qwen3 / Qwen3-MoE models (ragged prefill, decode, a verify-shaped forward,
-rollback) on CupyBackend vs TorchBackend on the same GPU: relative error <= 1e-5 in fp32 and
-<= 1e-2 in bf16. A draft and a target of different sizes loaded side by side each give
+rollback) on CupyBackend vs TorchBackend on the same GPU: relative error <= 1e-5 in fp32; in
+bf16 the cupy backend's error against fp32 is at most 1.5x the torch backend's (+1e-3). A draft and a target of different sizes loaded side by side each give
 exactly what each gives alone, also with the draft on the CPU torch backend.
 """
 
@@ -20,18 +20,30 @@ from kestrel_rt.backend.cupy_backend import CupyBackend
 from kestrel_rt.cuda import reference
 
 NAMES = ["tied", "untied", "odd_head_dim", "sharded", "moe", "moe_norm"]
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 LENGTHS = [5, 9, 3, 20]  # 20 > 16: prefill through the torch attention fallback
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", NAMES)
-def test_logits_match_torch_backend(name, dtype):
-    ref = gm.run_script(gm.model(name, TorchBackend("cuda", dtype)), LENGTHS, 6)
-    got = gm.run_script(gm.model(name, CupyBackend("cuda", dtype)), LENGTHS, 6)
+def test_fp32_logits_match_torch_backend(name):
+    ref = gm.run_script(gm.model(name, TorchBackend("cuda", torch.float32)), LENGTHS, 6)
+    got = gm.run_script(gm.model(name, CupyBackend("cuda", torch.float32)), LENGTHS, 6)
     assert len(ref) == len(got)
     errs = [gm.rel_err(g, r) for g, r in zip(got, ref)]
-    assert max(errs) <= TOL[dtype], errs
+    assert max(errs) <= 1e-5, errs
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bf16_logits_as_accurate_as_torch_bf16(name):
+    """Over a whole model two bf16 computations drift apart by about bf16's own error (1-2%
+    here, measured on the H200), so the bar is the fp32 result: the cupy backend in bf16 must
+    be about as close to it as the torch backend in bf16 is."""
+    exact = gm.run_script(gm.model(name, TorchBackend("cuda", torch.float32)), LENGTHS, 6)
+    ref = gm.run_script(gm.model(name, TorchBackend("cuda", torch.bfloat16)), LENGTHS, 6)
+    got = gm.run_script(gm.model(name, CupyBackend("cuda", torch.bfloat16)), LENGTHS, 6)
+    for g, r, e in zip(got, ref, exact):
+        err_cupy, err_torch = gm.rel_err(g, e), gm.rel_err(r, e)
+        assert err_cupy <= 1.5 * err_torch + 1e-3, (err_cupy, err_torch)
+        assert gm.rel_err(g, r) <= 3e-2
 
 
 def test_ops_fall_back_for_fp16():

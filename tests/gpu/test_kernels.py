@@ -134,6 +134,10 @@ def _caches(B, max_len, Hkv, D, dtype, lengths, slots):
     ([11, 2], 16, 6, 2, 24, 40),           # odd head_dim, M = 16
     ([250], 2, 4, 4, 256, 300),            # head_dim 256 (no GQA)
     ([60, 61, 62], 1, 16, 8, 64, 80),
+    ([100, 7, 2000], 2, 32, 8, 128, 2100),  # warp-per-key kernel at its 8-row limit
+    ([5, 900], 3, 8, 4, 64, 1000),          # 6 rows: warp kernel, 8-row variant
+    ([4000], 1, 32, 8, 128, 4096),          # long context: many keys per warp
+    ([1, 0], 1, 8, 8, 256, 24),             # no GQA, head_dim 256, tiny contexts
 ])
 def test_decode_attention(km, sms, dtype, lengths, M, Hq, Hkv, D, max_len):
     B = len(lengths)
@@ -160,8 +164,9 @@ def test_decode_attention(km, sms, dtype, lengths, M, Hq, Hkv, D, max_len):
 def test_attention_plan_does_not_depend_on_lengths(sms):
     a = ops.attention_plan(1, 1, 32, 8, 128, 4096, sms)
     assert a == ops.attention_plan(1, 1, 32, 8, 128, 4096, sms)
-    rb, groups, _tile, splits = a
+    rb, groups, tile, splits, tpd = a
     assert rb * 128 <= ops.ATTN_ELEMS and splits >= 1 and groups == 1
+    assert rb * tile * tpd <= ops.ATTN_THREADS and 32 % tpd == 0
 
 
 # -- SwiGLU -----------------------------------------------------------------------------------
