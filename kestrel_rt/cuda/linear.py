@@ -27,6 +27,10 @@ from kernels import KERNEL_DIR
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
 
 MAX_ROWS = 16  # activation rows the kernels take (two n-tiles of 8)
+# bf16 above this many rows goes to cuBLAS: on the H200 sweep (bench/results/NOTES_gemv.md)
+# our kernel streams the qwen3-8b layers at 89% of copy bandwidth at M = 1 and 88% at M = 4
+# against cuBLAS's 84%, but 81% against 84% at M = 16.
+BF16_MAX_ROWS = 8
 HEADER = "gemv_mma.cuh"
 KERNELS = {"gemv": "gemv_bf16", "gemv_int8": "gemv_int8", "gemv_int4": "gemv_int4"}
 FILES_OF = {"bf16": "gemv", "int8": "gemv_int8", "int4": "gemv_int4"}
@@ -184,6 +188,7 @@ class Gemv:
             return (w.dim() == 2 and k % 128 == 0 and w.shape[0] % 8 == 0 and w.qweight_t.is_cuda
                     and w.qweight_t.is_contiguous() and w.scales.is_contiguous())
         return (isinstance(w, torch.Tensor) and w.dim() == 2 and w.dtype == torch.bfloat16
+                and m <= BF16_MAX_ROWS
                 and w.is_cuda and w.is_contiguous() and k % 8 == 0 and w.data_ptr() % 16 == 0)
 
     def linear(self, x: torch.Tensor, w) -> torch.Tensor:
