@@ -126,3 +126,29 @@ gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, tib, ks, lane);
   if (ks == 0) store_tile<MT>(y, acc, r0, g, t, M, N, 1.f, 1.f);
 }
+
+// Dequantize to bf16 for prefill (then cuBLAS): W[n, k] = (q - zero) * scale, rounded once from
+// fp32 like the torch reference. One thread per int32 word of q (8 k of one row) -> one
+// 16-byte store. q [N, K / 8] kernel layout, zeros / scales as in gemv_int4; out [N, K] bf16.
+extern "C" __global__ void dequant_int4(const u32* __restrict__ q, const u32* __restrict__ zeros,
+                                        const u16* __restrict__ scales, uint4* __restrict__ out,
+                                        int N, int K) {
+  const long long words = (long long)N * (K >> 3);
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < words;
+       i += (long long)gridDim.x * blockDim.x) {
+    const int n = (int)(i / (K >> 3)), j = (int)(i % (K >> 3));
+    const int grp = (8 * j) >> 7;
+    const int shift = 4 * (((n & 7) >> 1) + 4 * (n & 1));
+    const float z = (float)((__ldg(zeros + (size_t)grp * (N >> 3) + (n >> 3)) >> shift) & 0xFu);
+    const float s = f16_to_f32(__ldg(scales + (size_t)grp * N + n));
+    const u32 w = __ldg(q + i);
+    u16 v[8];
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {  // nibble p holds k offset (0, 2, 4, 6, 1, 3, 5, 7)[p]
+      const int kofs = p < 4 ? 2 * p : 2 * (p - 4) + 1;
+      v[kofs] = f32_to_bf16(((float)((w >> (4 * p)) & 0xFu) - z) * s);
+    }
+    out[i] = make_uint4(v[0] | ((u32)v[1] << 16), v[2] | ((u32)v[3] << 16),
+                        v[4] | ((u32)v[5] << 16), v[6] | ((u32)v[7] << 16));
+  }
+}

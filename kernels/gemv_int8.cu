@@ -102,3 +102,24 @@ gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
   reduce_ksplit<KSPLIT, MT * 4>(&tot[0][0], red, tib, ks, lane);
   if (ks == 0) store_tile<MT>(y, tot, r0, g, t, M, N, __ldg(scale + ra), __ldg(scale + rb));
 }
+
+// Dequantize to bf16 for prefill (then cuBLAS): W[n, k] = q * scale[n], rounded once from fp32
+// like the torch reference. One thread per 8 int8 values (8 bytes) -> one 16-byte store.
+extern "C" __global__ void dequant_int8(const uint2* __restrict__ q, const float* __restrict__ scale,
+                                        uint4* __restrict__ out, int N, int K) {
+  const long long chunks = (long long)N * (K >> 3);
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < chunks;
+       i += (long long)gridDim.x * blockDim.x) {
+    const int n = (int)(i / (K >> 3));
+    const float s = __ldg(scale + n);
+    const uint2 w = __ldg(q + i);
+    u16 v[8];
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      const int byte = (int)(signed char)(((b < 4 ? w.x : w.y) >> (8 * (b & 3))) & 0xFFu);
+      v[b] = f32_to_bf16((float)byte * s);
+    }
+    out[i] = make_uint4(v[0] | ((u32)v[1] << 16), v[2] | ((u32)v[3] << 16),
+                        v[4] | ((u32)v[5] << 16), v[6] | ((u32)v[7] << 16));
+  }
+}

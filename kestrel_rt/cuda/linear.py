@@ -7,7 +7,7 @@
   on torch's current stream (so they interleave with torch ops and are captured in CUDA
   graphs), output allocated by torch;
 * more rows (prefill): torch's matmul (cuBLAS); a quantized weight is dequantized to bf16
-  first (one extra pass over the weight, small next to a prefill's matmul).
+  first by a one-pass kernel (dequant_int8 / dequant_int4), small next to a prefill's matmul.
 
 One `Gemv` per backend instance: it owns the compiled modules (cupy RawModule, compiled on
 first use) and nothing else; it keeps no tensors between calls.
@@ -34,6 +34,7 @@ BF16_MAX_ROWS = 8
 HEADER = "gemv_mma.cuh"
 KERNELS = {"gemv": "gemv_bf16", "gemv_int8": "gemv_int8", "gemv_int4": "gemv_int4"}
 FILES_OF = {"bf16": "gemv", "int8": "gemv_int8", "int4": "gemv_int4"}
+DEQUANT = {"gemv_int8": ("dequant_int8",), "gemv_int4": ("dequant_int4",)}  # extern "C"
 # A launch variant: (KSPLIT warps splitting K per tile, TPB tiles per block, U sub-steps per
 # loop iteration, PF L2 prefetch hint); blockDim = 32 * KSPLIT * TPB.
 GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))
@@ -110,7 +111,8 @@ class Gemv:
         else:
             variants = {v for key, v in self.tuned.items() if key[0] == file}
             variants |= {(ks, tpb, DEFAULT_U[file], True) for ks, tpb in GEOMETRIES}
-        return sorted({kernel_name(file, mt, v) for v in variants for mt in (1, 2)})
+        names = sorted({kernel_name(file, mt, v) for v in variants for mt in (1, 2)})
+        return names + list(DEQUANT.get(file, ()))
 
     def _module(self, file: str):
         module = self._modules.get(file)
@@ -175,6 +177,31 @@ class Gemv:
                                             _p(x), _p(y), _i(m), _i(n), _i(k)), geom)
         return y
 
+    def dequantize(self, w: Int8Weight | Int4Weight) -> torch.Tensor:
+        """The bf16 [N, K] weight of a quantized one, in one pass on the GPU (for prefill,
+        then cuBLAS); bitwise equal to w.dequantize(torch.bfloat16)."""
+        n, k = w.shape
+        out = torch.empty(n, k, device=w.device, dtype=torch.bfloat16)
+        items = n * k // 8
+        grid = (max(1, min(math.ceil(items / 256), self.sms * 16)),)
+        if isinstance(w, Int8Weight):
+            file, name = "gemv_int8", "dequant_int8"
+            args = (_p(w.q), _p(w.scales), _p(out), _i(n), _i(k))
+        else:
+            file, name = "gemv_int4", "dequant_int4"
+            args = (_p(w.qweight_t), _p(w.qzeros), _p(w.scales), _p(out), _i(n), _i(k))
+        fn = self._module(file).get_function(name)
+        with self._cupy.cuda.Device(self.device_index):
+            fn(grid, (256,), args, stream=self._stream())
+        return out
+
+    def can_dequantize(self, w) -> bool:
+        if isinstance(w, Int8Weight):
+            return w.dim() == 2 and w.q.is_cuda and w.q.is_contiguous() and w.shape[1] % 8 == 0
+        return (isinstance(w, Int4Weight) and w.dim() == 2 and w.qweight_t.is_cuda
+                and w.qweight_t.is_contiguous() and w.scales.is_contiguous()
+                and w.shape[1] % 128 == 0 and w.shape[0] % 8 == 0)
+
     # -- dispatch ----------------------------------------------------------------------
     def supports(self, x2: torch.Tensor, w) -> bool:
         """True when a gemv kernel takes x2 [M, K] and weight w as they are."""
@@ -204,6 +231,8 @@ class Gemv:
                 y = self.bf16(x2, w)
             return y.reshape(*lead, w.shape[0])
         if isinstance(w, QuantizedWeight):
+            if x.dtype == torch.bfloat16 and self.can_dequantize(w):
+                return F.linear(x, self.dequantize(w))
             return F.linear(x, w.dequantize(x.dtype))
         return F.linear(x, w)
 

@@ -127,3 +127,13 @@ def test_linear_dispatch_and_graph_capture(gemv):
     graph.replay()
     torch.cuda.synchronize()
     assert _rel_err(out, x.double() @ w.double().T) <= TOL
+
+
+@pytest.mark.parametrize("n,k", [(4096, 4096), (1000, 1152), (8, 128)])
+def test_dequantize_kernels_equal_the_torch_reference(gemv, n, k):
+    """One-pass GPU dequantization (prefill path) is bitwise the reference's bf16 weight."""
+    gen = torch.Generator("cuda").manual_seed(n + k)
+    w32 = torch.randn(n, k, device="cuda", generator=gen)
+    for w in (Int8Weight.from_float(w32), Int4Weight.from_float(w32)):
+        got = gemv.dequantize(w)
+        assert torch.equal(got, w.dequantize(torch.bfloat16)), type(w).__name__
