@@ -224,9 +224,18 @@ __device__ void attn_combine_impl(const float* __restrict__ part_acc,
   T* o = out + ((b * m_tokens + mm) * hq + kvh * g_size + g) * d;
   const float* acc = part_acc + row * splits * d;
   for (int c = tid; c < d; c += blockDim.x) {
-    float num = 0.f;
-    for (int s = 0; s < splits; ++s) num = fmaf(acc[(long long)s * d + c], s_w[s], num);
-    o[c] = Num<T>::store(num / den);
+    float n0 = 0.f, n1 = 0.f, n2 = 0.f, n3 = 0.f;  // four splits' loads in flight
+    int s = 0;
+    for (; s + 4 <= splits; s += 4) {
+      const float a0 = acc[(long long)s * d + c], a1 = acc[(long long)(s + 1) * d + c];
+      const float a2 = acc[(long long)(s + 2) * d + c], a3 = acc[(long long)(s + 3) * d + c];
+      n0 = fmaf(a0, s_w[s], n0);
+      n1 = fmaf(a1, s_w[s + 1], n1);
+      n2 = fmaf(a2, s_w[s + 2], n2);
+      n3 = fmaf(a3, s_w[s + 3], n3);
+    }
+    for (; s < splits; ++s) n0 = fmaf(acc[(long long)s * d + c], s_w[s], n0);
+    o[c] = Num<T>::store(((n0 + n1) + (n2 + n3)) / den);
   }
 }
 
@@ -255,14 +264,36 @@ __device__ __forceinline__ void load_lane(const T* p, float* out) {
 
 #define DECODE_WARPS 4
 
+// Copy DL elements of T (one lane's share of a row), no conversion.
+template <typename T, int DL>
+__device__ __forceinline__ void copy_lane(T* dst, const T* src) {
+  constexpr int BYTES = DL * (int)sizeof(T);
+  if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < BYTES / 16; ++i)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  } else if constexpr (BYTES == 8) {
+    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src);
+  } else {
+#pragma unroll
+    for (int i = 0; i < DL; ++i) dst[i] = src[i];
+  }
+}
+
+// k_new / v_new (optional): the step's new K/V [B*M, Hkv*D] (token strides k_st, v_st). When
+// given, keys at positions >= positions[b, 0] are read from them rather than the cache, and
+// the blocks of split 0 write them into the cache (no other block reads those entries), so
+// no separate kv_write launch is needed. (Merging the splits in the last block to finish was
+// tried: one block reading every split's partials took longer than attn_combine's launch.)
 template <typename T, int DL, int RB>
-__device__ void attn_decode_impl(const T* __restrict__ q, const T* __restrict__ k_cache,
-                                 const T* __restrict__ v_cache,
-                                 const long long* __restrict__ slots,
+__device__ void attn_decode_impl(const T* __restrict__ q, T* __restrict__ k_cache,
+                                 T* __restrict__ v_cache, const long long* __restrict__ slots,
                                  const long long* __restrict__ positions,
                                  long long stride_slot, long long stride_pos,
                                  float* __restrict__ part_acc, float* __restrict__ part_ml,
-                                 int m_tokens, int hq, int hkv, float scale) {
+                                 int m_tokens, int hq, int hkv, float scale,
+                                 const T* __restrict__ k_new, long long k_st,
+                                 const T* __restrict__ v_new, long long v_st) {
   constexpr int D = 32 * DL;
   __shared__ float s_acc[DECODE_WARPS][RB][D];
   __shared__ float s_ml[DECODE_WARPS][RB][2];
@@ -272,11 +303,22 @@ __device__ void attn_decode_impl(const T* __restrict__ q, const T* __restrict__ 
   const int split = blockIdx.y, splits = gridDim.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long* pos_b = positions + (long long)b * m_tokens;
+  const long long first_new = k_new ? pos_b[0] : (long long)1 << 62;
   const long long ctx = pos_b[m_tokens - 1] + 1;
   const long long chunk = (ctx + splits - 1) / splits;
   const long long k_begin = (long long)split * chunk;
   const long long k_end = ctx < k_begin + chunk ? ctx : k_begin + chunk;
   const long long base = slots[b] * stride_slot + (long long)kvh * D + lane * DL;
+  const long long new_off = (long long)b * m_tokens;  // token row of (b, 0) in k_new / v_new
+  const int head_off = kvh * D + lane * DL;
+
+  if (k_new && split == 0) {  // the new K/V go into the cache
+    for (int mm = warp; mm < m_tokens; mm += DECODE_WARPS) {
+      const long long dst = base + pos_b[mm] * stride_pos;
+      copy_lane<T, DL>(k_cache + dst, k_new + (new_off + mm) * k_st + head_off);
+      copy_lane<T, DL>(v_cache + dst, v_new + (new_off + mm) * v_st + head_off);
+    }
+  }
 
   float qr[RB][DL], acc[RB][DL], m[RB], l[RB];
   long long last[RB];  // last visible key of each row
@@ -302,8 +344,14 @@ __device__ void attn_decode_impl(const T* __restrict__ q, const T* __restrict__ 
     for (int u = 0; u < 2; ++u) {
       const long long kk = key + u * DECODE_WARPS;
       if (kk < k_end) {
-        load_lane<T, DL>(k_cache + base + kk * stride_pos, kv[u]);
-        load_lane<T, DL>(v_cache + base + kk * stride_pos, vv[u]);
+        if (kk >= first_new) {
+          const long long row = new_off + (kk - first_new);
+          load_lane<T, DL>(k_new + row * k_st + head_off, kv[u]);
+          load_lane<T, DL>(v_new + row * v_st + head_off, vv[u]);
+        } else {
+          load_lane<T, DL>(k_cache + base + kk * stride_pos, kv[u]);
+          load_lane<T, DL>(v_cache + base + kk * stride_pos, vv[u]);
+        }
       }
     }
 #pragma unroll
@@ -362,11 +410,13 @@ __device__ void attn_decode_impl(const T* __restrict__ q, const T* __restrict__ 
 #define DECODE_ENTRY(SUFFIX, T, DL, RB)                                                        \
   extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS)                              \
       attn_decode_##SUFFIX##_d##DL##_r##RB(                                                    \
-          const T* q, const T* k_cache, const T* v_cache, const long long* slots,              \
+          const T* q, T* k_cache, T* v_cache, const long long* slots,                          \
           const long long* positions, long long stride_slot, long long stride_pos,             \
-          float* part_acc, float* part_ml, int m_tokens, int hq, int hkv, float scale) {       \
+          float* part_acc, float* part_ml, int m_tokens, int hq, int hkv, float scale,         \
+          const T* k_new, long long k_st, const T* v_new, long long v_st) {                    \
     attn_decode_impl<T, DL, RB>(q, k_cache, v_cache, slots, positions, stride_slot,            \
-                                stride_pos, part_acc, part_ml, m_tokens, hq, hkv, scale);      \
+                                stride_pos, part_acc, part_ml, m_tokens, hq, hkv, scale,       \
+                                k_new, k_st, v_new, v_st);                                     \
   }
 
 #define DECODE_ENTRIES(SUFFIX, T)                                                              \

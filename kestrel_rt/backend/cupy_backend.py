@@ -98,9 +98,8 @@ class CupyBackend(TorchBackend):
             return super().attention(q, k, v, layer, step)
         kc, vc = self.kv.k[layer], self.kv.v[layer]  # [slots, max_len, Hkv, D]
         try:
-            ops.kv_write(self.kernels, k, v, kc, vc, step.slots, step.positions)
-            return ops.decode_attention(self.kernels, q, kc, vc, step.slots, step.positions,
-                                        self.num_sms)
+            return ops.attention(self.kernels, q, k, v, kc, vc, step.slots, step.positions,
+                                 self.num_sms)
         except Unsupported:
             return super().attention(q, k, v, layer, step)
 

@@ -6,6 +6,12 @@ Batch 1, a 32-token prompt, greedy decode; prints one line per (model, mode) wit
 the bandwidth limit (weight bytes per step over --bandwidth, default the 4.2 TB/s copy rate
 measured on the H200). Not the benchmark (that one covers quantization, batch sweeps and
 prefill); this checks that graph capture of a real-sized model works and what it buys.
+
+Measured 2026-11-30 on one H200 (torch 2.11, cupy 14.2; linear = cuBLAS), --steps 48:
+
+    qwen3-0.6b  eager 125.5  graph 663.0 tok/s   (limit 3523)
+    qwen3-8b    eager  74.8  graph 192.0 tok/s   (limit  277.5: 69%)
+    qwen3-30b-a3b eager 51.6 graph 241.4 tok/s   (limit  690.4: 35%)
 """
 
 from __future__ import annotations

@@ -194,7 +194,7 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
         km.launch("decode_attention", f"attn_decode_{sfx}_d{D // 32}_r{rb}", (B * Hkv, splits),
                   (32 * DECODE_WARPS,),
                   common + (ptr(part_acc), ptr(part_ml), i32(M), i32(Hq), i32(Hkv),
-                            f32(D ** -0.5)))
+                            f32(D ** -0.5), ptr(None), i64(0), ptr(None), i64(0)))
     else:
         rb, groups, tile, splits, tpd = attention_plan(B, M, Hq, Hkv, D, k_cache.shape[1],
                                                        num_sms)
@@ -205,6 +205,49 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
                   common + (ptr(part_acc), ptr(part_ml), i32(M), i32(Hq), i32(Hkv), i32(D),
                             i32(rb), i32(tile), i32(tpd), f32(D ** -0.5)),
                   shared_mem=smem)
+    threads = max(_round_up(splits, 32), min(128, _round_up(D, 32)))
+    km.launch("decode_attention", f"attn_combine_{sfx}", (B * Hkv * rows,), (threads,),
+              (ptr(part_acc), ptr(part_ml), ptr(out), i32(M), i32(Hq), i32(Hkv), i32(D),
+               i32(splits)))
+    return out
+
+
+def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+              positions: torch.Tensor, num_sms: int, out: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """The attention op: write k, v [B, M, Hkv, D] into one layer's cache at (slots[b],
+    positions[b, m]) and attend q [B, M, Hq, D] over it -> [B, M, Hq, D].
+
+    With at most DECODE_MAX_ROWS query rows and D in (64, 128, 256) the warp-per-key kernel
+    writes the cache itself (two launches: attention, combine); otherwise kv_write +
+    decode_attention (three)."""
+    sfx = _suffix(q, k, v, k_cache, v_cache)
+    B, M, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    rows = M * (Hq // Hkv) if Hq % Hkv == 0 else DECODE_MAX_ROWS + 1
+    if (rows > DECODE_MAX_ROWS or D not in (64, 128, 256) or not k_cache.is_contiguous()
+            or not v_cache.is_contiguous() or B * M == 0):
+        kv_write(km, k, v, k_cache, v_cache, slots, positions)
+        return decode_attention(km, q, k_cache, v_cache, slots, positions, num_sms, out=out)
+    k, k_st = _token_rows(k)
+    v, v_st = _token_rows(v)
+    lane_bytes = D // 32 * k.element_size()  # a lane's share of a row: its load alignment
+    if (k_st * k.element_size() % lane_bytes or v_st * v.element_size() % lane_bytes
+            or not _aligned(k, v)):
+        k, v = k.contiguous(), v.contiguous()
+        k_st = v_st = Hkv * D
+    q = q.contiguous()
+    out = _dest(out, q.shape, q.dtype, q.device)
+    rb = 2 if rows <= 2 else 4 if rows <= 4 else 8
+    splits = decode_splits(B, Hkv, k_cache.shape[1], num_sms)
+    part_acc, part_ml = _partials(B * Hkv * rows * splits, D, q.device)
+    slots, positions = slots.contiguous(), positions.contiguous()
+    km.launch("decode_attention", f"attn_decode_{sfx}_d{D // 32}_r{rb}", (B * Hkv, splits),
+              (32 * DECODE_WARPS,),
+              (ptr(q), ptr(k_cache), ptr(v_cache), ptr(slots), ptr(positions),
+               i64(k_cache.stride(0)), i64(k_cache.stride(1)), ptr(part_acc), ptr(part_ml),
+               i32(M), i32(Hq), i32(Hkv), f32(D ** -0.5), ptr(k), i64(k_st), ptr(v), i64(v_st)))
     threads = max(_round_up(splits, 32), min(128, _round_up(D, 32)))
     km.launch("decode_attention", f"attn_combine_{sfx}", (B * Hkv * rows,), (threads,),
               (ptr(part_acc), ptr(part_ml), ptr(out), i32(M), i32(Hq), i32(Hkv), i32(D),

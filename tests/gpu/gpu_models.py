@@ -9,12 +9,40 @@ from kestrel_rt.model import Qwen3Model
 
 _REFS: dict[tuple[str, int], object] = {}
 
+# Small models whose head_dim (64, 128) takes the fused decode-attention kernel, which the
+# tiny_models configs (head_dim 16, 24) never reach.
+_WIDE_BASE = dict(tm.CONFIGS["untied"], hidden_size=128, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=64, intermediate_size=192)
+WIDE: dict[str, dict] = {
+    "wide": _WIDE_BASE,
+    "wide128": dict(_WIDE_BASE, head_dim=128, num_attention_heads=4, num_key_value_heads=1),
+    "wide_moe": dict(_WIDE_BASE, num_experts=8, num_experts_per_tok=2,
+                     moe_intermediate_size=64, norm_topk_prob=True),
+}
+
+
+def _wide(name: str, seed: int):
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = WIDE[name]
+    if "num_experts" in cfg:
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**cfg))
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(**cfg))
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+    return model.eval()
+
 
 def weights(name: str, seed: int = 0) -> tuple[object, dict[str, torch.Tensor]]:
-    """(ModelShape, fresh copy of the HF-named fp32 CPU weights) of tiny config `name`."""
+    """(ModelShape, fresh copy of the HF-named fp32 CPU weights) of tiny config `name`
+    (a tiny_models config, or one of WIDE)."""
     key = (name, seed)
     if key not in _REFS:
-        _REFS[key] = tm.in_memory(name, seed=seed)
+        _REFS[key] = _wide(name, seed) if name in WIDE else tm.in_memory(name, seed=seed)
     ref = _REFS[key]
     return tm.shape_of(ref.config), tm.weights_of(ref)
 

@@ -19,7 +19,8 @@ from kestrel_rt.backend import BackendInUseError, TorchBackend
 from kestrel_rt.backend.cupy_backend import CupyBackend
 from kestrel_rt.cuda import reference
 
-NAMES = ["tied", "untied", "odd_head_dim", "sharded", "moe", "moe_norm"]
+NAMES = ["tied", "untied", "odd_head_dim", "sharded", "moe", "moe_norm", "wide", "wide128",
+         "wide_moe"]
 LENGTHS = [5, 9, 3, 20]  # 20 > 16: prefill through the torch attention fallback
 
 

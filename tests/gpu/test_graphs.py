@@ -24,7 +24,7 @@ def _pair(name: str, dtype: torch.dtype, slots: int = 8):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", ["untied", "odd_head_dim", "moe_norm"])
+@pytest.mark.parametrize("name", ["untied", "odd_head_dim", "moe_norm", "wide", "wide_moe"])
 def test_replay_equals_eager(name, dtype):
     eager, graphed = _pair(name, dtype)
     # batch 3 (bucket 4) prefill of short prompts, decode, verify M=4, rollback, decode

@@ -139,7 +139,8 @@ def _caches(B, max_len, Hkv, D, dtype, lengths, slots):
     ([4000], 1, 32, 8, 128, 4096),          # long context: many keys per warp
     ([1, 0], 1, 8, 8, 256, 24),             # no GQA, head_dim 256, tiny contexts
 ])
-def test_decode_attention(km, sms, dtype, lengths, M, Hq, Hkv, D, max_len):
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_attention(km, sms, dtype, lengths, M, Hq, Hkv, D, max_len, fused):
     B = len(lengths)
     slots = list(range(B))[::-1]  # sequence b lives in slot B-1-b; slot B stays unused
     kv, ref_kv = _caches(B, max_len, Hkv, D, dtype, lengths, slots)
@@ -148,10 +149,16 @@ def test_decode_attention(km, sms, dtype, lengths, M, Hq, Hkv, D, max_len):
     q = qkv[..., : Hq * D].view(B, M, Hq, D)
     k = qkv[..., Hq * D: (Hq + Hkv) * D].view(B, M, Hkv, D)
     v = qkv[..., (Hq + Hkv) * D:].view(B, M, Hkv, D)
-    ops.kv_write(km, k, v, kv.k[0], kv.v[0], step.slots, step.positions)
     out = poisoned(B, M, Hq, D, dtype=dtype)
-    ops.decode_attention(km, q.contiguous(), kv.k[0], kv.v[0], step.slots, step.positions, sms,
-                         out=out)
+    if fused:  # the attention op: the decode kernel writes the cache itself where it can
+        ops.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms, out=out)
+        again = poisoned(B, M, Hq, D, dtype=dtype)
+        ops.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms, out=again)
+        assert torch.equal(again, out)  # deterministic, and rewriting the cache is harmless
+    else:
+        ops.kv_write(km, k, v, kv.k[0], kv.v[0], step.slots, step.positions)
+        ops.decode_attention(km, q.contiguous(), kv.k[0], kv.v[0], step.slots, step.positions,
+                             sms, out=out)
     ref = TorchBackend.attention(types.SimpleNamespace(kv=ref_kv), q, k, v, 0, step)
     for b, s in enumerate(slots):  # the new K/V landed exactly where the reference put them
         n = lengths[b] + M
