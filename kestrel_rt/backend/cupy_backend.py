@@ -9,8 +9,8 @@ between instances, so a draft and a target never see each other's weights or mod
 
 Ops that a kernel cannot take (fp16, prefill with M > MAX_KERNEL_M, head_dim not a multiple
 of 8 in bf16, MoE batches over MAX_MOE_TOKENS tokens, quantized expert weights) fall back to
-the TorchBackend op: same function, same shapes. `linear` stays torch (cuBLAS) here; the
-quantized and skinny-matmul kernels plug in there.
+the TorchBackend op: same function, same shapes. `linear` comes from GemvLinear (the skinny
+bf16 / int8 / int4 matmul kernels, falling back to torch for other dtypes and wide inputs).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 
 from kestrel_rt.backend.torch_backend import TorchBackend
 from kestrel_rt.cuda import ops, reference
+from kestrel_rt.cuda.linear import GemvLinear
 from kestrel_rt.cuda.module import KernelModules
 from kestrel_rt.cuda.ops import Unsupported
 
@@ -27,8 +28,10 @@ MAX_MOE_TOKENS = 64  # tokens per MoE call served by the per-(token, expert) GEM
 KERNEL_FILES = ("rmsnorm", "qk_norm_rope", "decode_attention", "swiglu", "moe", "greedy_accept")
 
 
-class CupyBackend(TorchBackend):
-    """TorchBackend with RMSNorm, q/k norm + RoPE, attention, SwiGLU, MoE as CUDA kernels."""
+class CupyBackend(GemvLinear, TorchBackend):
+    """TorchBackend with RMSNorm, q/k norm + RoPE, attention, SwiGLU, MoE as CUDA kernels,
+    and `linear` through the gemv kernels (kestrel_rt/cuda/linear.py: bf16, int8, int4 for
+    <= 16 rows; cuBLAS otherwise)."""
 
     def __init__(self, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16):
         super().__init__(device, dtype)
