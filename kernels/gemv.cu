@@ -23,10 +23,9 @@ __device__ __forceinline__ void bf16_load(uint4 (&A)[U], uint4 (&B)[U], uint4 (&
 }
 
 template <int MT, int KSPLIT, int TPB, int U, bool PF>
-__global__ void __launch_bounds__(32 * KSPLIT * TPB)
-gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* __restrict__ y, int M,
-          int N, int K) {
-  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
+__device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
+                                               const uint4* __restrict__ x, u16* __restrict__ y,
+                                               int M, int N, int K, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tib = warp / KSPLIT, ks = warp % KSPLIT;
@@ -69,4 +68,26 @@ gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* __restr
     for (int c = 0; c < 4; ++c) acc[0][j][c] += acc[1][j][c];
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0][0], red, tib, ks, lane);
   if (ks == 0) store_tile<MT>(y, acc[0], r0, g, t, M, N, 1.f, 1.f);
+}
+
+template <int MT, int KSPLIT, int TPB, int U, bool PF>
+__global__ void __launch_bounds__(32 * KSPLIT * TPB)
+gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* __restrict__ y, int M,
+          int N, int K) {
+  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
+  gemv_bf16_body<MT, KSPLIT, TPB, U, PF>(w, x, y, M, N, K, red);
+}
+
+// Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = x[p / x_div] . W[ids[p]]^T, one
+// activation row (M = 1). W holds E experts back to back; ids [P] int64 on the device, so a
+// routed MoE layer runs without a host sync (and inside a CUDA graph).
+template <int KSPLIT, int TPB, int U, bool PF>
+__global__ void __launch_bounds__(32 * KSPLIT * TPB)
+gemv_bf16_experts(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* __restrict__ y,
+                  const long long* __restrict__ ids, int x_div, int N, int K) {
+  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
+  const int p = blockIdx.y;
+  const size_t e = (size_t)__ldg(ids + p);
+  gemv_bf16_body<1, KSPLIT, TPB, U, PF>(
+      w + e * N * (K >> 3), x + (size_t)(p / x_div) * (K >> 3), y + (size_t)p * N, 1, N, K, red);
 }

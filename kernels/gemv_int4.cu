@@ -45,11 +45,11 @@ __device__ __forceinline__ void int4_load(uint4 (&A)[U], uint4 (&B)[U], u32 (&nz
 }
 
 template <int MT, int KSPLIT, int TPB, int U, bool PF>
-__global__ void __launch_bounds__(32 * KSPLIT * TPB)
-gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
-          const u16* __restrict__ scales, const uint4* __restrict__ x, u16* __restrict__ y,
-          int M, int N, int K) {
-  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
+__device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
+                                               const u32* __restrict__ zeros,
+                                               const u16* __restrict__ scales,
+                                               const uint4* __restrict__ x, u16* __restrict__ y,
+                                               int M, int N, int K, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tib = warp / KSPLIT, ks = warp % KSPLIT;
@@ -127,10 +127,37 @@ gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
   if (ks == 0) store_tile<MT>(y, acc, r0, g, t, M, N, 1.f, 1.f);
 }
 
+template <int MT, int KSPLIT, int TPB, int U, bool PF>
+__global__ void __launch_bounds__(32 * KSPLIT * TPB)
+gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
+          const u16* __restrict__ scales, const uint4* __restrict__ x, u16* __restrict__ y,
+          int M, int N, int K) {
+  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
+  gemv_int4_body<MT, KSPLIT, TPB, U, PF>(q, zeros, scales, x, y, M, N, K, red);
+}
+
+// Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = x[p / x_div] . W[ids[p]]^T, one
+// activation row (M = 1). W holds E experts back to back; ids [P] int64 on the device, so a
+// routed MoE layer runs without a host sync (and inside a CUDA graph).
+template <int KSPLIT, int TPB, int U, bool PF>
+__global__ void __launch_bounds__(32 * KSPLIT * TPB)
+gemv_int4_experts(const uint4* __restrict__ q, const u32* __restrict__ zeros,
+                  const u16* __restrict__ scales, const uint4* __restrict__ x,
+                  u16* __restrict__ y, const long long* __restrict__ ids, int x_div, int N,
+                  int K) {
+  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
+  const int p = blockIdx.y;
+  const size_t e = (size_t)__ldg(ids + p);
+  gemv_int4_body<1, KSPLIT, TPB, U, PF>(
+      q + e * N * (K >> 5), zeros + e * (K >> 7) * (N >> 3), scales + e * (K >> 7) * N,
+      x + (size_t)(p / x_div) * (K >> 3), y + (size_t)p * N, 1, N, K, red);
+}
+
 // Dequantize to bf16 for prefill (then cuBLAS): W[n, k] = (q - zero) * scale, rounded once from
 // fp32 like the torch reference. One thread per int32 word of q (8 k of one row) -> one
 // 16-byte store. q [N, K / 8] kernel layout, zeros / scales as in gemv_int4; out [N, K] bf16.
-extern "C" __global__ void dequant_int4(const u32* __restrict__ q, const u32* __restrict__ zeros,
+extern "C" __global__ void dequant_int4(const u32* __restrict__ q,
+                                        const u32* __restrict__ zeros,
                                         const u16* __restrict__ scales, uint4* __restrict__ out,
                                         int N, int K) {
   const long long words = (long long)N * (K >> 3);

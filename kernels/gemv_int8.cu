@@ -30,10 +30,10 @@ __device__ __forceinline__ void int8_load(uint4 (&A)[U], uint4 (&B)[U], uint4 (&
 }
 
 template <int MT, int KSPLIT, int TPB, int U, bool PF>
-__global__ void __launch_bounds__(32 * KSPLIT * TPB)
-gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
-          const uint4* __restrict__ x, u16* __restrict__ y, int M, int N, int K) {
-  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
+__device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
+                                               const float* __restrict__ scale,
+                                               const uint4* __restrict__ x, u16* __restrict__ y,
+                                               int M, int N, int K, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tib = warp / KSPLIT, ks = warp % KSPLIT;
@@ -103,9 +103,34 @@ gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
   if (ks == 0) store_tile<MT>(y, tot, r0, g, t, M, N, __ldg(scale + ra), __ldg(scale + rb));
 }
 
+template <int MT, int KSPLIT, int TPB, int U, bool PF>
+__global__ void __launch_bounds__(32 * KSPLIT * TPB)
+gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
+          const uint4* __restrict__ x, u16* __restrict__ y, int M, int N, int K) {
+  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
+  gemv_int8_body<MT, KSPLIT, TPB, U, PF>(q, scale, x, y, M, N, K, red);
+}
+
+// Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = x[p / x_div] . W[ids[p]]^T, one
+// activation row (M = 1). W holds E experts back to back; ids [P] int64 on the device, so a
+// routed MoE layer runs without a host sync (and inside a CUDA graph).
+template <int KSPLIT, int TPB, int U, bool PF>
+__global__ void __launch_bounds__(32 * KSPLIT * TPB)
+gemv_int8_experts(const uint4* __restrict__ q, const float* __restrict__ scale,
+                  const uint4* __restrict__ x, u16* __restrict__ y,
+                  const long long* __restrict__ ids, int x_div, int N, int K) {
+  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
+  const int p = blockIdx.y;
+  const size_t e = (size_t)__ldg(ids + p);
+  gemv_int8_body<1, KSPLIT, TPB, U, PF>(
+      q + e * N * (K >> 4), scale + e * N, x + (size_t)(p / x_div) * (K >> 3),
+      y + (size_t)p * N, 1, N, K, red);
+}
+
 // Dequantize to bf16 for prefill (then cuBLAS): W[n, k] = q * scale[n], rounded once from fp32
 // like the torch reference. One thread per 8 int8 values (8 bytes) -> one 16-byte store.
-extern "C" __global__ void dequant_int8(const uint2* __restrict__ q, const float* __restrict__ scale,
+extern "C" __global__ void dequant_int8(const uint2* __restrict__ q,
+                                        const float* __restrict__ scale,
                                         uint4* __restrict__ out, int N, int K) {
   const long long chunks = (long long)N * (K >> 3);
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < chunks;

@@ -58,6 +58,11 @@ def kernel_name(file: str, mt: int, variant: tuple[int, int, int, bool]) -> str:
     return f"{KERNELS[file]}<{mt}, {ks}, {tpb}, {u}, {'true' if pf else 'false'}>"
 
 
+def experts_name(file: str, variant: tuple[int, int, int, bool]) -> str:
+    ks, tpb, u, pf = variant
+    return f"{KERNELS[file]}_experts<{ks}, {tpb}, {u}, {'true' if pf else 'false'}>"
+
+
 def all_variants(file: str) -> list[tuple[int, int, int, bool]]:
     return [(ks, tpb, u, pf) for ks, tpb in GEOMETRIES for u in U_CHOICES[file]
             for pf in (False, True)]
@@ -112,6 +117,7 @@ class Gemv:
             variants = {v for key, v in self.tuned.items() if key[0] == file}
             variants |= {(ks, tpb, DEFAULT_U[file], True) for ks, tpb in GEOMETRIES}
         names = sorted({kernel_name(file, mt, v) for v in variants for mt in (1, 2)})
+        names += sorted({experts_name(file, v) for v in variants})
         return names + list(DEQUANT.get(file, ()))
 
     def _module(self, file: str):
@@ -194,6 +200,18 @@ class Gemv:
         with self._cupy.cuda.Device(self.device_index):
             fn(grid, (256,), args, stream=self._stream())
         return out
+
+    def launch(self, file: str, name: str, grid: tuple, block: tuple, args: tuple) -> None:
+        """Kernel `name` of kernels/FILE.cu on torch's current stream (kestrel_rt/cuda/gemv_moe.py)."""
+        fn = self._module(file).get_function(name)
+        with self._cupy.cuda.Device(self.device_index):
+            fn(grid, block, args, stream=self._stream())
+
+    def moe(self, x, weights, experts, gate_up, down):
+        """Routed experts through the expert-indexed gemv: see kestrel_rt/cuda/gemv_moe.py."""
+        from kestrel_rt.cuda import gemv_moe
+
+        return gemv_moe.moe(self, x, weights, experts, gate_up, down)
 
     def can_dequantize(self, w) -> bool:
         if isinstance(w, Int8Weight):
