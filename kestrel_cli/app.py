@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kestrel_cli import generate, simulate
 from kestrel_sim.errors import KestrelError
@@ -31,7 +32,9 @@ def main() -> None:
     try:
         app()
     except KestrelError as err:
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {err}", highlight=False)
+        # escape: a message's own brackets (pip install -e ".[cuda13]") are not rich markup
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(err))}",
+                                                   highlight=False)
         sys.exit(2)
 
 

@@ -1,6 +1,11 @@
 """`kestrel generate`: load a model folder or a dummy preset and generate tokens.
 
-torch is imported inside the command only, so the simulator's CLI works without it.
+    kestrel generate --model qwen3-8b --prompt-ids 1,2,3 --max-new-tokens 64 --quant int4
+
+Backends: `torch` (the reference, CPU or CUDA) and `cupy` (CUDA kernels + CUDA graphs;
+the default on a CUDA device when cupy is installed). `--quant int8|int4` quantizes the
+projection weights at load (kestrel_rt/quant_weights.py); an AWQ folder loads as it is
+(int4). torch is imported inside the command only, so the simulator's CLI works without it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,73 @@ from kestrel_sim.errors import KestrelError
 
 class PromptError(KestrelError):
     """A prompt that cannot run: missing, doubled, unparsable, or too long for the context."""
+
+
+class OptionError(KestrelError):
+    """A --backend / --quant / --no-graphs choice that cannot run here or on this model."""
+
+
+BACKENDS = ("torch", "cupy")
+QUANTS = ("none", "int8", "int4")
+INSTALL_HINT = ('install cupy with pip install -e ".[cuda13]" (CUDA 13 driver) or '
+                'pip install -e ".[cuda12]" (CUDA 12 driver)')
+
+
+def cupy_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("cupy") is not None
+
+
+def pick_backend(backend: str | None, device: Any, graphs: bool) -> str:
+    """The backend to build: --backend as given (checked), else cupy on CUDA with cupy."""
+    if backend is None:
+        return "cupy" if device.type == "cuda" and cupy_installed() else "torch"
+    if backend not in BACKENDS:
+        raise OptionError(f"--backend '{backend}' is not a backend: expected one of "
+                          f"{', '.join(BACKENDS)}")
+    if backend == "torch" and not graphs:
+        raise OptionError("--no-graphs applies to the cupy backend only (the torch backend "
+                          "never captures CUDA graphs); drop --no-graphs or use --backend cupy")
+    if backend == "cupy":
+        missing = []
+        if device.type != "cuda":
+            missing.append(f"a CUDA device (the device is '{device}'; pass --device cuda on a "
+                           "machine with an NVIDIA GPU)")
+        if not cupy_installed():
+            missing.append("the cupy package, which is not installed")
+        if missing:
+            raise OptionError(
+                f"--backend cupy runs CUDA kernels and needs {' and '.join(missing)}; "
+                f"{INSTALL_HINT}, or use --backend torch")
+    return backend
+
+
+def check_quant(quant: str | None, shape: Any, awq: bool, where: str) -> str:
+    """The quantization to report ('none', 'int8', 'int4'), refusing what cannot apply."""
+    from kestrel_rt.quant import GROUP_SIZE
+    from kestrel_rt.quant_weights import is_projection
+    from kestrel_rt.weights import expected_tensors
+
+    if quant is not None and quant not in QUANTS:
+        raise OptionError(f"--quant '{quant}' is not supported: expected one of "
+                          f"{', '.join(QUANTS)}")
+    if awq:
+        if quant in ("none", "int8"):
+            raise OptionError(
+                f"{where} is a pre-quantized AWQ checkpoint (int4, group {GROUP_SIZE}) and loads "
+                f"as it is; --quant {quant} cannot apply to it: leave --quant out (or pass "
+                "--quant int4), or quantize the bf16 source folder instead")
+        return "int4"
+    quant = quant or "none"
+    if quant == "int4":
+        for name, dims in expected_tensors(shape).items():
+            if is_projection(name) and (dims[-1] % GROUP_SIZE or dims[-2] % 8):
+                raise OptionError(
+                    f"--quant int4 cannot apply to {where}: tensor '{name}' has shape "
+                    f"{list(dims)}, and int4 needs in_features a multiple of {GROUP_SIZE} and "
+                    "out_features a multiple of 8; use --quant int8 or leave --quant out")
+    return quant
 
 
 def parse_prompt_ids(text: str) -> list[int]:
@@ -78,8 +150,8 @@ def generate(
     device: Annotated[str | None, typer.Option(
         help="cpu or cuda[:N] (default: cuda when available, else cpu).")] = None,
     dtype: Annotated[str | None, typer.Option(
-        help="bfloat16, float16 or float32 (default: the folder's dtype; for presets "
-        "bfloat16 on CUDA, float32 on CPU).")] = None,
+        help="bfloat16, float16 or float32 (default: the folder's dtype; for presets and AWQ "
+        "folders bfloat16 on CUDA, float32 on CPU).")] = None,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="Nucleus sampling mass, in (0, 1].")] = 1.0,
@@ -87,6 +159,14 @@ def generate(
         help="Seed for sampling (random if omitted). Dummy weights always use seed 0.")] = None,
     ignore_eos: Annotated[bool, typer.Option(
         help="Do not stop at the end-of-sequence token.")] = False,
+    backend: Annotated[str | None, typer.Option(
+        help="torch or cupy (default: cupy on a CUDA device when cupy is installed, else "
+        "torch).")] = None,
+    graphs: Annotated[bool, typer.Option(
+        "--graphs/--no-graphs", help="cupy backend: replay decode steps as CUDA graphs.")] = True,
+    quant: Annotated[str | None, typer.Option(
+        help="none, int8 or int4: quantize the projection weights at load (default: none; "
+        "an AWQ folder is int4 as stored).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Generate tokens with the runtime from a model folder or a dummy preset."""
@@ -96,12 +176,14 @@ def generate(
     from kestrel_rt.engine import generate as run_generate
     from kestrel_rt.loading import (
         default_dtype,
+        is_awq_checkpoint,
         load_dummy,
         load_folder,
         load_tokenizer,
         resolve,
     )
     from kestrel_rt.model import Qwen3Model
+    from kestrel_rt.quant_weights import quantize_weights
     from kestrel_rt.weights import parse_device, parse_dtype
 
     if top_p <= 0:
@@ -115,6 +197,10 @@ def generate(
     dev = parse_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shape, folder = resolve(model)
     dt = parse_dtype(dtype or default_dtype(folder, dev))
+    use = pick_backend(backend, dev, graphs)
+    awq = folder is not None and is_awq_checkpoint(folder)
+    where = f"model folder {folder}" if folder is not None else f"preset '{model}'"
+    quant = check_quant(quant, shape, awq, where)
     tokenizer = load_tokenizer(folder) if folder is not None else None
     if ids is None:
         if tokenizer is None:
@@ -133,7 +219,14 @@ def generate(
         shape, weights = load_folder(folder, dev, dt)
     else:
         shape, weights = load_dummy(shape.name, dev, dt, seed=0)
-    runner = Qwen3Model(shape, weights, TorchBackend(dev, dt))
+    if not awq:
+        quantize_weights(weights, quant)
+    if use == "cupy":
+        from kestrel_rt.backend.cupy_backend import cupy_model
+
+        runner = cupy_model(shape, weights, dev, dt, graphs=graphs)
+    else:
+        runner = Qwen3Model(shape, weights, TorchBackend(dev, dt))
     del weights
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -149,6 +242,10 @@ def generate(
         "model": str(model),
         "device": str(dev),
         "dtype": str(dt).removeprefix("torch."),
+        "backend": use,
+        "quant": quant,
+        "awq": awq,
+        "graphs": use == "cupy" and graphs,
         "prompt_tokens": len(ids),
         "generated_tokens": len(new_ids),
         "token_ids": new_ids,
@@ -170,6 +267,7 @@ def generate(
     print(
         f"{len(new_ids)} tokens in {report['elapsed_s']:.3f} s: {result.tokens_per_s:.1f} tok/s "
         f"(decode {result.decode_tokens_per_s:.1f} tok/s; prompt {len(ids)} tokens; "
-        f"{shape.name} on {dev}, {report['dtype']}; load {load_s:.1f} s)",
+        f"{shape.name} on {dev}, {report['dtype']}, {use} backend, quant {quant}; "
+        f"load {load_s:.1f} s)",
         file=sys.stderr,
     )

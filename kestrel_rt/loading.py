@@ -3,6 +3,9 @@
 Every tensor's name, shape and dtype is checked against the config's shape from the
 safetensors headers alone, before any tensor data is read, so a bad checkpoint fails fast
 and says which file and which tensor are wrong.
+
+A pre-quantized AWQ folder (config.json's quantization_config says awq, or its tensors are
+named *.qweight) loads through kestrel_rt/awq.py: `load_folder` routes it there.
 """
 
 from __future__ import annotations
@@ -162,6 +165,10 @@ def load_folder(
     device = parse_device(device)
     dtype = parse_dtype(dtype or checkpoint_dtype(config, config_path) or "float32")
     found = _headers(weight_files(folder))
+    if awq_declared(config) or any(n.endswith(".qweight") for n in found):
+        from kestrel_rt.awq import load_awq_folder
+
+        return load_awq_folder(folder, device, dtype)
     check_tensors(shape, found, folder)
     by_file: dict[Path, list[str]] = {}
     for name in expected_tensors(shape):
@@ -177,6 +184,22 @@ def load_folder(
                 f"{path} could not be read ({err}); it may be truncated or corrupt"
             ) from None
     return shape, weights
+
+
+def awq_declared(config: dict) -> bool:
+    """True when config.json's quantization_config names AWQ."""
+    qc = config.get("quantization_config") or {}
+    return isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "awq"
+
+
+def is_awq_checkpoint(folder: str | Path) -> bool:
+    """True for a pre-quantized AWQ folder (config or tensor names say so); reads headers
+    only, and a corrupt file is a CorruptCheckpointError, not a crash."""
+    folder = Path(folder)
+    config_path = find_config(folder)
+    if awq_declared(read_config(config_path)):
+        return True
+    return any(n.endswith(".qweight") for n in _headers(weight_files(folder)))
 
 
 def find_config(folder: Path) -> Path:
@@ -238,10 +261,13 @@ def resolve(path_or_preset: str | Path) -> tuple[ModelShape, Path | None]:
 
 
 def default_dtype(folder: Path | None, device: str | torch.device) -> str:
-    """A folder's declared dtype (float32 if none); for presets bfloat16 on CUDA, else float32."""
+    """A folder's declared dtype (float32 if none); for presets and AWQ folders (whose
+    declared fp16 is the storage of scales and norms) bfloat16 on CUDA, else float32."""
     if folder is not None:
         config_path = find_config(folder)
-        return checkpoint_dtype(read_config(config_path), config_path) or "float32"
+        config = read_config(config_path)
+        if not awq_declared(config):
+            return checkpoint_dtype(config, config_path) or "float32"
     return "bfloat16" if parse_device(device).type == "cuda" else "float32"
 
 

@@ -71,6 +71,7 @@ def test_json_ids_equal_transformers_greedy(folders, name):
     assert report["prompt_tokens"] == len(PROMPT) and report["generated_tokens"] == 12
     assert report["tokens_per_s"] > 0 and report["elapsed_s"] > 0
     assert (report["model"], report["device"], report["dtype"]) == (str(folder), "cpu", "float32")
+    assert (report["backend"], report["quant"], report["graphs"]) == ("torch", "none", False)
 
 
 def test_plain_output_prints_ids_and_rate(folders):
@@ -211,12 +212,27 @@ def test_cli_imports_without_torch():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "cupy"])
 @pytest.mark.parametrize("name", ["sharded", "moe"])
-def test_cuda_fp32_ids_equal_transformers_greedy(folders, name):
+def test_cuda_fp32_ids_equal_transformers_greedy(folders, name, backend):
+    if backend == "cupy":
+        pytest.importorskip("cupy")
     folder = folders[name]
     result = invoke("--model", str(folder), "--prompt-ids", ",".join(map(str, PROMPT)),
-                    "--max-new-tokens", "12", "--json", "--device", "cuda", "--dtype", "float32")
+                    "--max-new-tokens", "12", "--json", "--device", "cuda", "--dtype", "float32",
+                    "--backend", backend)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["device"] == "cuda" and report["dtype"] == "float32"
+    assert (report["backend"], report["graphs"]) == (backend, backend == "cupy")
     assert report["token_ids"] == reference_greedy(folder, PROMPT, 12)
+
+
+@pytest.mark.gpu
+def test_cuda_default_backend_is_cupy_when_installed(folders):
+    pytest.importorskip("cupy")
+    result = invoke("--model", str(folders["tied"]), "--prompt-ids", "1,2,3",
+                    "--max-new-tokens", "3", "--json", "--device", "cuda", "--no-graphs")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["backend"], report["graphs"], report["dtype"]) == ("cupy", False, "float32")

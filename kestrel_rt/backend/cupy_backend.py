@@ -8,9 +8,11 @@ What an instance owns: its weight store and KV cache (from Backend), its compile
 between instances, so a draft and a target never see each other's weights or modules.
 
 Ops that a kernel cannot take (fp16, prefill with M > MAX_KERNEL_M, head_dim not a multiple
-of 8 in bf16, MoE batches over MAX_MOE_TOKENS tokens, quantized expert weights) fall back to
-the TorchBackend op: same function, same shapes. `linear` comes from GemvLinear (the skinny
-bf16 / int8 / int4 matmul kernels, falling back to torch for other dtypes and wide inputs).
+of 8 in bf16, MoE batches over MAX_MOE_TOKENS tokens, quantized experts the expert-indexed
+gemv cannot read) fall back to the TorchBackend op: same function, same shapes. Quantized
+(int8 / int4) experts run through kestrel_rt/cuda/gemv_moe.py after the routing kernel.
+`linear` comes from GemvLinear (the skinny bf16 / int8 / int4 matmul kernels, falling back
+to torch for other dtypes and wide inputs).
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from __future__ import annotations
 import torch
 
 from kestrel_rt.backend.torch_backend import TorchBackend
-from kestrel_rt.cuda import ops, reference
+from kestrel_rt.cuda import gemv_moe, ops, reference
 from kestrel_rt.cuda.linear import GemvLinear
 from kestrel_rt.cuda.module import KernelModules
 from kestrel_rt.cuda.ops import Unsupported
+from kestrel_rt.quant_weights import QuantizedWeight
 
 MAX_KERNEL_M = 16  # decode / verify: M new tokens per sequence served by the attention kernel
 MAX_MOE_TOKENS = 64  # tokens per MoE call served by the per-(token, expert) GEMV kernels
@@ -42,6 +45,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         self.num_sms = props.multi_processor_count
         self.capture_stream = torch.cuda.Stream(self.device)
         self.graph_pool = None  # torch.cuda.graph_pool_handle(), made on first capture
+        self._quant_experts_ok: bool | None = None  # gemv_moe takes the stored experts
 
     # -- which shapes run on kernels (and may be captured in a graph) ----------------------
     def kernel_dtype(self) -> bool:
@@ -70,8 +74,18 @@ class CupyBackend(GemvLinear, TorchBackend):
             if s.is_moe_layer(i):
                 w = (self.weight(f"layers.{i}.experts.gate_up"),
                      self.weight(f"layers.{i}.experts.down"))
+                if any(isinstance(t, QuantizedWeight) for t in w):
+                    return self._quantized_experts_ok(*w)
                 return all(type(t) is torch.Tensor and t.is_contiguous() for t in w)
         return True
+
+    def _quantized_experts_ok(self, gate_up, down) -> bool:
+        """True when gemv_moe reads these int8 / int4 experts with [T, hidden] tokens in
+        this backend's dtype (bf16 only); decided once per instance (its weights are fixed)."""
+        if self._quant_experts_ok is None:
+            probe = torch.empty(1, self.shape.hidden_size, device=self.device, dtype=self.dtype)
+            self._quant_experts_ok = gemv_moe.supports(probe, gate_up, down)
+        return self._quant_experts_ok
 
     # -- ops -------------------------------------------------------------------------------
     def rms_norm(self, x, name):
@@ -116,13 +130,18 @@ class CupyBackend(GemvLinear, TorchBackend):
         s = self.shape
         if not (self.kernel_dtype() and self._moe_kernel_ok(x.shape[0])):
             return super().moe(x, layer)
+        gate_up = self.weight(f"layers.{layer}.experts.gate_up")  # [E, 2I, H]
+        down = self.weight(f"layers.{layer}.experts.down")  # [E, H, I]
+        quantized = isinstance(gate_up, QuantizedWeight) or isinstance(down, QuantizedWeight)
+        if quantized and not gemv_moe.supports(x, gate_up, down):
+            return super().moe(x, layer)
         try:
-            logits = self.linear(x, f"layers.{layer}.router")  # [N, E]
+            logits = self.linear(x, f"layers.{layer}.router")  # [N, E]; sets self._gemv
             weights, experts = ops.moe_route(self.kernels, logits, s.num_experts_per_tok,
-                                             s.norm_topk_prob)
-            return ops.moe_experts(self.kernels, x, weights, experts,
-                                   self.weight(f"layers.{layer}.experts.gate_up"),
-                                   self.weight(f"layers.{layer}.experts.down"))
+                                             s.norm_topk_prob)  # [N, k] each
+            if quantized:  # int8 / int4 experts through the expert-indexed gemv
+                return gemv_moe.moe(self._gemv, x, weights, experts, gate_up, down)  # [N, H]
+            return ops.moe_experts(self.kernels, x, weights, experts, gate_up, down)
         except Unsupported:
             return super().moe(x, layer)
 
