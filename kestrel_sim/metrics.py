@@ -7,7 +7,8 @@ Names and definitions follow vLLM's serving benchmark (`benchmark_serving`):
   tokens under speculative decoding), pooled over all requests.
 - E2EL: finish minus arrival.
 - duration: last finish minus first arrival; throughputs divide by it.
-- goodput: completed requests per second meeting every SLO given (TTFT, TPOT).
+- goodput: completed requests per second meeting every SLO given (TTFT, TPOT, E2EL), as
+  vLLM's --goodput; a request with one output token has TPOT 0.
 Speculative decoding metrics come from `verify` spans: each (request, round) pair proposes
 `proposed` draft tokens and accepts `accepted[i]` of them, then gains one bonus/correction
 token, so a round yields accepted + 1 tokens.
@@ -198,7 +199,7 @@ def run_window(trace: Trace) -> tuple[float, float]:
 
 
 def compute_metrics(trace: Trace, slo=None) -> Metrics:
-    """Metrics of `trace`; `slo` has optional `ttft_ms` / `tpot_ms` (object or dict)."""
+    """Metrics of `trace`; `slo` has optional `ttft_ms` / `tpot_ms` / `e2el_ms` (object or dict)."""
     done = _completed(trace)
     lat = request_latencies(trace)
     start, end = run_window(trace)
@@ -209,7 +210,8 @@ def compute_metrics(trace: Trace, slo=None) -> Metrics:
 
     goodput = None
     ttft_slo, tpot_slo = _slo_value(slo, "ttft_ms"), _slo_value(slo, "tpot_ms")
-    if ttft_slo is not None or tpot_slo is not None:
+    e2el_slo = _slo_value(slo, "e2el_ms")
+    if ttft_slo is not None or tpot_slo is not None or e2el_slo is not None:
         ok = np.ones(len(done), dtype=bool)
         if ttft_slo is not None:
             ok &= lat.ttft_ms <= ttft_slo
@@ -218,6 +220,8 @@ def compute_metrics(trace: Trace, slo=None) -> Metrics:
             tpot_all = np.zeros(len(done))  # single-token requests have TPOT 0 (vLLM)
             tpot_all[out > 1] = lat.tpot_ms
             ok &= tpot_all <= tpot_slo
+        if e2el_slo is not None:
+            ok &= lat.e2el_ms <= e2el_slo
         goodput = per_s(int(ok.sum()))
 
     rate, length, per_position = _acceptance(trace)

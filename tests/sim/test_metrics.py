@@ -64,6 +64,14 @@ def test_goodput_counts_requests_meeting_every_slo():
     )
 
 
+def test_goodput_honours_an_e2el_slo():
+    # e2el: request 0 400 ms, request 1 500 ms (vLLM's --goodput e2el:MS)
+    trace = _two_requests()
+    assert compute_metrics(trace, {"e2el_ms": 450}).goodput == pytest.approx(1 / 1.5)
+    assert compute_metrics(trace, {"e2el_ms": 500}).goodput == pytest.approx(2 / 1.5)
+    assert compute_metrics(trace, {"ttft_ms": 500, "e2el_ms": 300}).goodput == 0.0
+
+
 def test_acceptance_metrics_from_verify_spans():
     m = compute_metrics(_two_requests())
     assert m.acceptance_rate == pytest.approx(3 / 4)
