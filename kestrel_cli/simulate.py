@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kestrel_cli.sweep import sweep  # noqa: F401  (registered by kestrel_cli.app)
+from kestrel_sim.errors import ConfigError
 from kestrel_sim.metrics import Metrics, compute_metrics, compute_timeseries
 from kestrel_sim.yamlio import load_scenario
 
@@ -35,6 +36,12 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def check_out(out: Path) -> None:
+    """Refuse an --out that cannot become a folder, before any work is done."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder; give a folder path")
 
 
 def write_outputs(out: Path, files: dict[str, str]) -> None:
@@ -137,6 +144,7 @@ def run(
     console = Console(stderr=True)
     sc = load_scenario(scenario, set_ or ())
     out = out or Path("runs") / sc.name
+    check_out(out)
     started = time.perf_counter()
     trace = simulate_with_progress(sc, console)
     sim_wall = time.perf_counter() - started

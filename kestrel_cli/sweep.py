@@ -114,7 +114,7 @@ def sweep(
 ) -> None:
     """Run a scenario over a grid of --set values in parallel; write sweep.json, sweep.csv
     and sweep.html (curves, and heatmaps for two axes)."""
-    from kestrel_cli.simulate import progress_bar, write_outputs
+    from kestrel_cli.simulate import check_out, progress_bar, write_outputs
     from reports.html import sweep_report
 
     console = Console(stderr=True)
@@ -127,6 +127,7 @@ def sweep(
                  for p in points]
     name = scenarios[0].name
     out = out or Path("runs") / f"{name}-sweep"
+    check_out(out)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(points)))
 
     results: list[dict | None] = [None] * len(points)

@@ -80,6 +80,17 @@ def test_bad_override_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_out_that_is_a_file_is_refused_before_running(command, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "taken"
+    out.write_text("keep me")
+    grid = ["--set", "spec.k=1,2"] if command == "sweep" else []
+    code, _, err = _main(monkeypatch, capsys, command, str(DEFAULT), "--out", str(out),
+                         *SMALL, *grid)
+    assert code == 2 and "exists and is not a folder" in err and "Traceback" not in err
+    assert out.read_text() == "keep me"
+
+
 def test_sweep_grid_in_two_processes(tmp_path):
     out = tmp_path / "sweep"
     result = CliRunner().invoke(app, [
