@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kestrel_sim.datafiles import read_numbers
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.scenario import Acceptance
-from kestrel_sim.workload import read_numbers
 
 
 class AcceptanceModel:

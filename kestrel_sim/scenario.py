@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import (
     Field,
     ValidationInfo,
@@ -25,6 +26,9 @@ from pydantic import (
     model_validator,
 )
 
+from kestrel_sim.costs_spec import Costs, RooflineCosts, StageTime, TableCosts  # noqa: F401
+from kestrel_sim.datafiles import read_numbers
+from kestrel_sim.errors import ConfigError
 from kestrel_sim.models import PRESETS
 from kestrel_sim.workload_spec import (  # noqa: F401  (re-exported: the Scenario's parts)
     Arrivals,
@@ -62,7 +66,16 @@ class Acceptance(_Strict):
     @field_validator("trace")
     @classmethod
     def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return None if v is None else resolve_file(v, info, "acceptance trace")
+        if v is None:
+            return None
+        path = resolve_file(v, info, "acceptance trace")
+        try:
+            values = read_numbers(path, "acceptance trace")
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        if (values < 0).any() or (values != np.rint(values)).any():
+            raise ValueError(f"acceptance trace {path}: accepted lengths must be integers >= 0")
+        return path
 
     @model_validator(mode="after")
     def _exactly_one(self):
@@ -164,66 +177,6 @@ class Slo(_Strict):
     ttft_ms: float | None = Field(default=None, gt=0)
     tpot_ms: float | None = Field(default=None, gt=0)
     e2el_ms: float | None = Field(default=None, gt=0)
-
-
-# ---------------------------------------------------------------- cost models
-
-
-class RooflineCosts(_Strict):
-    """The analytic model from the hardware description; fields override it."""
-
-    launch_us: float | None = Field(default=None, ge=0, description="per kernel launch")
-    step_overhead_us: float | None = Field(default=None, ge=0, description="fixed per step")
-
-
-StageTime = Annotated[float, Field(ge=0)] | dict[int, Annotated[float, Field(ge=0)]]
-
-
-class TableCosts(_Strict):
-    """Fixed milliseconds per step, per stage; a mapping {batch size: ms} is interpolated
-    linearly in batch size (clamped). `service: exponential` draws each step's time from an
-    exponential distribution with the table's value as mean (for queueing checks)."""
-
-    prefill: StageTime | None = None
-    prefill_per_token: float | None = Field(
-        default=None, ge=0, description="ms per prompt token, added to `prefill`"
-    )
-    draft: StageTime | None = None
-    verify: StageTime | None = None
-    correction: StageTime | None = None
-    decode: StageTime | None = None
-    service: Literal["fixed", "exponential"] = "fixed"
-
-    @field_validator("prefill", "draft", "verify", "correction", "decode")
-    @classmethod
-    def _batches(cls, v):
-        if isinstance(v, dict):
-            if not v:
-                raise ValueError("a per-batch table needs at least one {batch: ms} entry")
-            bad = [b for b in v if b < 1]
-            if bad:
-                raise ValueError(f"batch sizes must be >= 1, got {bad}")
-        return v
-
-
-class Costs(_Strict):
-    """Exactly one of roofline (the default), table or profile (a Profile JSON)."""
-
-    roofline: RooflineCosts | None = None
-    table: TableCosts | None = None
-    profile: str | None = None
-
-    @field_validator("profile")
-    @classmethod
-    def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return None if v is None else resolve_file(v, info, "profile")
-
-    @model_validator(mode="after")
-    def _exactly_one(self):
-        given = [n for n in ("roofline", "table", "profile") if getattr(self, n) is not None]
-        if len(given) > 1:
-            raise ValueError(f"give one of roofline, table or profile (got {', '.join(given)})")
-        return self
 
 
 # ---------------------------------------------------------------- the scenario

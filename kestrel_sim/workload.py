@@ -7,13 +7,11 @@ previous one finishes (the simulator does that); `arrivals` is then None.
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from kestrel_sim.datafiles import read_numbers, read_replay
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.scenario import (
     ClosedLoopArrivals,
@@ -42,57 +40,6 @@ class DrawnWorkload:
     @property
     def n(self) -> int:
         return len(self.prompt)
-
-
-def read_numbers(path: str | Path, what: str) -> np.ndarray:
-    """Numbers in a file: a JSON list, or values separated by commas/whitespace/newlines
-    with `#` comments."""
-    text = Path(path).read_text()
-    try:
-        if text.lstrip().startswith("["):
-            values = json.loads(text)
-        else:
-            values = [
-                float(tok)
-                for line in text.splitlines()
-                for tok in line.split("#", 1)[0].replace(",", " ").split()
-            ]
-    except (ValueError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{what} file {path}: expected numbers ({err})") from None
-    if not values:
-        raise ConfigError(f"{what} file {path} holds no numbers")
-    return np.asarray(values, dtype=float)
-
-
-def read_replay(path: str) -> dict[str, np.ndarray]:
-    """Columns of a replay file: 'arrival' always, 'prompt_tokens'/'output_tokens' if given."""
-    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip() and ln[0] != "#"]
-    if not lines:
-        raise ConfigError(f"arrival trace {path} is empty")
-    first = lines[0].replace(",", " ").split()
-    try:
-        float(first[0])
-    except ValueError:
-        rows = list(csv.DictReader(lines))
-        names = {n.strip().lower(): n for n in rows[0]} if rows else {}
-        time_col = next((names[n] for n in ("arrival", "timestamp", "time") if n in names), None)
-        if time_col is None:
-            raise ConfigError(
-                f"arrival trace {path}: the header needs an 'arrival' (or 'timestamp') "
-                f"column, found {', '.join(names) or 'nothing'}"
-            ) from None
-        out = {}
-        try:
-            out["arrival"] = np.array([float(r[time_col]) for r in rows])
-            for key, alts in (("prompt_tokens", ("prompt_tokens", "input_tokens")),
-                              ("output_tokens", ("output_tokens",))):
-                col = next((names[a] for a in alts if a in names), None)
-                if col is not None:
-                    out[key] = np.array([int(float(r[col])) for r in rows], dtype=np.int64)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"arrival trace {path}: a value is not a number ({err})") from None
-        return out
-    return {"arrival": read_numbers(path, "arrival trace")}
 
 
 def _lengths(d, n: int, rng: np.random.Generator, where: str) -> np.ndarray:
@@ -141,10 +88,10 @@ def draw_workload(w: Workload, rng: np.random.Generator) -> DrawnWorkload:
         closed = (a.concurrency, a.think_time_s)
     else:
         scale = 1e-3 if a.time_unit == "ms" else 1.0
-        order = np.argsort(replay["arrival"][:n], kind="stable")
-        t = replay["arrival"][:n][order] * scale
+        order = np.argsort(replay["arrival"], kind="stable")[:n]  # the first n in time
+        t = replay["arrival"][order] * scale
         arrivals = (t - t[0]) / a.speedup
-        replay = {k: v[:n][order] for k, v in replay.items()}
+        replay = {k: v[order] for k, v in replay.items()}
 
     prompt = _lengths(w.prompt_tokens, n, rng, "workload.prompt_tokens")
     output = _lengths(w.output_tokens, n, rng, "workload.output_tokens")

@@ -11,6 +11,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from kestrel_sim.datafiles import read_numbers, read_replay
+from kestrel_sim.errors import ConfigError
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -51,7 +54,15 @@ class UniformDist(_Strict):
         return self
 
 
-class NormalDist(_Strict):
+class _Clipped(_Strict):
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
+
+
+class NormalDist(_Clipped):
     """Normal with this mean and std, rounded, clipped to [min, max] (min at least 1)."""
 
     dist: Literal["normal"]
@@ -61,7 +72,7 @@ class NormalDist(_Strict):
     max: int | None = Field(default=None, ge=1)
 
 
-class LognormalDist(_Strict):
+class LognormalDist(_Clipped):
     """Lognormal whose *token counts* have this mean and std, rounded, clipped to [min, max]."""
 
     dist: Literal["lognormal"]
@@ -81,7 +92,14 @@ class EmpiricalDist(_Strict):
     @field_validator("file")
     @classmethod
     def _exists(cls, v: str, info: ValidationInfo) -> str:
-        return resolve_file(v, info, "empirical distribution")
+        path = resolve_file(v, info, "empirical distribution")
+        try:
+            values = read_numbers(path, "empirical distribution")
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        if (values < 1).any():
+            raise ValueError(f"empirical distribution file {path} holds lengths below 1")
+        return path
 
 
 LengthDist = Annotated[
@@ -131,7 +149,15 @@ class ReplayArrivals(_Strict):
     @field_validator("file")
     @classmethod
     def _exists(cls, v: str, info: ValidationInfo) -> str:
-        return resolve_file(v, info, "arrival trace")
+        path = resolve_file(v, info, "arrival trace")
+        try:
+            columns = read_replay(path)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        for key in ("prompt_tokens", "output_tokens"):
+            if key in columns and (columns[key] < 1).any():
+                raise ValueError(f"arrival trace {path}: {key} must be >= 1")
+        return path
 
 
 Arrivals = Annotated[
@@ -149,3 +175,15 @@ class Workload(_Strict):
     prompt_tokens: LengthDist = Field(default_factory=lambda: FixedDist(dist="fixed", value=512))
     output_tokens: LengthDist = Field(default_factory=lambda: FixedDist(dist="fixed", value=256))
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _enough_rows(self):
+        a = self.arrivals
+        if isinstance(a, ReplayArrivals) and self.requests is not None:
+            rows = len(read_replay(a.file)["arrival"])
+            if self.requests > rows:
+                raise ValueError(
+                    f"requests is {self.requests} but the arrival trace {a.file} has only "
+                    f"{rows} rows: lower workload.requests or leave it out"
+                )
+        return self

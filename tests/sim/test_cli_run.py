@@ -91,6 +91,31 @@ def test_out_that_is_a_file_is_refused_before_running(command, tmp_path, monkeyp
     assert out.read_text() == "keep me"
 
 
+@pytest.mark.parametrize("workload,key,line", [
+    ("  arrivals: {process: poisson, rate: 1}\n  prompt_tokens: {dist: empirical, file: d.txt}",
+     "workload.prompt_tokens.file", 4),
+    ("  arrivals: {process: replay, file: d.txt}", "workload.arrivals.file", 3),
+])
+def test_bad_data_file_content_names_key_and_line(workload, key, line, tmp_path, monkeypatch,
+                                                  capsys):
+    (tmp_path / "d.txt").write_text("12\nabc\n")
+    (tmp_path / "s.yaml").write_text(f"name: s\nworkload:\n{workload}\n")
+    out = tmp_path / "out"
+    code, _, err = _main(monkeypatch, capsys, "run", str(tmp_path / "s.yaml"), "--out", str(out))
+    assert code == 2 and f"s.yaml:{line}: {key}" in err and "d.txt" in err
+    assert not out.exists()
+
+
+def test_bad_acceptance_trace_names_key_and_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "acc.txt").write_text("1 2 2.5\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: s\ndraft: {model: qwen3-0.6b}\nspec:\n  k: 4\n  acceptance: {trace: acc.txt}\n"
+        "workload: {arrivals: {process: poisson, rate: 1}, requests: 3}\n")
+    code, _, err = _main(monkeypatch, capsys, "run", str(tmp_path / "s.yaml"),
+                         "--out", str(tmp_path / "out"))
+    assert code == 2 and "s.yaml:5: spec.acceptance.trace" in err and "integers >= 0" in err
+
+
 def test_sweep_grid_in_two_processes(tmp_path):
     out = tmp_path / "sweep"
     result = CliRunner().invoke(app, [

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from kestrel_sim import simulate
 from kestrel_sim.acceptance import build_acceptance, leviathan_tokens, pmf_from_rates
-from kestrel_sim.errors import ConfigError
 from kestrel_sim.scenario import Acceptance, Scenario, Workload
 from kestrel_sim.workload import draw_workload
 
@@ -80,8 +80,21 @@ def test_replay_csv_with_lengths(tmp_path):
     d = draw(w)
     assert d.arrivals.tolist() == pytest.approx([0.0, 0.25, 0.75])  # sorted, shifted, halved
     assert d.prompt.tolist() == [20, 10, 30] and d.output.tolist() == [4, 3, 5]
-    with pytest.raises(ConfigError, match="has only 3 rows"):
-        draw(workload(tmp_path, arrivals={"process": "replay", "file": "trace.csv"}, requests=9))
+    with pytest.raises(ValidationError, match="has only 3 rows"):
+        workload(tmp_path, arrivals={"process": "replay", "file": "trace.csv"}, requests=9)
+
+
+def test_replay_takes_the_first_requests_in_time_not_in_file_order(tmp_path):
+    (tmp_path / "t.csv").write_text("arrival,prompt_tokens\n5.0,50\n1.0,10\n3.0,30\n2.0,20\n")
+    d = draw(workload(tmp_path, arrivals={"process": "replay", "file": "t.csv"}, requests=2))
+    assert d.arrivals.tolist() == [0.0, 1.0] and d.prompt.tolist() == [10, 20]
+
+
+@pytest.mark.parametrize("dist", ["normal", "lognormal"])
+def test_clipped_distributions_need_max_at_least_min(dist):
+    with pytest.raises(ValidationError, match=r"max \(10\) must be >= min \(20\)"):
+        workload(arrivals={"process": "poisson", "rate": 1.0},
+                 prompt_tokens={"dist": dist, "mean": 15, "std": 5, "min": 20, "max": 10})
 
 
 def test_replay_plain_times(tmp_path):
