@@ -34,6 +34,9 @@ class _Located:
                 return f"--set {self.overrides[prefix]}"
             if prefix in self.lines:
                 return f"{self.file}:{self.lines[prefix]}"
+            made = [k for k in self.overrides if n and k[:n] == prefix]
+            if made:  # a mapping the file lacks, made by an override below it
+                return f"--set {self.overrides[made[0]]}"
         return self.file
 
 
@@ -245,6 +248,8 @@ def _describe(err: dict, path: Key, data, model, located, tags) -> str:
         return f"must be {bounds[kind]} {bound} (got {_got(value)})"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected', '?')} (got {_got(value)})"
+    if kind == "int_from_float":
+        return f"expected an integer (got {_got(value)})"
     base = kind.removesuffix("_type").removesuffix("_parsing")
     if base in _EXPECTED and kind != base:
         return f"expected {_EXPECTED[base]} (got {_got(value)})"

@@ -109,6 +109,17 @@ def test_override_errors_point_at_the_override(tmp_path):
     assert "--set serving.nope=1: serving.nope: unknown key 'nope'" in msg
 
 
+def test_missing_key_under_a_mapping_an_override_made_points_at_the_override(tmp_path):
+    path = _write(tmp_path, "name: x\nworkload:\n  arrivals: {process: poisson, rate: 1}\n")
+    msg = _error(path, ["spec.k=2"])  # no spec in the file: the override made it
+    assert "--set spec.k=2: spec.acceptance: missing required key" in msg
+
+
+def test_fractional_integer_says_an_integer_is_expected(tmp_path):
+    msg = _error(_write(tmp_path, GOOD), ["spec.k=2.5"])
+    assert "--set spec.k=2.5: spec.k: expected an integer (got 2.5)" in msg
+
+
 def test_malformed_override():
     with pytest.raises(ConfigError, match="KEY.PATH=VALUE"):
         parse_override("spec.k")
