@@ -2,7 +2,8 @@
 
 Every tensor's name, shape and dtype is checked against the config's shape from the
 safetensors headers alone, before any tensor data is read, so a bad checkpoint fails fast
-and says which file and which tensor are wrong.
+and says which file and which tensor are wrong. MoE experts load from either on-disk form
+(per expert, or fused as transformers 5 holds them) and come back per expert.
 
 A pre-quantized AWQ folder (config.json's quantization_config says awq, or its tensors are
 named *.qweight) loads through kestrel_rt/awq.py: `load_folder` routes it there.
@@ -15,7 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kestrel_rt.config import checkpoint_dtype, read_config, shape_from_hf_config
-from kestrel_rt.weights import expected_tensors, load_dummy, parse_device, parse_dtype
+from kestrel_rt.weights import (
+    FUSED_GATE_UP,
+    expected_tensors,
+    load_dummy,
+    parse_device,
+    parse_dtype,
+    split_fused_experts,
+)
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.models import PRESETS, ModelShape, UnknownPresetError
 
@@ -116,11 +124,16 @@ def _headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     return found
 
 
+def has_fused_experts(found: dict) -> bool:
+    """True when the MoE experts are stored fused (transformers 5's in-memory form)."""
+    return any(name.endswith(FUSED_GATE_UP) for name in found)
+
+
 def check_tensors(
     shape: ModelShape, found: dict[str, tuple[Path, tuple[int, ...], str]], folder: Path
 ) -> None:
     """Raise on the first missing, misshaped, wrongly typed or unexpected tensor."""
-    expected = expected_tensors(shape)
+    expected = expected_tensors(shape, has_fused_experts(found))
     for name, dims in expected.items():
         if name not in found:
             where = ", ".join(sorted({p.name for p, _, _ in found.values()})) or "no files"
@@ -171,7 +184,7 @@ def load_folder(
         return load_awq_folder(folder, device, dtype)
     check_tensors(shape, found, folder)
     by_file: dict[Path, list[str]] = {}
-    for name in expected_tensors(shape):
+    for name in expected_tensors(shape, has_fused_experts(found)):
         by_file.setdefault(found[name][0], []).append(name)
     weights: dict[str, torch.Tensor] = {}
     for path, names in by_file.items():
@@ -183,7 +196,7 @@ def load_folder(
             raise CorruptCheckpointError(
                 f"{path} could not be read ({err}); it may be truncated or corrupt"
             ) from None
-    return shape, weights
+    return shape, split_fused_experts(weights)
 
 
 def awq_declared(config: dict) -> bool:

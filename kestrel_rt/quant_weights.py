@@ -11,8 +11,9 @@ weights, through torch's `__torch_function__` protocol:
   `kestrel_rt.cuda.linear.linear`, which dispatches on these classes to the gemv kernels.
 
 `quantize_weights(hf, mode)` replaces the projection weights of a Hugging Face weight dict
-(before `Backend.load`) by int8 or int4 objects; embeddings, norms, the MoE router and the
-lm_head stay in their dtype. kestrel_rt/awq.py loads pre-quantized AWQ checkpoints.
+(before `Backend.load`) by int8 or int4 objects, MoE experts per expert or fused
+(transformers 5's in-memory `mlp.experts.gate_up_proj` / `down_proj`, quantized expert by
+expert); embeddings, norms, the MoE router and the lm_head stay in their dtype. kestrel_rt/awq.py loads pre-quantized AWQ checkpoints.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from kestrel_rt import quant
+from kestrel_rt.weights import FUSED_DOWN, FUSED_GATE_UP
 from kestrel_sim.errors import KestrelError
 
 QUANT_MODES = ("int8", "int4")
@@ -174,6 +176,12 @@ def is_projection(name: str) -> bool:
     return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in PROJECTIONS
 
 
+def is_fused_experts(name: str) -> bool:
+    """True for transformers 5's fused MoE expert weights (`mlp.experts.gate_up_proj`
+    [E, 2I, H], `mlp.experts.down_proj` [E, H, I]; names without `.weight`)."""
+    return name.endswith((FUSED_GATE_UP, FUSED_DOWN))
+
+
 def check_quantizable(name: str, w: torch.Tensor, mode: str) -> None:
     """A KestrelError naming the tensor when its shape cannot take `mode`."""
     out_f, in_f = w.shape[-2], w.shape[-1]
@@ -195,11 +203,13 @@ def quantize_weights(hf: dict, mode: str | None) -> dict:
     if mode not in QUANT_MODES:
         raise KestrelError(f"--quant '{mode}' is not supported: expected one of "
                            f"{', '.join(QUANT_MODES)} (or leave it out for bf16)")
-    for name in [n for n in hf if is_projection(n)]:
+    for name in [n for n in hf if is_projection(n) or is_fused_experts(n)]:
         w = hf[name]
         if isinstance(w, QuantizedWeight):
             continue
         check_quantizable(name, w, mode)
-        hf[name] = quantize_weight(w, mode)
-        del w
+        if w.dim() == 3:  # fused experts [E, out, in]: each expert as its own weight
+            hf[name] = torch.stack([quantize_weight(w[e], mode) for e in range(w.shape[0])])
+        else:
+            hf[name] = quantize_weight(w, mode)
     return hf

@@ -59,8 +59,16 @@ def parse_device(name: str | torch.device) -> torch.device:
     return device
 
 
-def expected_tensors(shape: ModelShape) -> dict[str, tuple[int, ...]]:
-    """Every tensor of `shape`'s checkpoint, by its Hugging Face on-disk name, with its shape."""
+def expected_tensors(
+    shape: ModelShape, fused_experts: bool = False
+) -> dict[str, tuple[int, ...]]:
+    """Every tensor of `shape`'s checkpoint, by its Hugging Face on-disk name, with its shape.
+
+    MoE experts are per expert (`mlp.experts.{e}.gate_proj.weight`, ..., as Qwen3-MoE
+    releases store them), or with `fused_experts` in transformers 5's fused form
+    (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]), which
+    `save_pretrained(..., save_original_format=False)` writes.
+    """
     h, d = shape.hidden_size, shape.head_dim
     q, kv = shape.num_attention_heads * d, shape.num_key_value_heads * d
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab_size, h)}
@@ -77,10 +85,14 @@ def expected_tensors(shape: ModelShape) -> dict[str, tuple[int, ...]]:
         if shape.is_moe_layer(i):
             m = shape.moe_intermediate_size
             out[p + "mlp.gate.weight"] = (shape.num_experts, h)
-            for e in range(shape.num_experts):
-                out[p + f"mlp.experts.{e}.gate_proj.weight"] = (m, h)
-                out[p + f"mlp.experts.{e}.up_proj.weight"] = (m, h)
-                out[p + f"mlp.experts.{e}.down_proj.weight"] = (h, m)
+            if fused_experts:
+                out[p + "mlp.experts.gate_up_proj"] = (shape.num_experts, 2 * m, h)
+                out[p + "mlp.experts.down_proj"] = (shape.num_experts, h, m)
+            else:
+                for e in range(shape.num_experts):
+                    out[p + f"mlp.experts.{e}.gate_proj.weight"] = (m, h)
+                    out[p + f"mlp.experts.{e}.up_proj.weight"] = (m, h)
+                    out[p + f"mlp.experts.{e}.down_proj.weight"] = (h, m)
         else:
             m = shape.intermediate_size
             out[p + "mlp.gate_proj.weight"] = (m, h)
@@ -90,6 +102,34 @@ def expected_tensors(shape: ModelShape) -> dict[str, tuple[int, ...]]:
     if not shape.tie_word_embeddings:
         out["lm_head.weight"] = (shape.vocab_size, h)
     return out
+
+
+FUSED_GATE_UP = ".mlp.experts.gate_up_proj"  # [E, 2I, H]: gate rows then up rows, per expert
+FUSED_DOWN = ".mlp.experts.down_proj"  # [E, H, I]
+
+
+def split_fused_experts(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Replace, in place, fused MoE experts (transformers 5's form) by per-expert entries.
+
+    `model.layers.{i}.mlp.experts.gate_up_proj` [E, 2I, H] and `...down_proj` [E, H, I]
+    become `...experts.{e}.gate_proj.weight` [I, H], `up_proj.weight` [I, H] and
+    `down_proj.weight` [H, I] (views, no copies). Returns hf.
+    """
+    for name in [n for n in hf if n.endswith(FUSED_GATE_UP)]:
+        prefix = name.removesuffix(FUSED_GATE_UP)
+        if prefix + FUSED_DOWN not in hf:
+            raise KestrelError(
+                f"tensor '{name}' (fused experts) is there but '{prefix + FUSED_DOWN}' is "
+                "missing; fused MoE experts need both"
+            )
+        gate_up, down = hf.pop(name), hf.pop(prefix + FUSED_DOWN)  # [E, 2I, H], [E, H, I]
+        m = gate_up.shape[1] // 2
+        for e in range(gate_up.shape[0]):
+            q = f"{prefix}.mlp.experts.{e}"
+            hf[f"{q}.gate_proj.weight"] = gate_up[e, :m]  # [I, H]
+            hf[f"{q}.up_proj.weight"] = gate_up[e, m:]  # [I, H]
+            hf[f"{q}.down_proj.weight"] = down[e]  # [H, I]
+    return hf
 
 
 def is_norm(name: str) -> bool:

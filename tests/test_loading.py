@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kestrel_rt.config import shape_from_hf_config
-from kestrel_rt.loading import load_folder, load_model
+from kestrel_rt.loading import TensorShapeError, load_folder, load_model
 from kestrel_rt.weights import dummy_weights, expected_tensors, load_dummy
 from kestrel_sim.models import PRESETS
 
@@ -85,6 +85,33 @@ def test_folder_weights_equal_the_saved_model(tmp_path, shard, moe):
         m = shape.moe_intermediate_size
         fused = reference["model.layers.0.mlp.experts.gate_up_proj"]
         assert torch.equal(weights["model.layers.0.mlp.experts.1.up_proj.weight"], fused[1, m:])
+
+
+@pytest.mark.parametrize("shard", [None, "8KB"])
+def test_fused_expert_folder_loads_as_the_per_expert_one(tmp_path, shard):
+    """save_pretrained(save_original_format=False) writes transformers 5's fused experts
+    (mlp.experts.gate_up_proj [E, 2I, H]); transformers loads that folder, and so do we."""
+    model = save_tiny(tmp_path / "per_expert", moe=True, num_hidden_layers=3, mlp_only_layers=[1])
+    kwargs = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(tmp_path / "fused", save_original_format=False, **kwargs)
+    assert "model.layers.0.mlp.experts.gate_up_proj" in on_disk(tmp_path / "fused")
+    shape, fused = load_folder(tmp_path / "fused", "cpu", "float32")
+    _, per_expert = load_folder(tmp_path / "per_expert", "cpu", "float32")
+    assert set(fused) == set(per_expert) == set(expected_tensors(shape))
+    assert all(torch.equal(fused[n], per_expert[n]) for n in fused)
+
+
+def test_fused_expert_folder_with_a_misshaped_tensor_names_it(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    save_tiny(tmp_path, moe=True).save_pretrained(tmp_path, save_original_format=False)
+    tensors = load_file(tmp_path / "model.safetensors")
+    name = "model.layers.1.mlp.experts.down_proj"
+    tensors[name] = tensors[name][:, :, :-1].contiguous()
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(TensorShapeError, match=rf"'{name}' .* has shape \[4, 32, 15\], "
+                       r"expected \[4, 32, 16\]"):
+        load_folder(tmp_path, "cpu")
 
 
 @pytest.mark.parametrize("disk", [torch.bfloat16, torch.float16, torch.float32])

@@ -13,7 +13,15 @@ from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3Moe
 from kestrel_rt.awq import AwqCheckpointError, is_awq_folder, load_awq_folder, write_awq_folder
 from kestrel_rt.backend import TorchBackend
 from kestrel_rt.model import Qwen3Model
-from kestrel_rt.quant_weights import Int4Weight, Int8Weight, quantize_weights
+from kestrel_rt.packing import pack_weights
+from kestrel_rt.quant_weights import (
+    Int4Weight,
+    Int8Weight,
+    is_fused_experts,
+    is_projection,
+    quantize_weights,
+)
+from kestrel_rt.weights import split_fused_experts
 
 # Shapes large enough for int4's group of 128 along every projection's input.
 DENSE = {"vocab_size": 96, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -51,8 +59,12 @@ def test_quantized_tiny_model_logits_error_is_bounded(mode, moe, capsys):
     tokens = torch.randint(0, shape.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
     ref = _logits(shape, tm.weights_of(hf), tokens)
     weights = quantize_weights(tm.weights_of(hf), mode)
-    kinds = {type(w) for n, w in weights.items() if n.endswith("proj.weight")}
-    assert kinds <= {Int8Weight, Int4Weight, torch.Tensor} and kinds != {torch.Tensor}
+    # every projection is quantized, MoE experts (fused in memory, as transformers 5 holds
+    # them) included; embeddings, norms, router and lm_head are not
+    kinds = {type(w) for n, w in weights.items() if is_projection(n) or is_fused_experts(n)}
+    assert kinds == {Int8Weight if mode == "int8" else Int4Weight}
+    assert all(isinstance(w, torch.Tensor) for n, w in weights.items()
+               if not (is_projection(n) or is_fused_experts(n)))
     got = _logits(shape, weights, tokens)
     rel = ((got - ref).norm() / ref.norm()).item()
     agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
@@ -103,3 +115,31 @@ def test_awq_folder_errors_name_the_tensor(folders, tmp_path):
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(AwqCheckpointError, match="group_size"):
         load_awq_folder(bad, "cpu")
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_fused_moe_experts_quantize_expert_by_expert(mode):
+    """transformers 5 holds MoE experts fused (mlp.experts.gate_up_proj [E, 2I, H], names
+    without .weight): they quantize too, exactly as the per-expert on-disk form does."""
+    hf = _hf_model(True)
+    shape = tm.shape_of(hf.config)
+    E, m, h = shape.num_experts, shape.moe_intermediate_size, shape.hidden_size
+    kind = {"int8": Int8Weight, "int4": Int4Weight}[mode]
+    fused = quantize_weights(tm.weights_of(hf), mode)
+    for i in range(shape.num_hidden_layers):
+        p = f"model.layers.{i}.mlp.experts"
+        for name, dims in ((f"{p}.gate_up_proj", (E, 2 * m, h)), (f"{p}.down_proj", (E, h, m))):
+            assert isinstance(fused[name], kind) and tuple(fused[name].shape) == dims, name
+    left = [n for n, w in fused.items() if isinstance(w, torch.Tensor)
+            and (is_projection(n) or is_fused_experts(n))]
+    assert left == []
+
+    per_expert = quantize_weights(split_fused_experts(tm.weights_of(hf)), mode)
+    a = pack_weights(shape, dict(fused))
+    b = pack_weights(shape, dict(per_expert))
+    for name in (f"layers.{i}.experts.{w}" for i in range(shape.num_hidden_layers)
+                 for w in ("gate_up", "down")):
+        assert type(a[name]) is type(b[name]) and a[name].shape == b[name].shape
+        assert all(torch.equal(x, y) for x, y in zip(a[name].tensors(), b[name].tensors()))
+    tokens = torch.randint(0, shape.vocab_size, (2, 7), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(_logits(shape, fused, tokens), _logits(shape, per_expert, tokens))
