@@ -43,9 +43,10 @@ def _span_event(span, pid: int, tid: int) -> str:
         args += f',"proposed":{span.proposed}'
         if span.accepted:
             args += f',"accepted":{_ids(span.accepted)},"accepted_total":{sum(span.accepted)}'
+    # ts and end rounded alike, so a span ends exactly where the next one on its track starts
+    ts, end = round(span.start * US, 3), round(span.end * US, 3)
     return (f'{{"name":"{span.kind}","ph":"X","pid":{pid},"tid":{tid},'
-            f'"ts":{span.start * US:.3f},"dur":{(span.end - span.start) * US:.3f},'
-            f'"args":{{{args}}}}}')
+            f'"ts":{ts:.3f},"dur":{end - ts:.3f},"args":{{{args}}}}}')
 
 
 def _async_pair(name: str, rid: int, start: float, end: float, args: dict | None = None):

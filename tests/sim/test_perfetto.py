@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -85,3 +86,13 @@ def test_large_batches_list_a_bounded_number_of_ids():
     assert event["args"]["requests"][:3] == [0, 1, 2]
     assert event["args"]["requests"][-1] == "..."
     assert len(event["args"]["requests"]) == 33
+
+
+def test_back_to_back_spans_do_not_overlap_on_their_track():
+    # times whose microsecond values round in different directions
+    t = [6.57515785951, 6.57920190149, 6.59957601151, 6.60000000049]
+    spans = [Span("verify", "gpu0/target", a, b, [0]) for a, b in itertools.pairwise(t)]
+    events = [e for e in to_chrome_trace(Trace(spans=spans))["traceEvents"] if e["ph"] == "X"]
+    for e, nxt in itertools.pairwise(events):
+        assert e["ts"] + e["dur"] <= nxt["ts"] + 1e-6
+        assert e["dur"] == pytest.approx((nxt["ts"] - e["ts"]), abs=1e-6)
