@@ -67,7 +67,7 @@ class TimeSeries(BaseModel):
 
     time: list[float]  # s, bin centres
     prefill_queue: list[float]  # requests arrived, not yet scheduled for prefill
-    decode_queue: list[float]  # past the first token, not yet decoding (incl. KV transfer)
+    decode_queue: list[float]  # past the first token, not yet decoding
     running: list[float]  # requests decoding (decode start .. finish)
     output_throughput: list[float]  # output tokens/s in the bin
     request_throughput: list[float]  # completed requests/s in the bin

@@ -4,7 +4,8 @@ Colocated worker: while prompts wait and the batch has room, it alternates one c
 prefill step with one decode/speculative round (so a long prompt stalls decoding by at
 most one step); otherwise it runs rounds; idle, it sleeps until woken.
 Disaggregated: prefill workers only prefill, then send each request's KV over their link
-(FIFO, one transfer at a time) to the shared decode queue; decode workers pull from it
+(FIFO, one transfer at a time) to the shared decode queue; the first token reaches the
+client with the KV, so TTFT includes the transfer; decode workers pull from the queue
 into their batch at round boundaries.
 """
 
@@ -90,6 +91,7 @@ def prefill_worker(st: SimState, cfg: StepConfig, w: Worker):
 
     def transferred(rid: int, ctx: int, rem: int, held: int, _ev) -> None:
         w.kv.used -= held
+        st.emit(np.array([rid], dtype=np.int64), np.ones(1, dtype=np.int64))  # first token
         st.decode_queue.append((rid, ctx, rem))
         st.ready_at[rid] = env.now
         wake_one(st.decode_workers)

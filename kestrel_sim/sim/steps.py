@@ -72,7 +72,8 @@ def admit_prefill(st: SimState, cfg: StepConfig, w: Worker) -> None:
 
 def prefill_step(st: SimState, cfg: StepConfig, w: Worker, on_prefilled):
     """One chunked prefill step over `w.prefilling`; completed jobs emit their first
-    token and go to `on_prefilled(rid, ctx, rem, kv_charge)` (or finish)."""
+    token (a disaggregated prefill worker's on arrival of the KV at the decode side) and go
+    to `on_prefilled(rid, ctx, rem, kv_charge)` (or finish)."""
     env = st.env
     now = env.now
     budget = cfg.max_tokens
@@ -107,8 +108,11 @@ def prefill_step(st: SimState, cfg: StepConfig, w: Worker, on_prefilled):
     if not completed:
         return
     w.prefilling = [j for j in w.prefilling if j.done < j.need]
-    st.emit(np.array([j.rid for j in completed], dtype=np.int64),
-            np.ones(len(completed), dtype=np.int64))
+    # a disaggregated prefill worker's first token reaches the client with the KV, from the
+    # decode side (as vLLM, SGLang and Dynamo stream it): on_prefilled emits it on arrival
+    now_ids = [j.rid for j in completed if w.role != "prefill" or j.rem == 1]
+    if now_ids:
+        st.emit(np.array(now_ids, dtype=np.int64), np.ones(len(now_ids), dtype=np.int64))
     finished = []
     for job in completed:
         rem = job.rem - 1

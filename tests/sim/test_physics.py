@@ -89,9 +89,9 @@ def test_disaggregated_requests_pay_their_kv_transfer():
     for r_fast, r_slow in zip(fast.requests, slow.requests):
         extra.append(moved[r_slow.id] - moved_fast[r_fast.id])
         assert extra[-1] > 0.03  # 67 to 270 MB of KV at 2 GB/s
-        assert r_slow.emit_times[0] == pytest.approx(r_fast.emit_times[0])  # TTFT: prefill only
-        if r_slow.output_tokens > 1:  # the second token waits for the KV
-            assert r_slow.decode_start - r_slow.emit_times[0] >= moved[r_slow.id]
+        if r_slow.output_tokens > 1:  # the first token reaches the client with the KV
+            ttft = [r.emit_times[0] - r.arrival for r in (r_fast, r_slow)]
+            assert ttft[1] - ttft[0] >= extra[-1] - 1e-9  # (more where it queued for the link)
     e2el = [compute_metrics(t).mean_e2el_ms * 1e-3 for t in (fast, slow)]
     assert e2el[1] - e2el[0] >= 0.9 * np.mean(extra)
 
