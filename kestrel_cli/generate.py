@@ -106,19 +106,32 @@ def parse_prompt_ids(text: str) -> list[int]:
     return ids
 
 
+def _json_key(path: Path, key: str) -> Any:
+    """path's top-level `key`, or None when the file is absent or not a JSON object."""
+    try:
+        return json.loads(path.read_text()).get(key)
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+
+
 def eos_ids(folder: Path | None, tokenizer: Any | None) -> list[int]:
-    """End-of-sequence ids from generation_config.json, else the tokenizer's; [] if none."""
-    found: Any = None
-    if folder is not None and (folder / "generation_config.json").is_file():
-        try:
-            found = json.loads((folder / "generation_config.json").read_text()).get("eos_token_id")
-        except (json.JSONDecodeError, AttributeError):
-            found = None
+    """End-of-sequence ids as transformers' generate finds them: generation_config.json's
+    eos_token_id, else config.json's, else the tokenizer's; [] if none."""
+    sources = [] if folder is None else [folder / "generation_config.json", folder / "config.json"]
+    found, where = None, None
+    for path in sources:
+        found, where = _json_key(path, "eos_token_id"), path
+        if found is not None:
+            break
     if found is None and tokenizer is not None:
-        found = tokenizer.eos_token_id
+        found, where = tokenizer.eos_token_id, "the tokenizer"
     if found is None:
         return []
-    return [found] if isinstance(found, int) else [int(i) for i in found]
+    ids = found if isinstance(found, list) else [found]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise KestrelError(f"eos_token_id in {where} is {found!r}: expected a token id or a "
+                           "list of token ids (or pass --ignore-eos)")
+    return ids
 
 
 def check_prompt(ids: list[int], max_new_tokens: int, shape: Any) -> None:
@@ -173,6 +186,7 @@ def generate(
     import torch
 
     from kestrel_rt.backend import TorchBackend
+    from kestrel_rt.engine import check_sampling
     from kestrel_rt.engine import generate as run_generate
     from kestrel_rt.loading import (
         default_dtype,
@@ -184,10 +198,9 @@ def generate(
     )
     from kestrel_rt.model import Qwen3Model
     from kestrel_rt.quant_weights import quantize_weights
-    from kestrel_rt.weights import parse_device, parse_dtype
+    from kestrel_rt.weights import check_fits, free_bytes, parse_device, parse_dtype
 
-    if top_p <= 0:
-        raise PromptError(f"--top-p is {top_p}: expected a value in (0, 1]")
+    check_sampling(temperature, top_p, seed)
     if (prompt is None) == (prompt_ids is None):
         raise PromptError(
             "give exactly one of --prompt TEXT or --prompt-ids 1,2,3 "
@@ -213,6 +226,9 @@ def generate(
         if not ids:
             raise PromptError(f"--prompt '{prompt}' encodes to no tokens")
     check_prompt(ids, max_new_tokens, shape)
+    eos = None if ignore_eos else eos_ids(folder, tokenizer)
+    if not awq:
+        check_fits(shape, dt, dev, free_bytes(dev))
 
     t0 = time.perf_counter()
     if folder is not None:
@@ -234,7 +250,7 @@ def generate(
 
     result = run_generate(
         runner, [ids], max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-        eos_token_id=None if ignore_eos else eos_ids(folder, tokenizer),
+        eos_token_id=eos,
     )
     new_ids = result.token_ids[0]
     text = tokenizer.decode(new_ids, skip_special_tokens=True) if tokenizer else None

@@ -8,6 +8,7 @@ what it is batched with.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ import torch
 from kestrel_rt.model import Qwen3Model
 from kestrel_rt.sampling import choose
 from kestrel_sim.errors import KestrelError
+
+SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
 
 
 class PromptTooLongError(KestrelError):
@@ -53,6 +56,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def check_sampling(temperature: float, top_p: float, seed: int | None) -> None:
+    """Sampling settings a user can get wrong, refused with what is expected."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise KestrelError(f"temperature is {temperature}: expected a finite number >= 0 "
+                           "(0 is greedy)")
+    if not 0 < top_p <= 1:
+        raise KestrelError(f"top_p is {top_p}: expected a value in (0, 1]")
+    if seed is not None and not (isinstance(seed, int) and 0 <= seed < SEED_RANGE):
+        raise KestrelError(f"seed {seed} is not usable: expected an integer in "
+                           f"0..{SEED_RANGE - 1} (torch's generator seeds)")
+
+
 def _check(model: Qwen3Model, prompts: list[list[int]], max_new_tokens: int) -> None:
     if max_new_tokens < 0:
         raise KestrelError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -83,11 +98,14 @@ def generate(
 ) -> GenerateResult:
     """Generate up to max_new_tokens for every prompt (token ids); greedy at temperature 0.
 
-    Request i samples with a CPU torch.Generator seeded `seed + i` (random when seed is
-    None). At most `max_batch` sequences run at once (default: all). The generated ids
-    include the end-of-sequence token when one stops a sequence.
+    Request i samples with a CPU torch.Generator seeded `(seed + i) mod 2**64` (random
+    when seed is None). At most `max_batch` sequences run at once (default: all). The
+    generated ids include the end-of-sequence token when one stops a sequence. A sequence
+    also stops when it fills the context: prompt plus generated tokens never exceed
+    max_position_embeddings.
     """
     _check(model, prompts, max_new_tokens)
+    check_sampling(temperature, top_p, seed)
     out: list[list[int]] = [[] for _ in prompts]
     if max_new_tokens == 0 or not prompts:
         return GenerateResult(out, sum(map(len, prompts)), 0.0, 0.0, 0)
@@ -96,7 +114,7 @@ def generate(
     gens = []
     for i in range(len(prompts)):
         g = torch.Generator()
-        g.manual_seed(seed + i) if seed is not None else g.seed()
+        g.manual_seed((seed + i) % SEED_RANGE) if seed is not None else g.seed()
         gens.append(g)
     max_len = min(max(map(len, prompts)) + max_new_tokens, model.shape.max_position_embeddings)
     kv = model.allocate_kv(min(len(prompts), max_batch or len(prompts)), max_len)
@@ -115,7 +133,8 @@ def generate(
     def record(reqs: list[int], slots: list[int], tokens: list[int]) -> None:
         for r, s, t in zip(reqs, slots, tokens):
             out[r].append(t)
-            if len(out[r]) >= max_new_tokens or t in eos or kv.length(s) >= max_len:
+            # the cache holds every token but t: prompt + generated = length + 1 <= max_len
+            if len(out[r]) >= max_new_tokens or t in eos or kv.length(s) + 1 >= max_len:
                 del running[s]
                 kv.free(s)
 

@@ -236,3 +236,53 @@ def test_cuda_default_backend_is_cupy_when_installed(folders):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert (report["backend"], report["graphs"], report["dtype"]) == ("cupy", False, "float32")
+
+
+def test_eos_from_config_json_stops_as_transformers_does(folders, tmp_path):
+    """Without generation_config.json, transformers' generate stops at config.json's
+    eos_token_id; so does kestrel generate."""
+    folder = tmp_path / "eos"
+    shutil.copytree(folders["tied"], folder)
+    (folder / "generation_config.json").unlink()
+    free = reference_greedy(folder, PROMPT, 8)
+    config = json.loads((folder / "config.json").read_text())
+    config["eos_token_id"] = free[3]
+    (folder / "config.json").write_text(json.dumps(config))
+    model = tiny_models.reference(folder)
+    ids = torch.tensor([PROMPT])
+    theirs = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                            max_new_tokens=8)[0, len(PROMPT):].tolist()
+    assert theirs == free[: free.index(free[3]) + 1]
+    args = ("--model", str(folder), "--prompt-ids", ",".join(map(str, PROMPT)),
+            "--max-new-tokens", "8", "--json", "--device", "cpu")
+    assert json.loads(invoke(*args).stdout)["token_ids"] == theirs
+    assert json.loads(invoke(*args, "--ignore-eos").stdout)["token_ids"] == free
+    (folder / "generation_config.json").write_text('{"eos_token_id": "</s>"}')
+    message = error_of(invoke(*args))
+    assert "generation_config.json" in message and "'</s>'" in message
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("--seed", str(2**70), "seed 1180591620717411303424"),
+    ("--seed", "-1", "seed -1"),
+    ("--temperature", "inf", "temperature is inf"),
+    ("--top-p", "0", "top_p is 0.0"),
+])
+def test_bad_sampling_options_are_user_errors(folders, option, value, words):
+    message = error_of(invoke("--model", str(folders["tied"]), "--prompt-ids", "1,2",
+                              "--max-new-tokens", "2", "--temperature", "1", f"{option}={value}"))
+    assert words in message
+
+
+def test_a_model_larger_than_free_memory_is_refused_before_loading(folders, monkeypatch):
+    import kestrel_rt.weights as weights_mod
+
+    monkeypatch.setattr(weights_mod, "free_bytes", lambda device: 10_000)
+    monkeypatch.setattr(weights_mod, "dummy_weights", None)  # a load would fail loudly
+    message = error_of(invoke("--model", "qwen3-32b", "--prompt-ids", "1,2",
+                              "--max-new-tokens", "2", "--device", "cpu"))
+    assert "'qwen3-32b' needs 131.0 GB" in message and "float32" in message
+    assert "cpu has 0.01 MB free" in message
+    message = error_of(invoke("--model", str(folders["tied"]), "--prompt-ids", "1,2",
+                              "--max-new-tokens", "2", "--device", "cpu"))
+    assert "needs 0.10 MB" in message and folders["tied"].name in message

@@ -10,6 +10,7 @@ from kestrel_rt.backend import TorchBackend
 from kestrel_rt.engine import PromptTooLongError, generate
 from kestrel_rt.model import Qwen3Model
 from kestrel_rt.sampling import probabilities, sample_from
+from kestrel_sim.errors import KestrelError
 
 NEW = 20
 
@@ -113,3 +114,39 @@ def test_bad_prompts_are_user_errors(tmp_path):
     with pytest.raises(PromptTooLongError, match=f"context of {ctx}"):
         generate(model, [[1] * ctx], max_new_tokens=1)
     assert generate(model, [[1, 2]], max_new_tokens=0).token_ids == [[]]
+
+
+def test_generation_stops_when_the_context_is_full(tmp_path):
+    """Prompt plus generated tokens never exceed max_position_embeddings (as transformers'
+    max_length and vLLM's max_model_len count them); other sequences run on."""
+    folder = tm.build("tied", tmp_path / "m")
+    ref, model = tm.reference(folder), _model(folder)
+    ctx = model.shape.max_position_embeddings
+    long, last, short = _prompts(model.shape.vocab_size, [ctx - 5, ctx - 1, 3])
+    result = generate(model, [long, last, short], max_new_tokens=NEW)
+    assert [len(t) for t in result.token_ids] == [5, 1, NEW]
+    assert result.token_ids[0] == _hf_greedy(ref, long, 5)
+    assert result.token_ids[2] == _hf_greedy(ref, short, NEW)
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"temperature": -0.5}, "temperature is -0.5"),
+    ({"temperature": float("nan")}, "temperature is nan"),
+    ({"temperature": float("inf")}, "temperature is inf"),
+    ({"temperature": 1.0, "top_p": 0.0}, "top_p is 0.0"),
+    ({"temperature": 1.0, "top_p": 1.5}, "top_p is 1.5"),
+    ({"temperature": 1.0, "seed": -1}, "seed -1"),
+    ({"temperature": 1.0, "seed": 2**64}, "seed 18446744073709551616"),
+])
+def test_bad_sampling_settings_are_user_errors(tmp_path, kw, words):
+    model = _model(tm.build("tied", tmp_path / "m"))
+    with pytest.raises(KestrelError, match=words):
+        generate(model, [[1, 2]], max_new_tokens=2, **kw)
+
+
+def test_the_largest_seed_wraps_for_the_next_request(tmp_path):
+    model = _model(tm.build("moe", tmp_path / "m"))
+    prompts = _prompts(model.shape.vocab_size, [3, 4])
+    kw = {"max_new_tokens": 6, "temperature": 1.0}
+    both = generate(model, prompts, seed=2**64 - 1, **kw).token_ids
+    assert both[1] == generate(model, [prompts[1]], seed=0, **kw).token_ids[0]

@@ -246,3 +246,17 @@ def test_folder_loads_onto_the_gpu(tmp_path, shard):
     name = "model.layers.1.self_attn.o_proj.weight"
     assert all(t.is_cuda and t.dtype == torch.float32 for t in weights.values())
     assert torch.equal(weights[name].cpu(), model.state_dict()[name].float())
+
+
+def test_free_memory_is_read_and_a_preset_too_large_for_it_is_refused():
+    from kestrel_rt.weights import check_fits, free_bytes
+    from kestrel_sim.errors import KestrelError
+
+    cpu = torch.device("cpu")
+    assert free_bytes(cpu) > 0
+    shape = PRESETS["qwen3-8b"]
+    check_fits(shape, "bfloat16", cpu, free=17_000_000_000)  # 16.4 GB fits
+    with pytest.raises(KestrelError, match=r"'qwen3-8b' needs 16.4 GB .* bfloat16, but cpu has "
+                       r"16.0 GB free"):
+        check_fits(shape, "bfloat16", cpu, free=16_000_000_000)
+    check_fits(shape, "float32", cpu, free=None)  # unknown: no refusal
