@@ -17,6 +17,7 @@ from kestrel_sim.models import ModelShape
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 CHECKPOINT_DTYPES = ("bfloat16", "float16", "float32")
+MODEL_TYPES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 class UnsupportedArchitectureError(KestrelError):
@@ -42,12 +43,17 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def architecture_of(config: dict[str, Any], where: Path) -> str:
-    """The single supported architecture named by `architectures`, else an error."""
+    """The supported architecture named by `architectures`, else an error. A config without
+    `architectures` (a bare Qwen3Config().save_pretrained) is read by its `model_type`, as
+    transformers' AutoModelForCausalLM reads it."""
     archs = config.get("architectures")
+    if archs is None and config.get("model_type") in MODEL_TYPES:
+        return MODEL_TYPES[config["model_type"]]
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
         raise UnsupportedArchitectureError(
-            f"{where}: key 'architectures' is {archs!r}, expected a list naming one of "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"{where}: key 'architectures' is {archs!r} and 'model_type' is "
+            f"{config.get('model_type')!r}; expected architectures naming one of "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} (or model_type {' or '.join(MODEL_TYPES)})"
         )
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:

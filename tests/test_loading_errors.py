@@ -228,3 +228,14 @@ def test_unsupported_dtype(folder, dtype):
 def test_cuda_without_cuda(folder):
     with pytest.raises(KestrelError, match="no CUDA device"):
         load_model(folder, "cuda")
+
+
+def test_config_without_architectures_is_read_by_model_type(folder):
+    """transformers' Auto classes go by model_type; a config without architectures loads."""
+    edit_config(folder, architectures=None)
+    shape, _, _ = load_model(folder)
+    assert shape.architecture == "Qwen3ForCausalLM"
+    edit_config(folder, model_type="llama")
+    with pytest.raises(UnsupportedArchitectureError) as err:
+        load_model(folder)
+    assert "'model_type' is 'llama'" in one_paragraph(err.value) and "config.json" in str(err.value)
