@@ -8,6 +8,7 @@ import torch
 
 from kestrel_rt.backend import TorchBackend
 from kestrel_rt.engine import PromptTooLongError, generate
+from kestrel_rt.loading import load_folder
 from kestrel_rt.model import Qwen3Model
 from kestrel_rt.sampling import probabilities, sample_from
 from kestrel_sim.errors import KestrelError
@@ -21,7 +22,7 @@ def folder(request, tmp_path_factory):
 
 
 def _model(folder) -> Qwen3Model:
-    shape, weights = tm.read(folder)
+    shape, weights = load_folder(folder, "cpu", "float32")
     return Qwen3Model(shape, weights, TorchBackend("cpu", torch.float32))
 
 

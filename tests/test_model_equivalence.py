@@ -7,6 +7,7 @@ import tiny_models as tm
 import torch
 
 from kestrel_rt.backend import TorchBackend
+from kestrel_rt.loading import load_folder
 from kestrel_rt.model import Qwen3Model
 
 TOL = 1e-4
@@ -20,13 +21,17 @@ def checkpoint(request, tmp_path_factory):
 
 
 def _ours(folder) -> Qwen3Model:
-    shape, weights = tm.read(folder)
+    """The folder through the runtime's own loader (config.json + safetensors)."""
+    shape, weights = load_folder(folder, "cpu", "float32")
     return Qwen3Model(shape, weights, TorchBackend("cpu", torch.float32))
 
 
 def test_checkpoint_has_the_configured_features(checkpoint):
     name, folder = checkpoint
-    shape, weights = tm.read(folder)
+    shape, weights = tm.read(folder)  # the files as they are, and transformers' config
+    loaded_shape, loaded = load_folder(folder, "cpu", "float32")
+    assert loaded_shape == shape.model_copy(update={"name": folder.name})
+    assert set(loaded) == set(weights) - ({"lm_head.weight"} if shape.tie_word_embeddings else set())
     assert ("lm_head.weight" in weights) != shape.tie_word_embeddings
     if name == "sharded":
         assert (folder / "model.safetensors.index.json").exists()

@@ -2,8 +2,8 @@
 
 `build(name, folder)` writes a checkpoint (config.json + safetensors, sharded with an index
 for "sharded"); `read(folder)` returns (ModelShape, HF-named weights) by reading the files
-directly, a stand-in until the runtime's loader lands; `reference(folder)` loads the same
-folder with transformers. Weights are scaled up from transformers' tiny init (std 0.02) and
+directly and the config through transformers (independent of the runtime's loader, which
+the equivalence tests use); `reference(folder)` loads the same folder with transformers. Weights are scaled up from transformers' tiny init (std 0.02) and
 norm weights randomised, so logits are far from ties and every op matters.
 """
 
