@@ -87,8 +87,8 @@ def metrics_table(metrics: Metrics, title: str) -> Table:
         ("output throughput (tok/s)", f"{m.output_throughput:.1f}"),
         ("total token throughput (tok/s)", f"{m.total_token_throughput:.1f}"),
     ]
-    if m.goodput is not None:
-        rows.append(("goodput (req/s within SLO)", f"{m.goodput:.3f}"))
+    if m.request_goodput is not None:
+        rows.append(("goodput (req/s within SLO)", f"{m.request_goodput:.3f}"))
     for name, value in rows:
         table.add_row(name, value, "", "")
     for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E latency", "e2el")):

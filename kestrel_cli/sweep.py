@@ -87,7 +87,7 @@ def sweep_csv(rows: list[dict], axes: list[str]) -> str:
 
 
 SUMMARY = {"output_throughput": "out tok/s", "request_throughput": "req/s",
-           "goodput": "goodput", "mean_ttft_ms": "TTFT ms", "p99_ttft_ms": "p99 TTFT",
+           "request_goodput": "goodput", "mean_ttft_ms": "TTFT ms", "p99_ttft_ms": "p99 TTFT",
            "mean_tpot_ms": "TPOT ms", "mean_acceptance_length": "tok/round"}
 
 

@@ -7,7 +7,7 @@ Names and definitions follow vLLM's serving benchmark (`benchmark_serving`):
   tokens under speculative decoding), pooled over all requests.
 - E2EL: finish minus arrival.
 - duration: last finish minus first arrival; throughputs divide by it.
-- goodput: completed requests per second meeting every SLO given (TTFT, TPOT, E2EL), as
+- request_goodput: completed requests per second meeting every SLO given (TTFT, TPOT, E2EL), as
   vLLM's --goodput; a request with one output token has TPOT 0.
 Speculative decoding metrics come from `verify` spans: each (request, round) pair proposes
 `proposed` draft tokens and accepts `accepted[i]` of them, then gains one bonus/correction
@@ -39,7 +39,7 @@ class Metrics(BaseModel):
     request_throughput: float  # requests/s
     output_throughput: float  # output tokens/s
     total_token_throughput: float  # (input + output) tokens/s
-    goodput: float | None  # requests/s meeting the SLO; None without an SLO
+    request_goodput: float | None  # requests/s meeting the SLO; None without an SLO
     mean_ttft_ms: float
     median_ttft_ms: float
     p99_ttft_ms: float
@@ -235,7 +235,7 @@ def compute_metrics(trace: Trace, slo=None) -> Metrics:
         request_throughput=per_s(len(done)),
         output_throughput=per_s(n_out),
         total_token_throughput=per_s(n_in + n_out),
-        goodput=goodput,
+        request_goodput=goodput,
         mean_ttft_ms=ttft[0], median_ttft_ms=ttft[1], p99_ttft_ms=ttft[2],
         mean_tpot_ms=tpot[0], median_tpot_ms=tpot[1], p99_tpot_ms=tpot[2],
         mean_itl_ms=itl[0], median_itl_ms=itl[1], p99_itl_ms=itl[2],

@@ -137,7 +137,7 @@ def stage_time_figure(trace: Trace) -> go.Figure | None:
 # ---------------------------------------------------------------- sweeps
 
 SWEEP_METRICS = [
-    "output_throughput", "request_throughput", "goodput", "mean_ttft_ms", "p99_ttft_ms",
+    "output_throughput", "request_throughput", "request_goodput", "mean_ttft_ms", "p99_ttft_ms",
     "mean_tpot_ms", "p99_tpot_ms", "mean_e2el_ms", "mean_acceptance_length",
 ]
 

@@ -94,11 +94,11 @@ def sweep_report(name: str, rows: list[dict], axes: list[str]) -> str:
     """sweep.html: curves against the first axis, heatmaps when there are exactly two axes."""
     sections: list[tuple[str, object]] = [("Curves", figures.sweep_curves_figure(rows, axes))]
     if len(axes) == 2:
-        for metric in ("output_throughput", "goodput", "p99_ttft_ms", "mean_tpot_ms"):
+        for metric in ("output_throughput", "request_goodput", "p99_ttft_ms", "mean_tpot_ms"):
             if any(r["metrics"].get(metric) is not None for r in rows):
                 sections.append((metric, figures.sweep_heatmap_figure(rows, *axes, metric)))
     header = ["#", *axes, "output_throughput", "request_throughput", "mean_ttft_ms",
-              "mean_tpot_ms", "goodput"]
+              "mean_tpot_ms", "request_goodput"]
     body = "".join(
         "<tr>" + f"<td>{i}</td>"
         + "".join(f"<td class='num'>{html.escape(_fmt(r['params'][a]))}</td>" for a in axes)

@@ -45,7 +45,7 @@ def test_latency_metrics_match_hand_computation():
     assert m.mean_itl_ms == pytest.approx(500.0 / 3)
     assert m.median_itl_ms == pytest.approx(200.0)
     assert m.p99_itl_ms == pytest.approx(np.percentile([100.0, 200.0, 200.0], 99))
-    assert m.goodput is None
+    assert m.request_goodput is None
 
 
 def test_itl_excludes_gaps_between_requests():
@@ -55,11 +55,11 @@ def test_itl_excludes_gaps_between_requests():
 
 def test_goodput_counts_requests_meeting_every_slo():
     trace = _two_requests()
-    assert compute_metrics(trace, {"ttft_ms": 150}).goodput == pytest.approx(1 / 1.5)
-    assert compute_metrics(trace, {"ttft_ms": 500, "tpot_ms": 90}).goodput == pytest.approx(
+    assert compute_metrics(trace, {"ttft_ms": 150}).request_goodput == pytest.approx(1 / 1.5)
+    assert compute_metrics(trace, {"ttft_ms": 500, "tpot_ms": 90}).request_goodput == pytest.approx(
         1 / 1.5
     )
-    assert compute_metrics(trace, {"ttft_ms": 500, "tpot_ms": 150}).goodput == pytest.approx(
+    assert compute_metrics(trace, {"ttft_ms": 500, "tpot_ms": 150}).request_goodput == pytest.approx(
         2 / 1.5
     )
 
@@ -67,9 +67,9 @@ def test_goodput_counts_requests_meeting_every_slo():
 def test_goodput_honours_an_e2el_slo():
     # e2el: request 0 400 ms, request 1 500 ms (vLLM's --goodput e2el:MS)
     trace = _two_requests()
-    assert compute_metrics(trace, {"e2el_ms": 450}).goodput == pytest.approx(1 / 1.5)
-    assert compute_metrics(trace, {"e2el_ms": 500}).goodput == pytest.approx(2 / 1.5)
-    assert compute_metrics(trace, {"ttft_ms": 500, "e2el_ms": 300}).goodput == 0.0
+    assert compute_metrics(trace, {"e2el_ms": 450}).request_goodput == pytest.approx(1 / 1.5)
+    assert compute_metrics(trace, {"e2el_ms": 500}).request_goodput == pytest.approx(2 / 1.5)
+    assert compute_metrics(trace, {"ttft_ms": 500, "e2el_ms": 300}).request_goodput == 0.0
 
 
 def test_acceptance_metrics_from_verify_spans():
@@ -159,3 +159,15 @@ def test_benchmark_metrics_20k_requests(benchmark):
     trace = _many_requests(20_000, 100)
     m = benchmark(compute_metrics, trace, {"ttft_ms": 200, "tpot_ms": 50})
     assert m.completed == 20_000
+
+
+def test_result_names_are_vllms():
+    """benchmark_serving's result keys, so a vLLM result and ours line up column by column."""
+    from kestrel_sim.metrics import Metrics
+
+    vllm = {"completed", "duration", "total_input_tokens", "total_output_tokens",
+            "request_throughput", "request_goodput", "output_throughput",
+            "total_token_throughput"}
+    vllm |= {f"{stat}_{name}_ms" for stat in ("mean", "median", "p99")
+             for name in ("ttft", "tpot", "itl", "e2el")}
+    assert vllm <= set(Metrics.model_fields)

@@ -99,7 +99,7 @@ def _sweep_rows() -> list[dict]:
         for rate in (1.0, 2.0):
             rows.append({"params": {"spec.k": k, "workload.arrivals.rate": rate},
                          "metrics": {"output_throughput": 100.0 * k * rate,
-                                     "mean_ttft_ms": 10.0 * rate, "goodput": None}})
+                                     "mean_ttft_ms": 10.0 * rate, "request_goodput": None}})
     return rows
 
 
@@ -120,8 +120,8 @@ def test_sweep_heatmap_places_values():
 
 def test_sweep_report_has_heatmaps_for_two_axes():
     text = sweep_report("s", _sweep_rows(), ["spec.k", "workload.arrivals.rate"])
-    # heatmaps for the metrics the rows carry (goodput is None here)
-    assert "<h2>output_throughput</h2>" in text and "<h2>goodput</h2>" not in text
+    # heatmaps for the metrics the rows carry (request_goodput is None here)
+    assert "<h2>output_throughput</h2>" in text and "<h2>request_goodput</h2>" not in text
     one_axis = [r for r in _sweep_rows() if r["params"]["workload.arrivals.rate"] == 1.0]
     for r in one_axis:
         del r["params"]["workload.arrivals.rate"]
