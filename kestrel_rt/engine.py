@@ -106,6 +106,8 @@ def generate(
     """
     _check(model, prompts, max_new_tokens)
     check_sampling(temperature, top_p, seed)
+    if max_batch is not None and max_batch < 1:
+        raise KestrelError(f"max_batch is {max_batch}: expected at least 1 sequence at once")
     out: list[list[int]] = [[] for _ in prompts]
     if max_new_tokens == 0 or not prompts:
         return GenerateResult(out, sum(map(len, prompts)), 0.0, 0.0, 0)

@@ -138,6 +138,7 @@ def test_generation_stops_when_the_context_is_full(tmp_path):
     ({"temperature": 1.0, "top_p": 1.5}, "top_p is 1.5"),
     ({"temperature": 1.0, "seed": -1}, "seed -1"),
     ({"temperature": 1.0, "seed": 2**64}, "seed 18446744073709551616"),
+    ({"max_batch": 0}, "max_batch is 0"),
 ])
 def test_bad_sampling_settings_are_user_errors(tmp_path, kw, words):
     model = _model(tm.build("tied", tmp_path / "m"))
