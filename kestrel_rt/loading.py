@@ -242,9 +242,12 @@ def load_tokenizer(folder: Path) -> Any | None:
 
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except Exception as err:  # noqa: BLE001 (tokenizers raises bare Exception on bad JSON)
+        reason = " ".join(str(err).split()) or type(err).__name__  # one paragraph
         raise CheckpointError(
-            f"the tokenizer files in {folder} could not be loaded: {err}"
+            f"the tokenizer files in {folder} could not be loaded ({reason}); expected "
+            "tokenizer.json / tokenizer_config.json as transformers saves them, or remove "
+            "them and pass --prompt-ids"
         ) from None
 
 

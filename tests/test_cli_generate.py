@@ -286,3 +286,20 @@ def test_a_model_larger_than_free_memory_is_refused_before_loading(folders, monk
     message = error_of(invoke("--model", str(folders["tied"]), "--prompt-ids", "1,2",
                               "--max-new-tokens", "2", "--device", "cpu"))
     assert "needs 0.10 MB" in message and folders["tied"].name in message
+
+
+@pytest.mark.parametrize("files", [
+    {"tokenizer.json": "garbage{"},
+    {"tokenizer.json": json.dumps({"version": "1.0", "added_tokens": [], "normalizer": None,
+                                   "pre_tokenizer": None, "post_processor": None,
+                                   "decoder": None, "model": {"type": "Nope"}})},
+    {"tokenizer_config.json": '{"tokenizer_class": "NoSuchTokenizer"}'},
+])
+def test_broken_tokenizer_files_are_a_one_paragraph_error(folders, tmp_path, files):
+    folder = tmp_path / "badtok"
+    shutil.copytree(folders["tied"], folder)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    message = error_of(invoke("--model", str(folder), "--prompt-ids", "1,2",
+                              "--max-new-tokens", "2"))
+    assert "tokenizer files in" in message and str(folder) in message
