@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from kestrel_rt.config import checkpoint_dtype, read_config, shape_from_hf_config
 from kestrel_rt.weights import (
-    FUSED_GATE_UP,
     expected_tensors,
+    has_fused_experts,
     load_dummy,
     parse_device,
     parse_dtype,
@@ -122,11 +122,6 @@ def _headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], str]]:
                 "corrupt: expected an 8-byte header length, a JSON header and all tensor bytes"
             ) from None
     return found
-
-
-def has_fused_experts(found: dict) -> bool:
-    """True when the MoE experts are stored fused (transformers 5's in-memory form)."""
-    return any(name.endswith(FUSED_GATE_UP) for name in found)
 
 
 def check_tensors(

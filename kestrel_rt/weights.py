@@ -109,6 +109,11 @@ FUSED_GATE_UP = ".mlp.experts.gate_up_proj"  # [E, 2I, H]: gate rows then up row
 FUSED_DOWN = ".mlp.experts.down_proj"  # [E, H, I]
 
 
+def has_fused_experts(names) -> bool:
+    """True when MoE experts among `names` are fused (transformers 5's in-memory form)."""
+    return any(name.endswith(FUSED_GATE_UP) for name in names)
+
+
 def split_fused_experts(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Replace, in place, fused MoE experts (transformers 5's form) by per-expert entries.
 
