@@ -152,3 +152,31 @@ def test_the_largest_seed_wraps_for_the_next_request(tmp_path):
     kw = {"max_new_tokens": 6, "temperature": 1.0}
     both = generate(model, prompts, seed=2**64 - 1, **kw).token_ids
     assert both[1] == generate(model, [prompts[1]], seed=0, **kw).token_ids[0]
+
+
+# Half-precision checkpoints run in their own dtype (config.json's), as transformers runs them.
+# One sequence's logits measured bitwise equal to transformers' on the CPU (torch 2.13,
+# transformers 5.24); the bounds leave room for another summation order (a few bf16 / fp16
+# steps at |logit| ~2). In half precision a batch's rounding depends on its composition (as in
+# any engine), so each prompt runs alone here; fp32 batches are exact (test_batching.py).
+HALF_TOL = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", ["untied", "moe_norm"])
+def test_half_precision_checkpoints_match_transformers_in_their_dtype(tmp_path, name, dtype):
+    tm.in_memory(name).to(dtype).save_pretrained(tmp_path, max_shard_size="20KB")
+    shape, weights = load_folder(tmp_path, "cpu")  # the dtype config.json declares
+    assert {w.dtype for w in weights.values()} == {dtype}
+    model = Qwen3Model(shape, weights, TorchBackend("cpu", dtype))
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=dtype).eval()  # fp32 RoPE buffers
+    prompts = _prompts(shape.vocab_size, [9, 4])
+    model.allocate_kv(1, 16)
+    ours = model.forward(torch.tensor([prompts[0]]), [model.kv.allocate()])[0]  # [9, V]
+    with torch.no_grad():
+        theirs = ref(torch.tensor([prompts[0]])).logits.float()[0]  # [9, V]
+    assert (ours - theirs).abs().max().item() <= HALF_TOL[dtype]
+    for p in prompts:
+        assert generate(model, [p], max_new_tokens=NEW).token_ids[0] == _hf_greedy(ref, p, NEW)
