@@ -196,9 +196,10 @@ def generate(
         load_tokenizer,
         resolve,
     )
+    from kestrel_rt.memory import check_fits, free_bytes
     from kestrel_rt.model import Qwen3Model
     from kestrel_rt.quant_weights import quantize_weights
-    from kestrel_rt.weights import check_fits, free_bytes, parse_device, parse_dtype
+    from kestrel_rt.weights import parse_device, parse_dtype
 
     check_sampling(temperature, top_p, seed)
     if (prompt is None) == (prompt_ids is None):
@@ -227,8 +228,9 @@ def generate(
             raise PromptError(f"--prompt '{prompt}' encodes to no tokens")
     check_prompt(ids, max_new_tokens, shape)
     eos = None if ignore_eos else eos_ids(folder, tokenizer)
-    if not awq:
-        check_fits(shape, dt, dev, free_bytes(dev))
+    if not awq:  # the cupy graph runner keeps a scratch slot as large as the sequence's
+        slots = 2 if use == "cupy" and graphs else 1
+        check_fits(shape, dt, dev, free_bytes(dev), slots * (len(ids) + max_new_tokens))
 
     t0 = time.perf_counter()
     if folder is not None:

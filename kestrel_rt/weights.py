@@ -7,7 +7,6 @@ so a checkpoint folder and a dummy load hand the model exactly the same thing.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kestrel_sim.errors import KestrelError
@@ -185,37 +184,3 @@ def weight_bytes(shape: ModelShape, dtype: str | torch.dtype) -> int:
     size = parse_dtype(dtype).itemsize
     return size * sum(math.prod(dims) for dims in expected_tensors(shape).values())
 
-
-def free_bytes(device: torch.device) -> int | None:
-    """Memory free for new tensors on `device`: the GPU's free memory on CUDA, the host's
-    MemAvailable (Linux /proc/meminfo) on the CPU; None where it cannot be told."""
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the file counts KiB
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _size(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
-
-
-def check_fits(
-    shape: ModelShape, dtype: str | torch.dtype, device: torch.device, free: int | None
-) -> None:
-    """Refuse, before a long load, weights that cannot fit in the `free` bytes of `device`
-    (rather than dying in the kernel's out-of-memory killer halfway through)."""
-    need = weight_bytes(shape, dtype)
-    if free is not None and need > free:
-        name = str(parse_dtype(dtype)).removeprefix("torch.")
-        raise KestrelError(
-            f"model '{shape.name}' needs {_size(need)} for its weights in {name}, but "
-            f"{device} has {_size(free)} free; expected a smaller model, a smaller "
-            "--dtype (bfloat16), or a device with more memory"
-        )

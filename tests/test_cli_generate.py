@@ -276,16 +276,17 @@ def test_bad_sampling_options_are_user_errors(folders, option, value, words):
 
 def test_a_model_larger_than_free_memory_is_refused_before_loading(folders, monkeypatch):
     import kestrel_rt.weights as weights_mod
+    from kestrel_rt import memory
 
-    monkeypatch.setattr(weights_mod, "free_bytes", lambda device: 10_000)
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 10_000)
     monkeypatch.setattr(weights_mod, "dummy_weights", None)  # a load would fail loudly
     message = error_of(invoke("--model", "qwen3-32b", "--prompt-ids", "1,2",
                               "--max-new-tokens", "2", "--device", "cpu"))
-    assert "'qwen3-32b' needs 131.0 GB" in message and "float32" in message
-    assert "cpu has 0.01 MB free" in message
+    assert ("'qwen3-32b' needs 131.1 GB in float32 (131.0 GB of weights, 2.10 MB of KV cache "
+            "for 4 tokens), but cpu has 0.01 MB free") in message
     message = error_of(invoke("--model", str(folders["tied"]), "--prompt-ids", "1,2",
                               "--max-new-tokens", "2", "--device", "cpu"))
-    assert "needs 0.10 MB" in message and folders["tied"].name in message
+    assert "(0.10 MB of weights" in message and folders["tied"].name in message
 
 
 @pytest.mark.parametrize("files", [

@@ -248,15 +248,18 @@ def test_folder_loads_onto_the_gpu(tmp_path, shard):
     assert torch.equal(weights[name].cpu(), model.state_dict()[name].float())
 
 
-def test_free_memory_is_read_and_a_preset_too_large_for_it_is_refused():
-    from kestrel_rt.weights import check_fits, free_bytes
+def test_free_memory_is_read_and_a_model_too_large_for_it_is_refused():
+    from kestrel_rt.memory import check_fits, free_bytes, kv_bytes
     from kestrel_sim.errors import KestrelError
 
     cpu = torch.device("cpu")
     assert free_bytes(cpu) > 0
-    shape = PRESETS["qwen3-8b"]
-    check_fits(shape, "bfloat16", cpu, free=17_000_000_000)  # 16.4 GB fits
-    with pytest.raises(KestrelError, match=r"'qwen3-8b' needs 16.4 GB .* bfloat16, but cpu has "
+    shape = PRESETS["qwen3-8b"]  # 36 layers x 8 KV heads x 128: 147,456 bf16 bytes a token
+    assert kv_bytes(shape, "bfloat16", 10) == 10 * 2 * 2 * 36 * 8 * 128
+    check_fits(shape, "bfloat16", cpu, free=17_000_000_000)  # 16.4 GB of weights fit
+    with pytest.raises(KestrelError, match=r"'qwen3-8b' needs 16.4 GB in bfloat16 .* but cpu has "
                        r"16.0 GB free"):
         check_fits(shape, "bfloat16", cpu, free=16_000_000_000)
+    with pytest.raises(KestrelError, match=r"needs 22.3 GB .* 5.9 GB of KV cache for 40000 tok"):
+        check_fits(shape, "bfloat16", cpu, free=17_000_000_000, kv_tokens=40_000)
     check_fits(shape, "float32", cpu, free=None)  # unknown: no refusal
