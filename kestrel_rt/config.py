@@ -130,6 +130,15 @@ def checkpoint_dtype(config: dict[str, Any], where: Path) -> str | None:
     return declared[0] if declared else None
 
 
+def _model_name(folder: Path) -> str:
+    """The folder's name, or the repo name for a Hugging Face cache snapshot
+    (.../models--Qwen--Qwen3-8B/snapshots/<commit> -> Qwen3-8B)."""
+    repo = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.split("--")[-1]
+    return folder.name or "custom"
+
+
 def shape_from_hf_config(config: dict[str, Any], where: Path) -> ModelShape:
     """The ModelShape of a Qwen3 / Qwen3-MoE config.json; `where` names the file in errors.
 
@@ -142,7 +151,7 @@ def shape_from_hf_config(config: dict[str, Any], where: Path) -> ModelShape:
     hidden = _get(config, "hidden_size", int, where)
     heads = _get(config, "num_attention_heads", int, where)
     fields: dict[str, Any] = {
-        "name": where.parent.name or "custom",
+        "name": _model_name(where.parent),
         "architecture": arch,
         "vocab_size": _get(config, "vocab_size", int, where),
         "hidden_size": hidden,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kestrel_rt.config import checkpoint_dtype, read_config, shape_from_hf_config
+from kestrel_rt.hub import cached_folder, fetch_hint
 from kestrel_rt.weights import (
     expected_tensors,
     has_fused_experts,
@@ -213,7 +214,7 @@ def is_awq_checkpoint(folder: str | Path) -> bool:
 def find_config(folder: Path) -> Path:
     """folder/config.json, or an error saying what the path is instead."""
     if not folder.exists():
-        raise MissingConfigError(f"model folder {folder} does not exist")
+        raise MissingConfigError(f"model folder {folder} does not exist{fetch_hint(str(folder))}")
     if not folder.is_dir():
         raise MissingConfigError(
             f"{folder} is a file; expected a Hugging Face model folder with config.json "
@@ -260,6 +261,8 @@ def resolve(path_or_preset: str | Path) -> tuple[ModelShape, Path | None]:
     name = str(path_or_preset)
     if isinstance(path_or_preset, Path) or looks_like_path(name):
         folder = Path(name).expanduser()
+        if not folder.exists():  # a hub id (Qwen/Qwen3-8B) from the local cache, if there
+            folder = cached_folder(name) or folder
         config_path = find_config(folder)
         return shape_from_hf_config(read_config(config_path), config_path), folder
     if name.lower() not in PRESETS:

@@ -304,3 +304,29 @@ def test_broken_tokenizer_files_are_a_one_paragraph_error(folders, tmp_path, fil
     message = error_of(invoke("--model", str(folder), "--prompt-ids", "1,2",
                               "--max-new-tokens", "2"))
     assert "tokenizer files in" in message and str(folder) in message
+
+
+def test_a_hub_id_runs_from_the_local_cache_and_is_never_downloaded(folders, tmp_path,
+                                                                     monkeypatch):
+    """`--model Qwen/Qwen3-8B` as vLLM takes it: the local Hugging Face cache's snapshot."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--acme--tiny-qwen"
+    shutil.copytree(folders["sharded"], repo / "snapshots" / "0123abcd")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = invoke("--model", "acme/tiny-qwen", "--prompt-ids", ",".join(map(str, PROMPT)),
+                    "--max-new-tokens", "6", "--json", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["token_ids"] == reference_greedy(folders["sharded"], PROMPT, 6)
+    assert report["model"] == "acme/tiny-qwen"
+    plain = invoke("--model", "acme/tiny-qwen", "--prompt-ids", "1", "--max-new-tokens", "1",
+                   "--device", "cpu")
+    assert "tiny-qwen on cpu" in plain.output
+    message = error_of(invoke("--model", "acme/not-cached", "--prompt-ids", "1",
+                              "--max-new-tokens", "1"))
+    assert "does not exist" in message and "hf download acme/not-cached" in message
