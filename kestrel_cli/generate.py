@@ -153,7 +153,8 @@ def check_prompt(ids: list[int], max_new_tokens: int, shape: Any) -> None:
 
 def generate(
     model: Annotated[str, typer.Option(
-        help="A Hugging Face model folder (config.json + *.safetensors) or a preset name "
+        help="A Hugging Face model folder (config.json + *.safetensors), a hub id already in "
+        "the local Hugging Face cache (Qwen/Qwen3-8B; never downloaded), or a preset name "
         "(qwen3-0.6b ... qwen3-32b, qwen3-30b-a3b) for random weights of the real shapes.")],
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate.")],
     prompt: Annotated[str | None, typer.Option(
