@@ -79,11 +79,8 @@ class KVCache:
             raise ValueError(f"rollback of slot {slot} to {length}: has {self.lengths[slot]}")
         self.lengths[slot] = length
 
-    def step(self, slots: list[int], m: int, n_new: list[int], static: bool = False) -> Step:
-        """The Step for M new tokens per slot (n_new[b] of them valid); checks capacity.
-
-        static=True sets max_ctx to max_len, so attention shapes do not depend on lengths
-        (for CUDA-graph capture: copy the Step's tensors into the captured buffers)."""
+    def check(self, slots: list[int], m: int, n_new: list[int]) -> list[int]:
+        """The current length of each slot, after checking M new tokens fit (n_new[b] valid)."""
         start = [self.lengths[s] for s in slots]
         for s, st, n in zip(slots, start, n_new):
             if not 0 < n <= m:
@@ -94,6 +91,14 @@ class KVCache:
                     f"cache's max_len {self.max_len} (the context); expected at most "
                     f"{self.max_len - st} new tokens"
                 )
+        return start
+
+    def step(self, slots: list[int], m: int, n_new: list[int], static: bool = False) -> Step:
+        """The Step for M new tokens per slot (n_new[b] of them valid); checks capacity.
+
+        static=True sets max_ctx to max_len, so attention shapes do not depend on lengths
+        (for CUDA-graph capture: copy the Step's tensors into the captured buffers)."""
+        start = self.check(slots, m, n_new)
         dev = self.device
         start_t = torch.tensor(start, dtype=torch.long, device=dev)  # [B]
         positions = start_t[:, None] + torch.arange(m, device=dev)[None, :]  # [B, M]

@@ -74,7 +74,7 @@ class Trace:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: str | Path) -> "Trace":
+    def load(cls, path: str | Path) -> Trace:
         return _ADAPTER.validate_json(Path(path).read_bytes())
 
 

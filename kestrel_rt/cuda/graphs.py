@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from kestrel_rt.kv_cache import ContextFullError, KVCache, Step
+from kestrel_rt.kv_cache import KVCache, Step
 from kestrel_rt.model import Qwen3Model
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -69,15 +69,7 @@ class GraphModel(Qwen3Model):
         slots = list(slots)
         n_new = [M] * B if n_new is None else list(n_new)
         kv = self.kv
-        start = [kv.length(s) for s in slots]
-        for s, st, n in zip(slots, start, n_new):
-            if not 0 < n <= M:
-                raise ValueError(f"slot {s}: n_new={n} must be in 1..{M}")
-            if st + M > kv.max_len:
-                raise ContextFullError(
-                    f"sequence in KV slot {s} has {st} tokens and {M} new ones: more than the "
-                    f"cache's max_len {kv.max_len} (the context); expected at most "
-                    f"{kv.max_len - st} new tokens")
+        start = kv.check(slots, M, n_new)
         pad = bucket - B
         starts = start + [0] * pad
         meta = torch.tensor(  # slots | start | n_new | positions, one host tensor
