@@ -9,7 +9,9 @@
 4. for each: the bandwidth limit (bytes per step / copy bandwidth; MoE: the experts hit)
    and the fraction reached (prefill: the larger of the bandwidth and matmul limits);
 5. transformers' eager `generate` on the same qwen3-8b shape (random weights, bf16);
-6. Profiles (kestrel_sim.profile) of qwen3-8b (+ qwen3-0.6b as its draft) and qwen3-0.6b:
+6. the logits error of int8 / int4 against bf16 on the same dummy weights (prefill of
+   4 x 64 random tokens: relative error, max abs, greedy argmax agreement);
+7. Profiles (kestrel_sim.profile) of qwen3-8b (+ qwen3-0.6b as its draft) and qwen3-0.6b:
    decode (M = 1) over batches and contexts, verify (M = k + 1, k = 1..8), prefill.
 Writes DIR/h200_decode.md, .json, profile_*.json and prints the table last.
 """
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import measure
 
+from kestrel_rt.quant_error import logits_error
 from kestrel_rt.quant_weights import quantize_weights
 from kestrel_rt.weights import load_dummy
 from kestrel_sim.profile import Fingerprint, Measurement, Profile
@@ -67,6 +70,7 @@ class Bench:
     def __init__(self, out: Path, quick: bool):
         self.out, self.quick = out, quick
         self.rows: list[dict] = []
+        self.quant_rows: list[dict] = []
         self.errors: list[str] = []
         self.gen = torch.Generator().manual_seed(0)
         self.steps = 16 if quick else 48
@@ -149,6 +153,20 @@ class Bench:
                 profile.append(Measurement(stage="prefill", batch=1, tokens_per_seq=length,
                                            context=0, ms=r["ms"], samples=r["samples"]))
 
+    def quant_error(self, name: str):
+        """Logits error of each quantized format against bf16, same dummy weights."""
+        tokens = torch.randint(0, 32000, (4, 64), generator=self.gen)  # [B, M]
+        ref = build(name, "bf16")
+        for quant in (q for q in self.quants if q != "bf16"):
+            model = build(name, quant)
+            row = {"model": name, "quant": quant, **logits_error(ref, model, tokens)}
+            self.quant_rows.append(row)
+            self.log(json.dumps(row))
+            del model
+            torch.cuda.empty_cache()
+        del ref
+        torch.cuda.empty_cache()
+
     def transformers_baseline(self):
         from kestrel_sim.models import preset
 
@@ -171,6 +189,8 @@ class Bench:
                 grid = profiles.get(name) if quant == "bf16" else None
                 self.guard(f"{name} {quant}", self.model_runs, name, quant, grid)
                 self.write(props.name, commit, profiles, final=False)  # partial results
+            if len(self.quants) > 1 and "bf16" in self.quants:
+                self.guard(f"{name} logits error", self.quant_error, name)
         if self.with_transformers:
             self.guard("transformers generate", self.transformers_baseline)
         self.write(props.name, commit, profiles)
@@ -204,7 +224,8 @@ class Bench:
         meta = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "commit": commit, "torch": torch.__version__, "cuda": torch.version.cuda,
                 "copy_gbps": self.copy_bw / 1e9, "matmul_tflops": self.peak_flops / 1e12,
-                "quick": self.quick, "errors": self.errors, "rows": self.rows}
+                "quick": self.quick, "errors": self.errors, "rows": self.rows,
+                "quant_error": self.quant_rows}
         (self.out / "h200_decode.json").write_text(json.dumps(meta, indent=1))
         table = render(meta)
         (self.out / "h200_decode.md").write_text(table)
@@ -230,6 +251,12 @@ def render(meta: dict) -> str:
         frac = f"{r['fraction']:.0%}" if r["fraction"] else "-"
         lines.append(f"| {r['section']} | {r['model']} | {r['quant']} | {r['batch']} | "
                      f"{r['tokens']} | {r['tok_s']:.1f} | {r['ms']:.3f} | {lim} | {frac} |")
+    if meta.get("quant_error"):
+        lines += ["", "Logits error against bf16 (same dummy weights; prefill of 4 x 64 tokens):",
+                  "", "| model | quant | rel error | max abs | argmax agreement |",
+                  "| --- | --- | ---: | ---: | ---: |"]
+        lines += [f"| {r['model']} | {r['quant']} | {r['rel_error']:.4f} | {r['max_abs']:.3f} | "
+                  f"{r['argmax_agreement']:.1%} |" for r in meta["quant_error"]]
     if meta["errors"]:
         lines += ["", "Failed sections:", *[f"- {e}" for e in meta["errors"]]]
     return "\n".join(lines) + "\n"
