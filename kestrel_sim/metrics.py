@@ -179,12 +179,32 @@ def worker_busy(trace: Trace) -> dict[str, float]:
             for w, (a, b) in sorted(by_worker.items())}
 
 
-def stage_share(trace: Trace) -> dict[str, float]:
-    """Share of summed span seconds per stage kind (queue waits excluded)."""
-    seconds: dict[str, float] = {}
+def stage_seconds(trace: Trace) -> dict[tuple[str, str], float]:
+    """Seconds per (worker, span kind), queue waits excluded. Spans of one worker with the
+    same start and end are one forward (a mixed step: a decode or verify step carrying a
+    prefill chunk); its seconds are split among them in proportion to their tokens, so
+    the kinds of a worker add up to its busy time, not more."""
+    forwards: dict[tuple[str, float, float], list] = {}
     for s in trace.spans:
         if s.kind not in BUSY_EXCLUDED:
-            seconds[s.kind] = seconds.get(s.kind, 0.0) + (s.end - s.start)
+            forwards.setdefault((s.worker, s.start, s.end), []).append(s)
+    seconds: dict[tuple[str, str], float] = {}
+    for (worker, start, end), group in forwards.items():
+        dur = end - start
+        tokens = sum(s.tokens for s in group) if len(group) > 1 else 0
+        for s in group:
+            share = s.tokens / tokens if tokens else 1.0 / len(group)
+            key = (worker, s.kind)
+            seconds[key] = seconds.get(key, 0.0) + dur * share
+    return seconds
+
+
+def stage_share(trace: Trace) -> dict[str, float]:
+    """Share of worker-busy seconds per stage kind (queue waits excluded; a mixed step's
+    seconds split as in `stage_seconds`)."""
+    seconds: dict[str, float] = {}
+    for (_, kind), value in stage_seconds(trace).items():
+        seconds[kind] = seconds.get(kind, 0.0) + value
     total = sum(seconds.values())
     return {k: (v / total if total > 0 else 0.0) for k, v in seconds.items()}
 

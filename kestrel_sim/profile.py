@@ -4,6 +4,13 @@ Written by calibration (kestrel_rt measuring a grid of steps), read by the simul
 profile cost model (kestrel_sim.costs.profile). One measurement is the median time of
 a step of `batch` sequences x `tokens_per_seq` new tokens at `context` tokens already
 cached per sequence.
+
+A profile measures single-stage steps only. The simulator's mixed steps (colocated
+`prefill_schedule: mixed`: a decode or verify forward carrying a prefill chunk) are
+priced from them as the step alone plus the chunk's marginal cost along the measured
+prefill curve, kept between max(step, chunk) and step + chunk, erring high; see
+kestrel_sim.costs.profile. Measuring prefill at two or more contexts lets that chunk's
+attention over its already-prefilled part be fitted rather than borrowed from decode.
 """
 
 from __future__ import annotations

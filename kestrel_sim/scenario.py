@@ -139,6 +139,15 @@ class Serving(_Strict):
     max_batch: int = Field(default=64, ge=1, description="sequences per decode batch")
     max_batched_tokens: int = Field(default=8192, ge=1, description="new tokens per step")
     prefill_chunk: int = Field(default=2048, ge=1, description="prompt tokens per request per step")
+    prefill_schedule: Literal["mixed", "alternate"] = Field(
+        default="mixed",
+        description="colocated only. mixed (as vLLM's chunked prefill, Sarathi-Serve): every "
+        "step is one forward that carries the running requests' decode tokens (k+1 each for "
+        "a speculative verify) and fills the rest of max_batched_tokens with chunks of "
+        "waiting prompts (at most prefill_chunk tokens per prompt); the k draft steps and a "
+        "separate correction stay their own forwards. alternate: while prompts wait, a "
+        "prefill-only step alternates with a decode or speculative round",
+    )
     decode_queue: Literal["fifo"] = "fifo"
     kv_capacity_tokens: int | None = Field(
         default=None, ge=1,
@@ -169,6 +178,11 @@ class Serving(_Strict):
             raise ValueError(
                 "`workers` only applies to mode: colocated; disaggregated mode uses "
                 "prefill_workers and decode_workers"
+            )
+        elif self.prefill_schedule != "mixed":
+            raise ValueError(
+                "prefill_schedule only applies to mode: colocated; disaggregated workers "
+                "never mix prefill and decode"
             )
         return self
 

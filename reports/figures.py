@@ -6,7 +6,12 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kestrel_sim.metrics import TimeSeries, acceptance_lengths, request_latencies
+from kestrel_sim.metrics import (
+    TimeSeries,
+    acceptance_lengths,
+    request_latencies,
+    stage_seconds,
+)
 from kestrel_sim.trace import Trace
 
 KIND_COLORS = {
@@ -36,18 +41,25 @@ def timeline_window(trace: Trace, max_spans: int = 1000) -> tuple[float, float]:
 
 def timeline_figure(trace: Trace, window: tuple[float, float] | None = None,
                     max_spans: int = 1000) -> go.Figure:
-    """Gantt chart: one row per worker, one bar per span, coloured by stage."""
+    """Gantt chart: one row per worker, one bar per span, coloured by stage. A prefill
+    chunk that rides in a decode/verify forward (same worker, start and end) is drawn as
+    a thinner bar on top of it."""
     lo, hi = window or timeline_window(trace, max_spans)
     spans = [s for s in trace.spans
              if s.kind != "queue_wait" and s.start >= lo and s.start <= hi]
     workers = sorted({s.worker for s in spans})
+    steps = {(s.worker, s.start, s.end) for s in spans if s.kind in ("decode", "verify")}
+    riding = [s for s in spans if s.kind == "prefill" and (s.worker, s.start, s.end) in steps]
     fig = go.Figure()
-    for kind, color in KIND_COLORS.items():
-        group = [s for s in spans if s.kind == kind]
+    groups = [(kind, color, [s for s in spans if s.kind == kind and
+                             not (kind == "prefill" and (s.worker, s.start, s.end) in steps)],
+               None) for kind, color in KIND_COLORS.items()]
+    groups.append(("prefill in decode/verify", KIND_COLORS["prefill"], riding, 0.3))
+    for kind, color, group, width in groups:
         if not group:
             continue
         fig.add_trace(go.Bar(
-            name=kind, orientation="h", marker_color=color,
+            name=kind, orientation="h", marker_color=color, width=width,
             base=[s.start for s in group], x=[s.end - s.start for s in group],
             y=[s.worker for s in group],
             customdata=[[len(s.requests), s.tokens, (s.end - s.start) * 1e3,
@@ -113,12 +125,9 @@ def acceptance_figure(trace: Trace) -> go.Figure | None:
 
 
 def stage_time_figure(trace: Trace) -> go.Figure | None:
-    """Busy seconds per worker, stacked by stage: where the time goes."""
-    seconds: dict[tuple[str, str], float] = {}
-    for s in trace.spans:
-        if s.kind != "queue_wait":
-            key = (s.worker, s.kind)
-            seconds[key] = seconds.get(key, 0.0) + (s.end - s.start)
+    """Busy seconds per worker, stacked by stage: where the time goes (a mixed step's
+    seconds split between its decode/verify and prefill parts, see stage_seconds)."""
+    seconds = stage_seconds(trace)
     if not seconds:
         return None
     workers = sorted({w for w, _ in seconds})

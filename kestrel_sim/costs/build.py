@@ -23,6 +23,9 @@ class _Zero:
     def seconds(self, stage: str, batch: int, m: float, context: float) -> float:
         return 0.0
 
+    def mixed_seconds(self, stage: str, batch: int, m: float, context: float, chunk) -> float:
+        return 0.0
+
 
 @dataclass
 class SimCosts:

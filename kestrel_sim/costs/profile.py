@@ -23,6 +23,18 @@ whatever the stage), and along its last segment beyond that. Below the smallest 
 T, f is clamped. A `correction` step (one token per sequence through the target) is
 priced as `decode` when the profile has no correction measurements. A stage the scenario
 needs but the profile lacks is a ConfigError naming the stage and the file.
+
+Mixed steps (a decode or verify step of T = b*M tokens carrying a prefill chunk of P
+tokens in one forward) are not measured; they are priced as the step alone plus the
+chunk's marginal cost along the prefill curve,
+
+    marginal = f_prefill(T' + P) - f_prefill(T') + the chunk's own KV-context terms,
+    T' = max(T, smallest measured prefill T),
+
+i.e. what P more tokens add to a forward that already reads the weights. Starting at
+T' rather than T keeps it conservative: f is clamped below its first knot and gets
+steeper with T (memory-bound, then compute-bound), so a higher start never underprices.
+The result is kept between max(step alone, chunk alone) and step alone + chunk alone.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from bisect import bisect_right
 
 import numpy as np
 
+from kestrel_sim.costs.base import Chunk
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.profile import Profile
 
@@ -151,12 +164,17 @@ class _StageFit:
             return _interp(ks, self.slopes, min(max(t, ks[0]), ks[-1]))
         return self.a
 
+    def curve(self, t: float) -> float:
+        """f(T): ms of a forward of T new tokens, before context terms."""
+        return _interp(self.knots, self.values, t)
+
+    def context_ms(self, batch: float, t: float, context: float) -> float:
+        """ms the step's cached context adds (`batch` sequences, T = t, `context` each)."""
+        return self.kv_slope(batch, t) * batch * context + self.e * t * context
+
     def ms(self, batch: int, m: float, context: float) -> float:
         t = batch * m
-        y = _interp(self.knots, self.values, t) + (
-            self.kv_slope(batch, t) * batch * context + self.e * t * context
-        )
-        return max(self.floor, y)
+        return max(self.floor, self.curve(t) + self.context_ms(batch, t, context))
 
 
 class ProfileCost:
@@ -204,3 +222,18 @@ class ProfileCost:
                 return self._fallback.seconds(stage, batch, m, context)
             self.require([stage])
         return fit.ms(batch, m, context) * 1e-3
+
+    def mixed_seconds(self, stage: str, batch: int, m: float, context: float,
+                      chunk: Chunk) -> float:
+        """A `stage` step carrying a prefill chunk: see the module docstring."""
+        fit, pre = self._fits.get(stage), self._fits.get("prefill")
+        if fit is None or pre is None:
+            self.require([stage, "prefill"])
+        alone = fit.ms(batch, m, context)
+        chunk_alone = pre.ms(chunk.batch, chunk.m, chunk.context)
+        p = chunk.tokens
+        start = max(batch * m, pre.own[0])
+        marginal = max(0.0, pre.curve(start + p) - pre.curve(start)
+                       + pre.context_ms(chunk.batch, p, chunk.context))
+        ms = min(alone + chunk_alone, max(alone + marginal, chunk_alone))
+        return ms * 1e-3

@@ -12,10 +12,20 @@ For a step of b sequences x M new tokens at context c per sequence (T = b*M toke
 
   seconds  = max(weights/bw, gemm/matmul_peak) + max(kv/bw, attn/attention_peak)
              + layers x kernels_per_layer x launch + step_overhead
+
+A mixed step (a decode or verify step plus a prefill chunk in one forward) reads the
+weights once, for the touched experts of all its tokens; it adds the gemm flops, KV
+bytes and attention flops of both parts and pays the launch and step overheads once:
+
+  seconds  = max(weights(T + P)/bw, (gemm + gemm_chunk)/matmul_peak)
+             + max((kv + kv_chunk)/bw, (attn + attn_chunk)/attention_peak) + overheads
+
+That single weight read (and single overhead) is what mixing saves over two steps.
 """
 
 from __future__ import annotations
 
+from kestrel_sim.costs.base import Chunk
 from kestrel_sim.hardware import Hardware
 from kestrel_sim.models import ModelShape
 
@@ -85,15 +95,36 @@ class RooflineCost:
         """Expected distinct experts per MoE layer for `tokens` tokens routed top-k of E."""
         return self._E * (1.0 - self._keep**tokens) if self._E else 0.0
 
+    def _weights(self, tokens: float) -> float:
+        """Seconds to read the weights a forward of `tokens` tokens touches."""
+        wbytes = self._w_fixed
+        if self._E:
+            wbytes += self._moe_layers * self._E * (1.0 - self._keep**tokens) * self._expert_bytes
+        return wbytes * self._inv_bw
+
+    def _parts(self, stage: str, batch: int, m: float, context: float):
+        """(tokens, gemm s, kv s, attention s) of one stage's share of a forward."""
+        t = batch * m
+        logits = t if stage == "verify" else batch
+        g = (t * self._flops_tok + logits * self._lm_flops) * self._inv_peak
+        kvb = self._kv_tok * (batch * context + 2.0 * t) * self._inv_bw
+        af = self._attn_c * batch * (m * context + 0.5 * m * (m + 1.0)) * self._inv_apeak
+        return t, g, kvb, af
+
     def seconds(self, stage: str, batch: int, m: float, context: float) -> float:
+        # _weights and _parts inlined: this runs several times per simulated round
         t = batch * m
         wbytes = self._w_fixed
         if self._E:
             wbytes += self._moe_layers * self._E * (1.0 - self._keep**t) * self._expert_bytes
         logits = t if stage == "verify" else batch
-        flops = t * self._flops_tok + logits * self._lm_flops
-        w = wbytes * self._inv_bw
-        g = flops * self._inv_peak
+        g = (t * self._flops_tok + logits * self._lm_flops) * self._inv_peak
         kvb = self._kv_tok * (batch * context + 2.0 * t) * self._inv_bw
         af = self._attn_c * batch * (m * context + 0.5 * m * (m + 1.0)) * self._inv_apeak
-        return (max(g, w)) + (max(af, kvb)) + self._fixed
+        return max(g, wbytes * self._inv_bw) + max(af, kvb) + self._fixed
+
+    def mixed_seconds(self, stage: str, batch: int, m: float, context: float,
+                      chunk: Chunk) -> float:
+        t, g, kvb, af = self._parts(stage, batch, m, context)
+        pt, pg, pkv, paf = self._parts("prefill", chunk.batch, chunk.m, chunk.context)
+        return max(g + pg, self._weights(t + pt)) + max(af + paf, kvb + pkv) + self._fixed

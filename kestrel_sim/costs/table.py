@@ -4,6 +4,13 @@ A stage's value is a number (ms per step) or a mapping {batch size: ms}, interpo
 linearly in batch size and clamped at both ends. `prefill_per_token` adds ms per prompt
 token to prefill steps. With service "exponential" each step's time is drawn from an
 exponential distribution whose mean is the table value (queueing checks, M/M/1).
+
+A mixed step (a decode or verify step carrying a prefill chunk of P tokens, colocated
+`prefill_schedule: mixed`) costs the stage's value plus `prefill_per_token` x P, and at
+least the chunk's own prefill step: the per-step values are read as the forward's fixed
+cost (weights, launches), paid once. A table without `prefill_per_token` has no
+per-token part to split off, so the chunk adds its whole `prefill` step (no saving).
+With service exponential one draw scales the whole mixed step.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from bisect import bisect_right
 
 import numpy as np
 
+from kestrel_sim.costs.base import Chunk
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.scenario import TableCosts
 
@@ -44,6 +52,21 @@ class TableCost:
     def seconds(self, stage: str, batch: int, m: float, context: float) -> float:
         if stage in self._zero:
             return 0.0
+        t = self._mean(stage, batch, m)
+        if self._rng is not None:
+            t *= self._rng.exponential()
+        return t
+
+    def mixed_seconds(self, stage: str, batch: int, m: float, context: float,
+                      chunk: Chunk) -> float:
+        t = self._mean(stage, batch, m)
+        alone = self._mean("prefill", chunk.batch, chunk.m)  # the chunk as its own step
+        t = max(t + self._per_token * chunk.tokens, alone) if self._per_token else t + alone
+        if self._rng is not None:
+            t *= self._rng.exponential()
+        return t
+
+    def _mean(self, stage: str, batch: int, m: float) -> float:
         try:
             xs, ys = self._stages[stage]
         except KeyError:
@@ -60,6 +83,4 @@ class TableCost:
             t = y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
         if stage == "prefill":
             t += self._per_token * batch * m
-        if self._rng is not None:
-            t *= self._rng.exponential()
         return t

@@ -73,6 +73,7 @@ def simulate(
         separate=bool(sc.spec and sc.spec.correction == "separate"),
         max_batch=sc.serving.max_batch, max_tokens=sc.serving.max_batched_tokens,
         chunk=sc.serving.prefill_chunk, preempt=not wait,
+        mixed=sc.serving.mode == "colocated" and sc.serving.prefill_schedule == "mixed",
     )
 
     roles: dict[str, str] = {}
@@ -128,6 +129,7 @@ def simulate(
         "k": k,
         "correction": sc.spec.correction if sc.spec else None,
         "mode": sc.serving.mode,
+        "prefill_schedule": sc.serving.prefill_schedule if sc.serving.mode == "colocated" else None,
         "hardware": sc.hardware,
         "model": sc.model,
         "draft": sc.draft.model if sc.draft else None,

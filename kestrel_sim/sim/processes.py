@@ -1,8 +1,10 @@
 """SimPy processes: arrivals, colocated workers, prefill workers, decode workers, KV links.
 
-Colocated worker: while prompts wait and the batch has room, it alternates one chunked
-prefill step with one decode/speculative round (so a long prompt stalls decoding by at
-most one step); otherwise it runs rounds; idle, it sleeps until woken.
+Colocated worker, `mixed` schedule (the default, as vLLM): each decode/speculative round
+carries prefill chunks of the waiting prompts in its target forward; with nothing to
+decode it runs prefill-only steps. `alternate` schedule: while prompts wait and the batch
+has room, one chunked prefill step alternates with one round (so a long prompt stalls
+decoding by at most one step); otherwise it runs rounds. Idle, it sleeps until woken.
 Disaggregated: prefill workers only prefill, then send each request's KV over their link
 (FIFO, one transfer at a time) to the shared decode queue; the first token reaches the
 client with the KV, so TTFT includes the transfer; decode workers pull from the queue
@@ -63,7 +65,14 @@ def colocated_worker(st: SimState, cfg: StepConfig, w: Worker):
 
     while True:
         admit_prefill(st, cfg, w)
-        if w.prefilling and not (w.last_was_prefill and len(w.batch)):
+        if cfg.mixed:
+            if len(w.batch):
+                yield from decode_round(st, cfg, w, on_prefilled)
+            elif w.prefilling:
+                yield from prefill_step(st, cfg, w, on_prefilled)
+            else:
+                yield _sleep(st, w)
+        elif w.prefilling and not (w.last_was_prefill and len(w.batch)):
             w.last_was_prefill = True
             yield from prefill_step(st, cfg, w, on_prefilled)
         elif len(w.batch):

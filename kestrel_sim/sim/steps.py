@@ -8,12 +8,21 @@ A speculative round on a batch of b requests at mean context c:
   the verify. The draft runs on its own device (GPU colocated with the target, or CPU)
   but the round is sequential: the target waits for the draft tokens. Each request
   emits min(accepted + 1, remaining) tokens once, at the round's end.
+
+A mixed step (colocated, `prefill_schedule: mixed`, as vLLM's chunked prefill): the
+round's decode tokens (b, or b*(k+1) for the verify) are scheduled first and the rest
+of max_batched_tokens goes to prefill chunks (FIFO, at most prefill_chunk per prompt;
+none when the decode tokens fill the budget), all in the target's decode or verify
+forward, priced by `mixed_seconds`. The trace shows that forward as two spans with the
+same worker, start and end: the decode/verify span and a prefill span of the chunk.
+Chunks that complete emit their first token at the round's end, with the decode tokens.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from kestrel_sim.costs.base import Chunk
 from kestrel_sim.sim.state import SimState
 from kestrel_sim.sim.worker import Worker
 from kestrel_sim.trace import Span
@@ -23,12 +32,12 @@ class StepConfig:
     """Constants the steps need, resolved once from the Scenario (no pydantic in the loop)."""
 
     __slots__ = (
-        "acceptance", "chunk", "draft", "max_batch", "max_tokens", "preempt", "separate",
-        "target",
+        "acceptance", "chunk", "draft", "max_batch", "max_tokens", "mixed", "preempt",
+        "separate", "target",
     )
 
     def __init__(self, target, draft, acceptance, separate: bool, max_batch: int,
-                 max_tokens: int, chunk: int, preempt: bool):
+                 max_tokens: int, chunk: int, preempt: bool, mixed: bool = False):
         self.target = target  # StageCost of the target model
         self.draft = draft  # StageCost of the draft model, or None
         self.acceptance = acceptance  # AcceptanceModel, or None
@@ -37,6 +46,7 @@ class StepConfig:
         self.max_tokens = max_tokens
         self.chunk = chunk
         self.preempt = preempt  # KV policy: preempt (True) or wait (False)
+        self.mixed = mixed  # colocated: prefill chunks ride in decode/verify forwards
 
 
 def charge(st: SimState, rid: int, tokens: int) -> int:
@@ -70,13 +80,9 @@ def admit_prefill(st: SimState, cfg: StepConfig, w: Worker) -> None:
                                      [job.rid]))
 
 
-def prefill_step(st: SimState, cfg: StepConfig, w: Worker, on_prefilled):
-    """One chunked prefill step over `w.prefilling`; completed jobs emit their first
-    token (a disaggregated prefill worker's on arrival of the KV at the decode side) and go
-    to `on_prefilled(rid, ctx, rem, kv_charge)` (or finish)."""
-    env = st.env
-    now = env.now
-    budget = cfg.max_tokens
+def _take_chunks(cfg: StepConfig, w: Worker, budget: int):
+    """The next chunks of `w.prefilling` (FIFO, at most cfg.chunk tokens per prompt) within
+    `budget` tokens: ([(job, tokens)], tokens, context tokens already prefilled)."""
     chunks = []
     tokens = ctx_sum = 0
     for job in w.prefilling:
@@ -87,19 +93,40 @@ def prefill_step(st: SimState, cfg: StepConfig, w: Worker, on_prefilled):
         budget -= n
         tokens += n
         ctx_sum += job.done
+    return chunks, tokens, ctx_sum
+
+
+def _draft_prefill(st: SimState, cfg: StepConfig, w: Worker, t: float, ids: list[int],
+                   tokens: int, ctx_sum: int) -> float:
+    """The draft's own pass over a prefill chunk, from time t on its device; its seconds."""
+    if cfg.draft is None:
+        return 0.0
+    nb = len(ids)
+    dur = cfg.draft.seconds("prefill", nb, tokens / nb, ctx_sum / nb)
+    if dur > 0:
+        st.spans.append(Span("prefill", w.draft_name, t, t + dur, ids, tokens, ctx_sum))
+    return dur
+
+
+def prefill_step(st: SimState, cfg: StepConfig, w: Worker, on_prefilled):
+    """One chunked prefill step over `w.prefilling`; completed jobs emit their first
+    token (a disaggregated prefill worker's on arrival of the KV at the decode side) and go
+    to `on_prefilled(rid, ctx, rem, kv_charge)` (or finish)."""
+    env = st.env
+    now = env.now
+    chunks, tokens, ctx_sum = _take_chunks(cfg, w, cfg.max_tokens)
     nb = len(chunks)
     ids = [job.rid for job, _ in chunks]
-    t_target = cfg.target.seconds("prefill", nb, tokens / nb, ctx_sum / nb)
-    st.spans.append(Span("prefill", w.name, now, now + t_target, ids, tokens, ctx_sum))
-    dur = t_target
-    if cfg.draft is not None:
-        t_draft = cfg.draft.seconds("prefill", nb, tokens / nb, ctx_sum / nb)
-        if t_draft > 0:
-            st.spans.append(Span("prefill", w.draft_name, now + dur, now + dur + t_draft, ids,
-                                 tokens, ctx_sum))
-            dur += t_draft
+    dur = cfg.target.seconds("prefill", nb, tokens / nb, ctx_sum / nb)
+    st.spans.append(Span("prefill", w.name, now, now + dur, ids, tokens, ctx_sum))
+    dur += _draft_prefill(st, cfg, w, now + dur, ids, tokens, ctx_sum)
     yield env.timeout(dur)
+    _complete_chunks(st, w, chunks, on_prefilled)
 
+
+def _complete_chunks(st: SimState, w: Worker, chunks, on_prefilled) -> None:
+    """Advance the chunks' jobs; fully prefilled ones emit their first token and go on."""
+    env = st.env
     completed = []
     for job, n in chunks:
         job.done += n
@@ -133,8 +160,12 @@ def prefill_step(st: SimState, cfg: StepConfig, w: Worker, on_prefilled):
         st.finish(finished)
 
 
-def decode_round(st: SimState, cfg: StepConfig, w: Worker):
-    """One decode step (no speculation) or one speculative round over `w.batch`."""
+def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
+    """One decode step (no speculation) or one speculative round over `w.batch`. With
+    `on_prefilled` (colocated, mixed schedule) the target's decode or verify forward also
+    carries a prefill chunk of `w.prefilling` in what its decode tokens leave of the token
+    budget: both get spans of the same start and end on the target (one forward), and the
+    draft's own pass over the chunk follows the round's target forwards."""
     env = st.env
     batch = w.batch
     joined = batch.merge()
@@ -157,29 +188,43 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker):
     c = csum / b
     rlist = ids.tolist()
     spans = st.spans
-    if k:
+    chunks = chunk = None
+    if on_prefilled is not None and w.prefilling:
+        chunks, ptok, pctx = _take_chunks(cfg, w, cfg.max_tokens - b * (k + 1))
+        if chunks:
+            pids = [job.rid for job, _ in chunks]
+            chunk = Chunk(len(chunks), ptok / len(chunks), pctx / len(chunks))
+    if k:  # (draws in the order of the rounds without a chunk: draft, acceptance, verify)
         td = cfg.draft.seconds("draft", b, 1, c)
         acc = cfg.acceptance.sample(b, st.rng)
         alist = acc.tolist()
-        tv = cfg.target.seconds("verify", b, k + 1, c)
+    stage = "verify" if k else "decode"
+    if chunk is None:
+        tf = cfg.target.seconds(stage, b, k + 1, c)
+    else:
+        tf = cfg.target.mixed_seconds(stage, b, k + 1, c, chunk)
+    if k:
         t = now
         for j in range(k):
             spans.append(Span("draft", w.draft_name, t, t + td, rlist, b, csum + j * b))
             t += td
-        spans.append(Span("verify", w.name, t, t + tv, rlist, b * (k + 1), csum, k, alist))
-        t += tv
-        if cfg.separate:
-            asum = sum(alist)
-            tc = cfg.target.seconds("correction", b, 1, (csum + asum) / b)
-            spans.append(Span("correction", w.name, t, t + tc, rlist, b, csum + asum))
-            t += tc
+        spans.append(Span("verify", w.name, t, t + tf, rlist, b * (k + 1), csum, k, alist))
         emit = np.minimum(acc + 1, rem)
-        dur = t - now
     else:
-        dur = cfg.target.seconds("decode", b, 1, c)
-        spans.append(Span("decode", w.name, now, now + dur, rlist, b, csum))
+        t = now
+        spans.append(Span("decode", w.name, t, t + tf, rlist, b, csum))
         emit = np.ones(b, dtype=np.int64)
-    yield env.timeout(dur)
+    if chunk is not None:
+        spans.append(Span("prefill", w.name, t, t + tf, pids, ptok, pctx))
+    t += tf
+    if k and cfg.separate:
+        asum = sum(alist)
+        tc = cfg.target.seconds("correction", b, 1, (csum + asum) / b)
+        spans.append(Span("correction", w.name, t, t + tc, rlist, b, csum + asum))
+        t += tc
+    if chunk is not None:
+        t += _draft_prefill(st, cfg, w, t, pids, ptok, pctx)
+    yield env.timeout(t - now if k else tf)  # (no draft without k: t == now + tf)
 
     total = int(emit.sum())
     batch.grow(emit, total)
@@ -195,3 +240,5 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker):
             w.kv.used -= int(st.reserve[fin].sum())
         batch.keep(~done)
         st.finish(fin.tolist())
+    if chunks:
+        _complete_chunks(st, w, chunks, on_prefilled)

@@ -83,10 +83,12 @@ def test_table_interpolates_in_batch_and_adds_per_token():
 
 
 def test_table_replays_a_published_breakdown():
-    """draft 60% / verify 10% / correction 30% of a round, as in the original design."""
+    """draft 60% / verify 10% / correction 30% of a round, as in the original design
+    (rounds apart from prefill: the alternate schedule never puts a chunk in a verify)."""
     sc = Scenario.load_from_dict({
         "draft": {"model": "qwen3-0.6b"},
         "spec": {"k": 4, "correction": "separate", "acceptance": {"alpha": 0.6}},
+        "serving": {"prefill_schedule": "alternate"},
         "costs": {"table": {"prefill": 5.0, "draft": 1.5, "verify": 1.0, "correction": 3.0}},
         "workload": {"arrivals": {"process": "poisson", "rate": 5.0}, "requests": 50},
     })

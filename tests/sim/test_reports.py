@@ -73,6 +73,23 @@ def test_stage_time_stacks_busy_seconds():
     assert by_kind["prefill"].get("gpu0/draft", 0.0) == 0.0
 
 
+def test_mixed_forward_draws_its_chunk_on_top_and_is_stacked_once():
+    """A prefill chunk riding in a verify (same worker, start, end): a thin bar over the
+    verify in the timeline; its seconds split by tokens in the stage-time bars."""
+    trace = _spec_trace(n=2)
+    v = next(s for s in trace.spans if s.kind == "verify")
+    trace.spans.append(Span("prefill", v.worker, v.start, v.end, [9], tokens=3 * v.tokens))
+    fig = figures.timeline_figure(trace)
+    riding = next(t for t in fig.data if t.name == "prefill in decode/verify")
+    assert list(riding.base) == [v.start] and riding.width == 0.3
+    assert len(next(t for t in fig.data if t.name == "prefill").x) == 2  # the two alone
+    stacked = figures.stage_time_figure(trace)
+    target = sum(dict(zip(t.y, t.x)).get(v.worker, 0.0) for t in stacked.data)
+    assert target == pytest.approx(2 * 0.004 + 6 * 0.002)  # busy time, counted once
+    by_kind = {t.name: dict(zip(t.y, t.x)) for t in stacked.data}
+    assert by_kind["prefill"][v.worker] == pytest.approx(2 * 0.004 + 0.75 * 0.002)
+
+
 def test_cdf_ends_at_the_maximum():
     trace = _spec_trace()
     fig = figures.latency_cdf_figure(trace)

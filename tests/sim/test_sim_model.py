@@ -191,13 +191,15 @@ def test_progress_is_reported_up_to_the_total():
     capacity=st.integers(2200, 40_000),
     rate=st.floats(0.5, 300.0),
     seed=st.integers(0, 2**16),
+    schedule=st.sampled_from(["mixed", "alternate"]),
 )
 def test_any_configuration_completes_every_request(
-    mode, policy, spec, k, max_batch, chunk, capacity, rate, seed
+    mode, policy, spec, k, max_batch, chunk, capacity, rate, seed, schedule
 ):
     serving = {"mode": mode, "max_batch": max_batch, "prefill_chunk": chunk,
                "max_batched_tokens": max(chunk, 512), "kv_capacity_tokens": capacity,
-               "on_kv_full": policy}
+               "on_kv_full": policy,
+               "prefill_schedule": schedule if mode == "colocated" else "mixed"}
     over = {"serving": serving, "workload.arrivals.rate": rate, "workload.requests": 60,
             "workload.seed": seed, "workload.prompt_tokens": {"dist": "uniform", "low": 1,
                                                               "high": 1500}}
