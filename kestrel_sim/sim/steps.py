@@ -224,7 +224,7 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
         t += tc
     if chunk is not None:
         t += _draft_prefill(st, cfg, w, t, pids, ptok, pctx)
-    yield env.timeout(t - now if k else tf)  # (no draft without k: t == now + tf)
+    yield env.timeout(t - now if k else tf)  # without k, t == now + tf: tf keeps the bits
 
     total = int(emit.sum())
     batch.grow(emit, total)
