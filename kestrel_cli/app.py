@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kestrel_cli import generate, simulate
+from kestrel_cli import generate, simulate, sweep
 from kestrel_sim.errors import KestrelError
 
 app = typer.Typer(
@@ -23,7 +23,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("run")(simulate.run)
-app.command("sweep")(simulate.sweep)
+app.command("sweep")(sweep.sweep)
 app.command("schema")(simulate.schema)
 app.command("generate")(generate.generate)
 

@@ -19,7 +19,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kestrel_cli.sweep import sweep  # noqa: F401  (registered by kestrel_cli.app)
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.metrics import Metrics, compute_metrics, compute_timeseries
 from kestrel_sim.yamlio import load_scenario

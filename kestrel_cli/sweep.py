@@ -21,6 +21,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from kestrel_cli.simulate import check_out, progress_bar, write_outputs
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.yamlio import load_scenario
 
@@ -114,7 +115,6 @@ def sweep(
 ) -> None:
     """Run a scenario over a grid of --set values in parallel; write sweep.json, sweep.csv
     and sweep.html (curves, and heatmaps for two axes)."""
-    from kestrel_cli.simulate import check_out, progress_bar, write_outputs
     from reports.html import sweep_report
 
     console = Console(stderr=True)
