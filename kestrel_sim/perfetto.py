@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 
-from kestrel_sim.metrics import compute_timeseries
+from kestrel_sim.timeseries import compute_timeseries
 from kestrel_sim.trace import Trace
 
 US = 1e6

@@ -6,12 +6,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kestrel_sim.metrics import (
-    TimeSeries,
-    acceptance_lengths,
-    request_latencies,
-    stage_seconds,
-)
+from kestrel_sim.metrics import acceptance_lengths, request_latencies, stage_seconds
+from kestrel_sim.timeseries import TimeSeries
 from kestrel_sim.trace import Trace
 
 KIND_COLORS = {

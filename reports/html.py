@@ -7,7 +7,8 @@ import json
 
 import plotly.graph_objects as go
 
-from kestrel_sim.metrics import Metrics, TimeSeries
+from kestrel_sim.metrics import Metrics
+from kestrel_sim.timeseries import TimeSeries
 from kestrel_sim.trace import Trace
 from reports import figures
 

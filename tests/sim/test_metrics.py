@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kestrel_sim.metrics import compute_metrics, compute_timeseries, request_latencies
+from kestrel_sim.metrics import compute_metrics, request_latencies
+from kestrel_sim.timeseries import compute_timeseries
 from kestrel_sim.trace import RequestRecord, Span, Trace
 
 
