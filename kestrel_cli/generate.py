@@ -67,7 +67,7 @@ def pick_backend(backend: str | None, device: Any, graphs: bool) -> str:
 
 def check_quant(quant: str | None, shape: Any, awq: bool, where: str) -> str:
     """The quantization to report ('none', 'int8', 'int4'), refusing what cannot apply."""
-    from kestrel_rt.quant import GROUP_SIZE
+    from kestrel_rt.quant import GROUP_SIZE, int4_fits
     from kestrel_rt.quant_weights import is_projection
     from kestrel_rt.weights import expected_tensors
 
@@ -84,7 +84,7 @@ def check_quant(quant: str | None, shape: Any, awq: bool, where: str) -> str:
     quant = quant or "none"
     if quant == "int4":
         for name, dims in expected_tensors(shape).items():
-            if is_projection(name) and (dims[-1] % GROUP_SIZE or dims[-2] % 8):
+            if is_projection(name) and not int4_fits(dims[-2], dims[-1]):
                 raise OptionError(
                     f"--quant int4 cannot apply to {where}: tensor '{name}' has shape "
                     f"{list(dims)}, and int4 needs in_features a multiple of {GROUP_SIZE} and "

@@ -51,8 +51,14 @@ def int8_matmul_ref(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> t
 
 
 # -- int4 group-wise (AWQ) --------------------------------------------------------------------
+def int4_fits(out_features: int, in_features: int, group: int = GROUP_SIZE) -> bool:
+    """True when a weight [out, in] can take int4: whole groups along `in`, and `out` a
+    multiple of 8 (eight 4-bit columns share an int32)."""
+    return in_features % group == 0 and out_features % 8 == 0
+
+
 def _check_int4_shape(out_features: int, in_features: int, group: int) -> None:
-    if in_features % group or out_features % 8:
+    if not int4_fits(out_features, in_features, group):
         raise ValueError(
             f"int4 quantization needs in_features % {group} == 0 and out_features % 8 == 0; "
             f"got a weight of shape [{out_features}, {in_features}]"

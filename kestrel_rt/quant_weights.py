@@ -185,7 +185,7 @@ def is_fused_experts(name: str) -> bool:
 def check_quantizable(name: str, w: torch.Tensor, mode: str) -> None:
     """A KestrelError naming the tensor when its shape cannot take `mode`."""
     out_f, in_f = w.shape[-2], w.shape[-1]
-    if mode == "int4" and (in_f % quant.GROUP_SIZE or out_f % 8):
+    if mode == "int4" and not quant.int4_fits(out_f, in_f):
         raise KestrelError(
             f"tensor '{name}' of shape {list(w.shape)} cannot be quantized to int4: expected "
             f"in_features a multiple of {quant.GROUP_SIZE} and out_features a multiple of 8"
