@@ -6,7 +6,6 @@ scenario may also name its own YAML file with the same keys.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -75,7 +74,6 @@ def bundled_names() -> list[str]:
     return sorted(p.stem for p in BUNDLED_DIR.glob("*.yaml"))
 
 
-@lru_cache(maxsize=32)
 def load_hardware(name_or_path: str) -> Hardware:
     """A bundled description by name, or a hardware YAML file by path."""
     path = BUNDLED_DIR / f"{name_or_path}.yaml"

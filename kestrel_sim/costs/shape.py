@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -14,7 +13,6 @@ from kestrel_sim.models import PRESETS, ModelShape, preset
 _KEYS = set(ModelShape.model_fields) - {"name", "architecture"}
 
 
-@lru_cache(maxsize=32)
 def model_shape(name_or_folder: str) -> ModelShape:
     """The preset called `name_or_folder`, or the shape read from its config.json."""
     if name_or_folder.lower() in PRESETS:
