@@ -13,7 +13,7 @@ import numpy as np
 
 from kestrel_sim.datafiles import read_numbers, read_replay
 from kestrel_sim.errors import ConfigError
-from kestrel_sim.scenario import (
+from kestrel_sim.workload_spec import (
     ClosedLoopArrivals,
     EmpiricalDist,
     FixedDist,
