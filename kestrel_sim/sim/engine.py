@@ -15,12 +15,11 @@ import simpy
 
 from kestrel_sim.acceptance import build_acceptance
 from kestrel_sim.costs.build import build_costs
-from kestrel_sim.costs.shape import model_shape
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec
 from kestrel_sim.scenario import Link, Scenario
 from kestrel_sim.sim import processes as proc
-from kestrel_sim.sim.kv import kv_capacity
+from kestrel_sim.sim.kv import kv_capacity, kv_transfer_bytes_per_token
 from kestrel_sim.sim.state import SimState
 from kestrel_sim.sim.steps import StepConfig
 from kestrel_sim.sim.worker import Worker
@@ -94,10 +93,7 @@ def simulate(
             env.process(proc.colocated_worker(st, cfg, w))
     else:
         hw = costs.hardware
-        per_token = (hw.bytes_per_kv if hw else 2.0) * model_shape(sc.model).kv_elements_per_token
-        if sc.draft is not None:
-            per_token += (hw.bytes_per_kv if hw else 2.0) * model_shape(
-                sc.draft.model).kv_elements_per_token
+        per_token = kv_transfer_bytes_per_token(sc, hw)
         link = _link(sc, hw)
         for i in range(sc.serving.prefill_workers):
             w = make(f"prefill{i}", "prefill")

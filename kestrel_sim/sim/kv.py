@@ -1,4 +1,5 @@
-"""KV capacity: how many cached tokens one worker holds, and the charge each request takes.
+"""KV capacity: how many cached tokens one worker holds, the charge each request takes, and
+the bytes per token a disaggregated prefill worker sends.
 
 `preempt` policy: a request is charged its cached tokens (prompt + emitted) and grows as
 it emits; before a round the newest requests are preempted until the round's speculative
@@ -53,3 +54,11 @@ def kv_capacity(sc: Scenario, hw: Hardware | None) -> int:
             f"{hw.memory_gb} GB x kv_memory_fraction {sc.serving.kv_memory_fraction}"
         )
     return int(free // per_token)
+
+
+def kv_transfer_bytes_per_token(sc: Scenario, hw: Hardware | None) -> float:
+    """Bytes a prefill worker sends per cached token: the target's KV and the draft's (2-byte
+    KV elements when the hardware is a profile without a bundled description)."""
+    bytes_per_kv = hw.bytes_per_kv if hw else 2.0
+    models = [sc.model] + ([sc.draft.model] if sc.draft is not None else [])
+    return sum(bytes_per_kv * model_shape(m).kv_elements_per_token for m in models)
