@@ -228,7 +228,7 @@ _EXPECTED = {
 }
 
 
-def _describe(err: dict, path: Key, data, model, located, tags) -> str:
+def _describe(err: dict, path: Key, data, model, tags) -> str:
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "extra_forbidden":
         owner = _model_at(model, path[:-1], data, tags)
@@ -280,7 +280,7 @@ def format_errors(error: ValidationError, data, model, located: _Located) -> str
         if counts and len(counts) > 1 and tags[0] != min(counts, key=counts.get):
             continue
         name = ".".join(map(str, path)) or "(top level)"
-        line = f"{located.where(path)}: {name}: {_describe(err, path, data, model, located, tags)}"
+        line = f"{located.where(path)}: {name}: {_describe(err, path, data, model, tags)}"
         if line not in lines:
             lines.append(line)
     count = f"{len(lines)} problems" if len(lines) > 1 else "1 problem"
