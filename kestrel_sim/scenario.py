@@ -44,6 +44,7 @@ from kestrel_sim.workload_spec import (  # noqa: F401  (re-exported: the Scenari
     UniformDist,
     Workload,
     _Strict,
+    in_base_dir,
     resolve_file,
 )
 
@@ -200,9 +201,7 @@ def resolve_model(value: str, info: ValidationInfo) -> str:
     """A preset name (lower-cased) or the absolute path of a folder with a config.json."""
     if value.lower() in PRESETS:
         return value.lower()
-    base = Path((info.context or {}).get("base_dir", "."))
-    path = Path(value).expanduser()
-    path = path if path.is_absolute() else base / path
+    path = in_base_dir(value, info)
     if (path / "config.json").is_file():
         return str(path.resolve())
     known = ", ".join(sorted(PRESETS))
@@ -218,9 +217,7 @@ def resolve_hardware(value: str, info: ValidationInfo) -> str:
 
     if value.lower() in bundled_names():
         return value.lower()
-    base = Path((info.context or {}).get("base_dir", "."))
-    path = Path(value).expanduser()
-    path = path if path.is_absolute() else base / path
+    path = in_base_dir(value, info)
     if path.is_file():
         return str(path.resolve())
     raise ValueError(

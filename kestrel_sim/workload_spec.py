@@ -19,12 +19,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def in_base_dir(value: str | Path, info: ValidationInfo) -> Path:
+    """`value` as a path; a relative one is taken from the validation context's base_dir
+    (the scenario file's folder)."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else Path((info.context or {}).get("base_dir", ".")) / path
+
+
 def resolve_file(value: str | Path, info: ValidationInfo, what: str) -> str:
     """`value` made absolute against the context's base_dir; an error if it does not exist."""
-    base = Path((info.context or {}).get("base_dir", "."))
-    path = Path(value).expanduser()
-    if not path.is_absolute():
-        path = base / path
+    path = in_base_dir(value, info)
     if not path.exists():
         raise ValueError(f"{what} file '{value}' not found (looked for {path.resolve()})")
     return str(path.resolve())
