@@ -42,17 +42,8 @@ WIDE = {
 
 def build_wide(name: str, folder, half: bool = False):
     """Write tiny checkpoint WIDE[name] (fp32, or fp16 with half) into `folder`."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    torch.manual_seed(0)
-    cfg = WIDE[name]
-    model = (Qwen3MoeForCausalLM(Qwen3MoeConfig(**cfg)) if "num_experts" in cfg
-             else Qwen3ForCausalLM(Qwen3Config(**cfg)))
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-    (model.half() if half else model).eval().save_pretrained(folder)
+    model = tm.from_config(WIDE[name])
+    (model.half() if half else model).save_pretrained(folder)
     return folder
 
 

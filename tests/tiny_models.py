@@ -41,13 +41,19 @@ SHARD_SIZE = "20KB"  # gives several shards and an index for the "sharded" model
 
 def in_memory(name: str, seed: int = 0):
     """The transformers model of tiny config `name` (a key of CONFIGS), fp32, eval mode."""
+    return from_config(CONFIGS[name], seed)
+
+
+def from_config(cfg: dict, seed: int = 0):
+    """The transformers model of a config dict (MoE when it has num_experts), fp32, eval
+    mode, norm weights randomised."""
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(seed)
-    if name in MOE_CONFIGS:
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**CONFIGS[name]))
+    if "num_experts" in cfg:
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**cfg))
     else:
-        model = Qwen3ForCausalLM(Qwen3Config(**CONFIGS[name]))
+        model = Qwen3ForCausalLM(Qwen3Config(**cfg))
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight"):
