@@ -13,14 +13,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import tiny_models
-from typer.testing import CliRunner
+from generate_cli import error_of, invoke
 
-from kestrel_cli.app import app
-from kestrel_sim.errors import KestrelError
 from kestrel_sim.models import PRESETS
 
 PROMPT = [5, 17, 3, 88, 41]
-runner = CliRunner()
 
 WORDS = ["<unk>", "<eos>", "the", "kestrel", "hovers", "over", "a", "field", "and", "dives"]
 
@@ -54,10 +51,6 @@ def reference_greedy(folder, prompt: list[int], n: int) -> list[int]:
         attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
     )
     return out[0, len(prompt):].tolist()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, ["generate", *args])
 
 
 @pytest.mark.parametrize("name", ["tied", "sharded", "moe"])
@@ -120,15 +113,6 @@ def test_preset_runs_on_dummy_weights(monkeypatch):
     report = json.loads(result.stdout)
     assert len(report["token_ids"]) == 5 and report["text"] is None
     assert all(0 <= t < 256 for t in report["token_ids"])
-
-
-def error_of(result) -> str:
-    """The KestrelError a CliRunner run stopped with (app.main prints it and exits 2)."""
-    assert result.exit_code != 0
-    assert isinstance(result.exception, KestrelError), result.exception
-    message = str(result.exception)
-    assert "\n" not in message
-    return message
 
 
 def test_both_or_neither_prompt(folders):

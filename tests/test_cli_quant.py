@@ -18,19 +18,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import tiny_models as tm
-from typer.testing import CliRunner
+from generate_cli import error_of, invoke
 
-from kestrel_cli.app import app
 from kestrel_rt.awq import write_awq_folder
 from kestrel_rt.backend import TorchBackend
 from kestrel_rt.engine import generate as run_generate
 from kestrel_rt.model import Qwen3Model
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight, quantize_weights
-from kestrel_sim.errors import KestrelError
 
 PROMPT = [5, 17, 3, 88, 41]
 N_NEW = 8
-runner = CliRunner()
 
 # tiny_models' configs with every projection dimension a multiple of 128 (int4's group).
 WIDE = {
@@ -55,10 +52,6 @@ def folders(tmp_path_factory):
     made["wide_moe16"] = build_wide("wide_moe", tmp_path_factory.mktemp("wide_moe16"), half=True)
     made["awq"] = write_awq_folder(made["wide_moe16"], tmp_path_factory.mktemp("awq"))
     return made
-
-
-def invoke(*args: str):
-    return runner.invoke(app, ["generate", *args])
 
 
 def run_json(folder, *args: str) -> dict:
@@ -105,14 +98,6 @@ def test_awq_folder_equals_quant_int4_on_its_source(folders):
     at_load = run_json(folders["wide_moe16"], "--quant", "int4", "--dtype", "float32")
     assert awq["token_ids"] == at_load["token_ids"]
     assert run_json(folders["awq"], "--quant", "int4")["token_ids"] == awq["token_ids"]
-
-
-def error_of(result) -> str:
-    assert result.exit_code != 0
-    assert isinstance(result.exception, KestrelError), repr(result.exception)
-    message = str(result.exception)
-    assert "\n" not in message
-    return message
 
 
 def test_bad_combinations_are_one_paragraph_errors(folders):
