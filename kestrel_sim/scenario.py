@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import (
+    AfterValidator,
     Field,
     ValidationInfo,
     field_validator,
@@ -49,6 +50,40 @@ from kestrel_sim.workload_spec import (  # noqa: F401  (re-exported: the Scenari
 )
 
 Stage = Literal["prefill", "draft", "verify", "correction", "decode"]
+
+
+def resolve_model(value: str, info: ValidationInfo) -> str:
+    """A preset name (lower-cased) or the absolute path of a folder with a config.json."""
+    if value.lower() in PRESETS:
+        return value.lower()
+    path = in_base_dir(value, info)
+    if (path / "config.json").is_file():
+        return str(path.resolve())
+    known = ", ".join(sorted(PRESETS))
+    raise ValueError(
+        f"'{value}' is neither a model preset ({known}) nor a folder with a config.json "
+        f"(looked for {(path / 'config.json').resolve()})"
+    )
+
+
+def resolve_hardware(value: str, info: ValidationInfo) -> str:
+    """A bundled hardware name, or the absolute path of a hardware YAML or Profile JSON."""
+    from kestrel_sim.hardware import bundled_names
+
+    if value.lower() in bundled_names():
+        return value.lower()
+    path = in_base_dir(value, info)
+    if path.is_file():
+        return str(path.resolve())
+    raise ValueError(
+        f"'{value}' is neither bundled hardware ({', '.join(bundled_names())}) nor a "
+        f"hardware YAML / Profile JSON file (looked for {path.resolve()})"
+    )
+
+
+# a model or hardware field: a bundled name, or a path resolved against the scenario's folder
+ModelName = Annotated[str, AfterValidator(resolve_model)]
+HardwareName = Annotated[str, AfterValidator(resolve_hardware)]
 
 
 # ---------------------------------------------------------------- speculative decoding
@@ -105,21 +140,11 @@ class Spec(_Strict):
 
 
 class Draft(_Strict):
-    model: str = Field(description="preset name or Hugging Face model folder")
+    model: ModelName = Field(description="preset name or Hugging Face model folder")
     device: Literal["gpu", "cpu"] = "gpu"
-    hardware: str | None = Field(
+    hardware: HardwareName | None = Field(
         default=None, description="hardware for a cpu draft (default cpu-xeon)"
     )
-
-    @field_validator("model")
-    @classmethod
-    def _model(cls, v: str, info: ValidationInfo) -> str:
-        return resolve_model(v, info)
-
-    @field_validator("hardware")
-    @classmethod
-    def _hardware(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return None if v is None else resolve_hardware(v, info)
 
 
 # ---------------------------------------------------------------- serving
@@ -197,57 +222,18 @@ class Slo(_Strict):
 # ---------------------------------------------------------------- the scenario
 
 
-def resolve_model(value: str, info: ValidationInfo) -> str:
-    """A preset name (lower-cased) or the absolute path of a folder with a config.json."""
-    if value.lower() in PRESETS:
-        return value.lower()
-    path = in_base_dir(value, info)
-    if (path / "config.json").is_file():
-        return str(path.resolve())
-    known = ", ".join(sorted(PRESETS))
-    raise ValueError(
-        f"'{value}' is neither a model preset ({known}) nor a folder with a config.json "
-        f"(looked for {(path / 'config.json').resolve()})"
-    )
-
-
-def resolve_hardware(value: str, info: ValidationInfo) -> str:
-    """A bundled hardware name, or the absolute path of a hardware YAML or Profile JSON."""
-    from kestrel_sim.hardware import bundled_names
-
-    if value.lower() in bundled_names():
-        return value.lower()
-    path = in_base_dir(value, info)
-    if path.is_file():
-        return str(path.resolve())
-    raise ValueError(
-        f"'{value}' is neither bundled hardware ({', '.join(bundled_names())}) nor a "
-        f"hardware YAML / Profile JSON file (looked for {path.resolve()})"
-    )
-
-
 class Scenario(_Strict):
     name: str = "scenario"
-    hardware: str = Field(
+    hardware: HardwareName = Field(
         default="h200", description="bundled name, or a hardware YAML or Profile JSON path"
     )
-    model: str = Field(default="qwen3-8b", description="preset or Hugging Face model folder")
+    model: ModelName = Field(default="qwen3-8b", description="preset or Hugging Face model folder")
     draft: Draft | None = None
     spec: Spec | None = None
     serving: Serving = Field(default_factory=Serving)
     workload: Workload
     slo: Slo = Field(default_factory=Slo)
     costs: Costs | None = None
-
-    @field_validator("model")
-    @classmethod
-    def _model(cls, v: str, info: ValidationInfo) -> str:
-        return resolve_model(v, info)
-
-    @field_validator("hardware")
-    @classmethod
-    def _hardware(cls, v: str, info: ValidationInfo) -> str:
-        return resolve_hardware(v, info)
 
     @model_validator(mode="after")
     def _spec_needs_draft(self):
