@@ -45,12 +45,15 @@ def timeline_figure(trace: Trace, window: tuple[float, float] | None = None,
              if s.kind != "queue_wait" and s.start >= lo and s.start <= hi]
     workers = sorted({s.worker for s in spans})
     steps = {(s.worker, s.start, s.end) for s in spans if s.kind in ("decode", "verify")}
-    riding = [s for s in spans if s.kind == "prefill" and (s.worker, s.start, s.end) in steps]
+
+    def rides(s) -> bool:  # a prefill chunk carried by a decode/verify forward
+        return s.kind == "prefill" and (s.worker, s.start, s.end) in steps
+
     fig = go.Figure()
-    groups = [(kind, color, [s for s in spans if s.kind == kind and
-                             not (kind == "prefill" and (s.worker, s.start, s.end) in steps)],
-               None) for kind, color in KIND_COLORS.items()]
-    groups.append(("prefill in decode/verify", KIND_COLORS["prefill"], riding, 0.3))
+    groups = [(kind, color, [s for s in spans if s.kind == kind and not rides(s)], None)
+              for kind, color in KIND_COLORS.items()]
+    groups.append(("prefill in decode/verify", KIND_COLORS["prefill"],
+                   [s for s in spans if rides(s)], 0.3))
     for kind, color, group, width in groups:
         if not group:
             continue
