@@ -51,18 +51,6 @@ def _read_all(folder: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     return found
 
 
-def is_awq_folder(folder: Path) -> bool:
-    """True when config.json declares AWQ quantization or a tensor is named *.qweight."""
-    folder = Path(folder)
-    config_path = folder / "config.json"
-    if config_path.is_file():
-        qc = read_config(config_path).get("quantization_config") or {}
-        if isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "awq":
-            return True
-    return any(n.endswith(".qweight") for n in _read_all(folder)) if any(
-        folder.glob("*.safetensors")) else False
-
-
 def _check_config(config: dict, where: Path) -> None:
     qc = config.get("quantization_config") or {}
     if not qc:

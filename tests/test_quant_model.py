@@ -10,8 +10,9 @@ import tiny_models as tm
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from kestrel_rt.awq import AwqCheckpointError, is_awq_folder, load_awq_folder, write_awq_folder
+from kestrel_rt.awq import AwqCheckpointError, load_awq_folder, write_awq_folder
 from kestrel_rt.backend import TorchBackend
+from kestrel_rt.loading import is_awq_checkpoint
 from kestrel_rt.model import Qwen3Model
 from kestrel_rt.packing import pack_weights
 from kestrel_rt.quant_weights import (
@@ -85,7 +86,7 @@ def folders(tmp_path_factory):
 
 def test_awq_folder_loads_as_int4_and_matches_quantize_at_load(folders):
     src, dst = folders
-    assert is_awq_folder(dst) and not is_awq_folder(src)
+    assert is_awq_checkpoint(dst) and not is_awq_checkpoint(src)
     shape, weights = load_awq_folder(dst, "cpu", "float32")
     assert isinstance(weights["model.layers.0.self_attn.q_proj.weight"], Int4Weight)
     assert isinstance(weights["model.embed_tokens.weight"], torch.Tensor)
