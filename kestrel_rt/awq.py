@@ -23,6 +23,7 @@ import torch
 
 from kestrel_rt import quant
 from kestrel_rt.config import read_config, shape_from_hf_config
+from kestrel_rt.loading import read_headers, weight_files
 from kestrel_rt.quant_weights import Int4Weight, check_quantizable, is_projection
 from kestrel_rt.weights import expected_tensors, parse_device, parse_dtype
 from kestrel_sim.errors import KestrelError
@@ -36,19 +37,9 @@ class AwqCheckpointError(KestrelError):
 
 
 def _read_all(folder: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
-    """{tensor name: (file, shape, dtype)} over every *.safetensors of `folder`."""
-    from safetensors import safe_open
-
-    found = {}
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise AwqCheckpointError(f"{folder} has no *.safetensors files")
-    for path in files:
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                sl = f.get_slice(name)
-                found[name] = (path, tuple(sl.get_shape()), sl.get_dtype())
-    return found
+    """{tensor name: (file, shape, dtype)} over the folder's weight files (single, or shards
+    named by the index), from the headers; a truncated or corrupt file is a clear error."""
+    return read_headers(weight_files(folder))
 
 
 def _check_config(config: dict, where: Path) -> None:

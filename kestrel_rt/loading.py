@@ -101,7 +101,7 @@ def weight_files(folder: Path) -> list[Path]:
     return found
 
 
-def _headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], str]]:
+def read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     """name -> (file, shape, safetensors dtype) for every tensor, from the headers only."""
     from safetensors import SafetensorError, safe_open
 
@@ -173,7 +173,7 @@ def load_folder(
     shape = shape_from_hf_config(config, config_path)
     device = parse_device(device)
     dtype = parse_dtype(dtype or checkpoint_dtype(config, config_path) or "float32")
-    found = _headers(weight_files(folder))
+    found = read_headers(weight_files(folder))
     if awq_declared(config) or any(n.endswith(".qweight") for n in found):
         from kestrel_rt.awq import load_awq_folder
 
@@ -208,7 +208,7 @@ def is_awq_checkpoint(folder: str | Path) -> bool:
     config_path = find_config(folder)
     if awq_declared(read_config(config_path)):
         return True
-    return any(n.endswith(".qweight") for n in _headers(weight_files(folder)))
+    return any(n.endswith(".qweight") for n in read_headers(weight_files(folder)))
 
 
 def find_config(folder: Path) -> Path:

@@ -144,3 +144,16 @@ def test_fused_moe_experts_quantize_expert_by_expert(mode):
         assert all(torch.equal(x, y) for x, y in zip(a[name].tensors(), b[name].tensors()))
     tokens = torch.randint(0, shape.vocab_size, (2, 7), generator=torch.Generator().manual_seed(4))
     assert torch.equal(_logits(shape, fused, tokens), _logits(shape, per_expert, tokens))
+
+
+def test_truncated_awq_file_is_a_clear_error(folders, tmp_path):
+    from kestrel_rt.loading import CorruptCheckpointError
+
+    _, dst = folders
+    bad = tmp_path / "truncated"
+    bad.mkdir()
+    (bad / "config.json").write_text((dst / "config.json").read_text())
+    data = (dst / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptCheckpointError, match="truncated or corrupt"):
+        load_awq_folder(bad, "cpu")
