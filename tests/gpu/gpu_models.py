@@ -21,28 +21,12 @@ WIDE: dict[str, dict] = {
 }
 
 
-def _wide(name: str, seed: int):
-    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = WIDE[name]
-    if "num_experts" in cfg:
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**cfg))
-    else:
-        model = Qwen3ForCausalLM(Qwen3Config(**cfg))
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-    return model.eval()
-
-
 def weights(name: str, seed: int = 0) -> tuple[object, dict[str, torch.Tensor]]:
     """(ModelShape, fresh copy of the HF-named fp32 CPU weights) of tiny config `name`
     (a tiny_models config, or one of WIDE)."""
     key = (name, seed)
     if key not in _REFS:
-        _REFS[key] = _wide(name, seed) if name in WIDE else tm.in_memory(name, seed=seed)
+        _REFS[key] = tm.from_config(WIDE[name], seed) if name in WIDE else tm.in_memory(name, seed=seed)
     ref = _REFS[key]
     return tm.shape_of(ref.config), tm.weights_of(ref)
 
