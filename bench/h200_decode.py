@@ -75,6 +75,7 @@ class Bench:
         self.gen = torch.Generator().manual_seed(0)
         self.steps = 16 if quick else 48
         self.models, self.quants, self.with_transformers = MODELS, QUANTS, True
+        self.breakdown, self.breakdowns = False, []  # per-kernel time of a decode step
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -112,6 +113,16 @@ class Bench:
         model.allocate_kv(max_batch, 2048 + 64)
         r = measure.time_steps(model, 1, 1, CONTEXT, self.steps, self.gen)
         self.add("decode b=1", name, quant, 1, 1, r, self.decode_limit_s(model, 1, 1, CONTEXT))
+        if self.breakdown and quant in ("bf16", "int4"):
+            self.breakdowns.append((name, quant, measure.kernel_breakdown(model, CONTEXT)))
+        if model.shape.is_moe and quant == "bf16":  # bf16 experts: moe.cu or the gemv path
+            model.backend.bf16_experts = "gemv"
+            model.graphs.clear()
+            r = measure.time_steps(model, 1, 1, CONTEXT, self.steps, self.gen)
+            self.add("decode b=1 (experts: gemv)", name, quant, 1, 1, r,
+                     self.decode_limit_s(model, 1, 1, CONTEXT))
+            model.backend.bf16_experts = "kernel"
+            model.graphs.clear()
         if name == "qwen3-8b" and quant == "bf16":
             for b in BATCHES[1:]:
                 r = measure.time_steps(model, b, 1, CONTEXT, self.steps // 2, self.gen)
@@ -225,7 +236,8 @@ class Bench:
                 "commit": commit, "torch": torch.__version__, "cuda": torch.version.cuda,
                 "copy_gbps": self.copy_bw / 1e9, "matmul_tflops": self.peak_flops / 1e12,
                 "quick": self.quick, "errors": self.errors, "rows": self.rows,
-                "quant_error": self.quant_rows}
+                "quant_error": self.quant_rows,
+                "breakdowns": [{"model": m, "quant": q, **b} for m, q, b in self.breakdowns]}
         (self.out / "h200_decode.json").write_text(json.dumps(meta, indent=1))
         table = render(meta)
         (self.out / "h200_decode.md").write_text(table)
@@ -257,6 +269,12 @@ def render(meta: dict) -> str:
                   "| --- | --- | ---: | ---: | ---: |"]
         lines += [f"| {r['model']} | {r['quant']} | {r['rel_error']:.4f} | {r['max_abs']:.3f} | "
                   f"{r['argmax_agreement']:.1%} |" for r in meta["quant_error"]]
+    for b in meta.get("breakdowns", []):
+        lines += ["", (f"Where a batch-1 decode step of {b['model']} {b['quant']} goes: "
+                  f"{b['step_ms']:.3f} ms per step, kernels busy {b['busy_ms']:.3f} ms "
+                  f"({sum(k[1] for k in b['kernels']):.0f} launches); top kernels:"), "",
+                  "| kernel | launches / step | us / step |", "| --- | ---: | ---: |"]
+        lines += [f"| `{k[0]}` | {k[1]:.0f} | {k[2]:.1f} |" for k in b["kernels"][:12]]
     if meta["errors"]:
         lines += ["", "Failed sections:", *[f"- {e}" for e in meta["errors"]]]
     return "\n".join(lines) + "\n"
@@ -270,10 +288,13 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--quants", default=",".join(QUANTS))
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="per-kernel time of a decode step (torch.profiler), bf16 and int4")
     args = ap.parse_args()
     bench = Bench(args.out, args.quick)
     bench.models, bench.quants = args.models.split(","), args.quants.split(",")
     bench.with_transformers = not args.no_transformers
+    bench.breakdown = args.breakdown
     bench.run(args.commit)
 
 

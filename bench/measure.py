@@ -226,3 +226,46 @@ def transformers_generate(shape, new_tokens: tuple[int, int] = (8, 40)) -> dict:
     return {"tok_s": (new_tokens[1] - new_tokens[0]) / (walls[1] - walls[0]),
             "ms": (walls[1] - walls[0]) / (new_tokens[1] - new_tokens[0]) * 1e3,
             "samples": new_tokens[1] - new_tokens[0]}
+
+
+# -- where a decode step's time goes ------------------------------------------------------------
+def kernel_breakdown(model, context: int, steps: int = 5) -> dict:
+    """Per-kernel device time of batch-1 decode steps (graph replays, torch.profiler/CUPTI).
+
+    Returns {"step_ms": device time of one step (events), "kernels": [(name, launches per
+    step, us per step)], "busy_ms": summed kernel time per step}: step_ms - busy_ms is the
+    time between kernels (launch gaps, ramp-up and tail)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    kv = model.kv
+    slot = kv.allocate()
+    try:
+        kv.advance([slot], [context])
+        tok = torch.zeros(1, 1, dtype=torch.long)
+
+        def one():
+            model.forward(tok, [slot])
+            kv.rollback(slot, context)
+
+        for _ in range(3):
+            one()
+        torch.cuda.synchronize()
+        step_s = _median_event_s(one, 10)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                one()
+            torch.cuda.synchronize()
+    finally:
+        kv.free(slot)
+    totals: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        name = ev.name if len(ev.name) <= 60 else ev.name[:57] + "..."
+        t = totals.setdefault(name, [0, 0.0])
+        t[0] += 1
+        t[1] += ev.device_time
+    kernels = sorted(((n, c / steps, us / steps) for n, (c, us) in totals.items()),
+                     key=lambda r: -r[2])
+    return {"step_ms": step_s * 1e3, "kernels": kernels,
+            "busy_ms": sum(r[2] for r in kernels) / 1e3}

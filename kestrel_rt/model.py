@@ -76,28 +76,23 @@ class Qwen3Model:
         B, M = tokens.shape
         D, Hq, Hkv = s.head_dim, s.num_attention_heads, s.num_key_value_heads
 
-        x = be.embed(tokens)  # [B, M, H]
-        residual = x
-        h = be.rms_norm(x, "layers.0.input_norm")
-        mlp_out = x
+        x = be.embed(tokens)  # [B, M, H]: the residual stream
         for i in range(s.num_hidden_layers):
-            if i > 0:
-                h, residual = be.add_rms_norm(mlp_out, residual, f"layers.{i}.input_norm")
-            qkv = be.linear(h, f"layers.{i}.qkv")  # [B, M, (Hq + 2 Hkv) * D]
-            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
-            q, k = be.qk_norm_rope(q.view(B, M, Hq, D), k.view(B, M, Hkv, D), i, step)
-            o = be.attention(q, k, v.view(B, M, Hkv, D), i, step)  # [B, M, Hq, D]
-            a = be.linear(o.reshape(B, M, Hq * D), f"layers.{i}.o")  # [B, M, H]
-            h, residual = be.add_rms_norm(a, residual, f"layers.{i}.post_norm")
+            qkv = be.norm_linear(x, f"layers.{i}.input_norm", f"layers.{i}.qkv")
+            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)  # [B, M, (Hq+2Hkv) D]
+            o = be.rope_attention(q.view(B, M, Hq, D), k.view(B, M, Hkv, D),
+                                  v.view(B, M, Hkv, D), i, step)  # [B, M, Hq, D]
+            x = be.linear_add(o.reshape(B, M, Hq * D), f"layers.{i}.o", x)
             if s.is_moe_layer(i):
-                mlp_out = be.moe(h.reshape(B * M, -1), i).view(B, M, -1)
+                h = be.rms_norm(x, f"layers.{i}.post_norm").reshape(B * M, -1)  # [N, H]
+                x = be.moe_add(h, i, x.reshape(B * M, -1)).view(B, M, -1)
             else:
-                mlp_out = be.linear(be.swiglu(be.linear(h, f"layers.{i}.gate_up")),
-                                    f"layers.{i}.down")
+                gate_up = be.norm_linear(x, f"layers.{i}.post_norm", f"layers.{i}.gate_up")
+                x = be.swiglu_linear_add(gate_up, f"layers.{i}.down", x)
         if last_only:
-            last = (step.n_new - 1)[:, None, None].expand(B, 1, mlp_out.shape[-1])  # [B, 1, H]
-            mlp_out, residual = mlp_out.gather(1, last), residual.gather(1, last)
-        return be.logits(mlp_out, residual)  # [B, M or 1, V]
+            last = (step.n_new - 1)[:, None, None].expand(B, 1, x.shape[-1])  # [B, 1, H]
+            x = x.gather(1, last)
+        return be.logits(x)  # [B, M or 1, V]
 
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         """Append each prompt to its (typically empty) slot in one padded batch.

@@ -59,7 +59,7 @@ def test_embed_norms_linear_swiglu(pair):
     _close(be.linear(x, "layers.0.qkv"), qkv)
     gu = _x(2, 3, 2 * 24, seed=2)
     _close(be.swiglu(gu), F.silu(gu[..., :24]) * gu[..., 24:])
-    _close(be.logits(x, r), ref.lm_head(ref.model.norm(x + r)))
+    _close(be.logits(x + r), ref.lm_head(ref.model.norm(x + r)))
 
 
 def test_qk_norm_rope(pair):
@@ -118,3 +118,51 @@ def test_moe_block(name):
     for layer in moe_layers:
         x = _x(13, shape.hidden_size, seed=layer) * 2  # [N, H]
         _close(be.moe(x, layer), ref.model.layers[layer].mlp(x[None])[0])
+
+
+def test_fused_ops_compose_the_primitives(pair):
+    """The Backend's fused ops (what the model calls) against the transformers modules."""
+    ref, be = pair
+    c = ref.config
+    H, Hq, D = c.hidden_size, c.num_attention_heads, c.head_dim
+    x = _x(2, 3, H, seed=4)
+    layer = ref.model.layers[0]
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    qkv = torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
+    _close(be.norm_linear(x, "layers.0.input_norm", "layers.0.qkv"), qkv)
+    o = _x(2, 3, Hq * D, seed=5)
+    _close(be.linear_add(o, "layers.0.o", x), x + attn.o_proj(o))
+    _close(be.logits(x), ref.lm_head(ref.model.norm(x)))
+    dense = [i for i in range(c.num_hidden_layers) if not tm.shape_of(c).is_moe_layer(i)]
+    for i in dense:
+        mlp = ref.model.layers[i].mlp
+        inter = mlp.gate_proj.out_features
+        gu = _x(2, 3, 2 * inter, seed=6)
+        expect = x + mlp.down_proj(F.silu(gu[..., :inter]) * gu[..., inter:])
+        _close(be.swiglu_linear_add(gu, f"layers.{i}.down", x), expect)
+    for i in range(c.num_hidden_layers):
+        if tm.shape_of(c).is_moe_layer(i):
+            xs = _x(5, H, seed=7)
+            _close(be.moe_add(xs, i, xs * 3), xs * 3 + ref.model.layers[i].mlp(xs[None])[0])
+
+
+def test_rope_attention_is_norm_rope_then_attention(pair):
+    ref, be = pair
+    c = ref.config
+    Hq, Hkv, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    out = []
+    for fused in (True, False):
+        be.allocate_kv(2, 16)
+        kv = be.kv
+        slots = [kv.allocate(), kv.allocate()]
+        kv.lengths[slots[1]] = 4
+        step = kv.step(slots, 2, [2, 2])
+        q, k, v = _x(2, 2, Hq, D, seed=8), _x(2, 2, Hkv, D, seed=9), _x(2, 2, Hkv, D, seed=10)
+        if fused:
+            o = be.rope_attention(q, k, v, 1, step)
+        else:
+            o = be.attention(*be.qk_norm_rope(q, k, 1, step), v, 1, step)
+        out.append((o, kv.k[1].clone(), kv.v[1].clone()))
+    for a, b in zip(*out):
+        assert torch.equal(a, b)

@@ -7,20 +7,24 @@ its target's weights). `load()` refuses a second model; weights are stored under
 What a backend owns: its device and dtype, the packed weights (names in
 kestrel_rt/packing.py), the KV cache (`allocate_kv`, kestrel_rt/kv_cache.py).
 
-The model (kestrel_rt/model.py) calls only the ops below, per layer:
+The model (kestrel_rt/model.py) calls only the ops below, per layer, on the residual
+stream x:
 
     x = embed(tokens)                                   # [B, M, H]
-    h = rms_norm(x, "layers.0.input_norm"); residual = x
     for layer i:
-        (i > 0) h, residual = add_rms_norm(mlp_out, residual, "layers.{i}.input_norm")
-        qkv = linear(h, "layers.{i}.qkv")               # [B, M, (Hq + 2 Hkv) * D]
-        q, k = qk_norm_rope(q, k, i, step)              # q [B, M, Hq, D], k [B, M, Hkv, D]
-        o = attention(q, k, v, i, step)                 # [B, M, Hq, D]; writes k, v to cache
-        a = linear(o, "layers.{i}.o")
-        h, residual = add_rms_norm(a, residual, "layers.{i}.post_norm")
-        mlp_out = linear(swiglu(linear(h, ".gate_up")), ".down")   # dense layer
-        mlp_out = moe(h, i)                                        # MoE layer, h as [N, H]
-    logits = logits(mlp_out, residual)                  # final add + norm + lm_head, fp32
+        qkv = norm_linear(x, "layers.{i}.input_norm", "layers.{i}.qkv")  # [B, M, (Hq+2Hkv) D]
+        o = rope_attention(q, k, v, i, step)            # [B, M, Hq, D]; writes k, v to cache
+        x = linear_add(o, "layers.{i}.o", x)            # x + o @ W_o.T
+        dense: gu = norm_linear(x, "layers.{i}.post_norm", "layers.{i}.gate_up")
+               x = swiglu_linear_add(gu, "layers.{i}.down", x)
+        MoE:   x = moe_add(rms_norm(x, "layers.{i}.post_norm"), i, x)   # [N, H] rows
+    logits = logits(x)                                  # norm + lm_head, fp32
+
+The fused ops (norm_linear, rope_attention, linear_add, swiglu_linear_add, moe_add,
+logits) are compositions of the primitive ops (rms_norm, linear, qk_norm_rope, attention,
+swiglu, moe) with the same rounding: the defaults here compose them, so the torch reference
+only implements the primitives; a GPU backend runs each fused op as one kernel where it can
+and falls back to the composition where it cannot.
 
 HOW TO WRITE A SUBCLASS (e.g. the cupy backend): subclass `TorchBackend` (the reference)
 and override any op with a kernel; un-overridden ops keep the torch reference, so each
@@ -151,6 +155,32 @@ class Backend(ABC):
         token's chosen experts' SwiGLU MLPs (layers.{i}.experts.gate_up / .down) summed with
         those weights."""
 
-    @abstractmethod
-    def logits(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """Final add + RMSNorm ("norm") + lm_head: x, residual [B, M, H] -> [B, M, V] fp32."""
+    # -- fused ops: compositions of the ops above (same rounding); override with kernels ---
+    def norm_linear(self, x: torch.Tensor, norm: str, name: str) -> torch.Tensor:
+        """linear(rms_norm(x, norm), name): x [..., H] -> [..., out]."""
+        return self.linear(self.rms_norm(x, norm), name)
+
+    def linear_add(self, x: torch.Tensor, name: str, residual: torch.Tensor) -> torch.Tensor:
+        """residual + linear(x, name) (the linear's output rounded to the dtype first)."""
+        return residual + self.linear(x, name)
+
+    def swiglu_linear_add(self, gate_up: torch.Tensor, name: str,
+                          residual: torch.Tensor) -> torch.Tensor:
+        """residual + linear(swiglu(gate_up), name): gate_up [..., 2I] -> [..., out]."""
+        return residual + self.linear(self.swiglu(gate_up), name)
+
+    def rope_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                       step: Step) -> torch.Tensor:
+        """attention(*qk_norm_rope(q, k, layer, step), v, layer, step): q, k not yet
+        normalised or rotated (views of the qkv output) -> [B, M, Hq, D]."""
+        q, k = self.qk_norm_rope(q, k, layer, step)
+        return self.attention(q, k, v, layer, step)
+
+    def moe_add(self, x: torch.Tensor, layer: int, residual: torch.Tensor) -> torch.Tensor:
+        """residual + moe(x, layer): x, residual [N, H]."""
+        return residual + self.moe(x, layer)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final RMSNorm ("norm") + lm_head of the residual stream: x [B, M, H] -> [B, M, V]
+        fp32."""
+        return self.norm_linear(x, "norm", "lm_head").float()

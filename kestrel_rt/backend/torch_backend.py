@@ -72,7 +72,3 @@ class TorchBackend(Backend):
             x, weights, experts,
             self.weight(f"layers.{layer}.experts.gate_up"),
             self.weight(f"layers.{layer}.experts.down"))
-
-    def logits(self, x, residual):
-        h, _ = self.add_rms_norm(x, residual, "norm")
-        return self.linear(h, "lm_head").float()  # [B, M, V]
