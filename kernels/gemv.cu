@@ -1,31 +1,44 @@
 // bf16 skinny matmul for decode / verify: y[M, N] = x[M, K] @ W[N, K]^T, M <= 16.
-// W, x, y bf16 row-major, contiguous; K % 8 == 0; 16-byte aligned. See gemv_mma.cuh.
+// W, x, y bf16 row-major, contiguous; K % 8 == 0; 16-byte aligned. See gemv_mma.cuh (PRO:
+// RMSNorm / SwiGLU of x as it loads; optional residual).
 // Each thread streams 16-byte chunks (8 k) of two weight rows: per sub-step the 4 threads of
 // a row group cover 32 consecutive k (64 bytes). Software pipelined: the loads of the next
 // iteration (U sub-steps: 2U weight vectors + the activations) are issued before the mmas of
 // the current one, and the mmas alternate between two accumulators (shorter chains).
 #include "gemv_mma.cuh"
 
-template <int MT, int U, bool PF>
-__device__ __forceinline__ void bf16_load(uint4 (&A)[U], uint4 (&B)[U], uint4 (&X)[U][MT],
-                                          const uint4* wa, const uint4* wb,
-                                          const uint4* const (&xr)[MT], const bool (&xok)[MT],
-                                          int s0, int t, int kv) {
+// Loads of U sub-steps: first the 2U weight vectors, then the activation chunks (act(x),
+// see XLoad), so the weight loads are in flight before a prologue waits on x.
+template <int U, bool PF>
+__device__ __forceinline__ void bf16_load_w(uint4 (&A)[U], uint4 (&B)[U], const uint4* wa,
+                                            const uint4* wb, int s0, int t, int kv) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int v = (s0 + u) * 4 + t;
     const bool ok = v < kv;
     A[u] = ok ? ld_stream<PF>(wa + v) : zero4();
     B[u] = ok ? ld_stream<PF>(wb + v) : zero4();
-#pragma unroll
-    for (int j = 0; j < MT; ++j) X[u][j] = (ok && xok[j]) ? ld_cached(xr[j] + v) : zero4();
   }
 }
 
-template <int MT, int KSPLIT, int TPB, int U, bool PF>
+template <int MT, int U, class XL>
+__device__ __forceinline__ void bf16_load_x(uint4 (&X)[U][MT], const XL& xl, int s0, int t,
+                                            int kv) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int v = (s0 + u) * 4 + t;
+#pragma unroll
+    for (int j = 0; j < MT; ++j) X[u][j] = v < kv ? xl.load(j, v) : zero4();
+  }
+}
+
+// x: [M, K] (PRO 2: [M, 2K]); nw, eps: PRO 1; res: residual [M, N] or nullptr; red: the
+// K-split shared floats; part: ProShared floats.
+template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
-                                               const uint4* __restrict__ x, u16* __restrict__ y,
-                                               int M, int N, int K, float* red) {
+                                               const uint4* __restrict__ x, u16* y,
+                                               const uint4* nw, float eps, const u16* res,
+                                               int M, int N, int K, float* red, float* part) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tib = warp / KSPLIT, ks = warp % KSPLIT;
@@ -33,20 +46,17 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
   const int kv = K >> 3;  // 16-byte vectors per row
   const uint4* wa = w + (size_t)min(r0 + g, N - 1) * kv;
   const uint4* wb = w + (size_t)min(r0 + g + 8, N - 1) * kv;
-  const uint4* xr[MT];
-  bool xok[MT];
-#pragma unroll
-  for (int j = 0; j < MT; ++j) {
-    xok[j] = g + 8 * j < M;
-    xr[j] = x + (size_t)(xok[j] ? g + 8 * j : 0) * kv;
-  }
   float acc[2][MT][4] = {};
   const int nsub = (kv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT];
-  bf16_load<MT, U, PF>(A, B, X, wa, wb, xr, xok, ks * U, t, kv);
+  bf16_load_w<U, PF>(A, B, wa, wb, ks * U, t, kv);
+  XLoad<PRO, MT> xl;
+  xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
+  bf16_load_x<MT, U>(X, xl, ks * U, t, kv);
   for (int s0 = ks * U; s0 < nsub; s0 += stride) {
     uint4 An[U], Bn[U], Xn[U][MT];
-    bf16_load<MT, U, PF>(An, Bn, Xn, wa, wb, xr, xok, s0 + stride, t, kv);
+    bf16_load_w<U, PF>(An, Bn, wa, wb, s0 + stride, t, kv);
+    bf16_load_x<MT, U>(Xn, xl, s0 + stride, t, kv);
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -67,27 +77,33 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[0][j][c] += acc[1][j][c];
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0][0], red, tib, ks, lane);
-  if (ks == 0) store_tile<MT>(y, acc[0], r0, g, t, M, N, 1.f, 1.f);
+  if (ks == 0) store_tile<MT>(y, res, acc[0], r0, g, t, M, N, 1.f, 1.f);
 }
 
-template <int MT, int KSPLIT, int TPB, int U, bool PF>
+// y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res).
+template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
-gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* __restrict__ y, int M,
-          int N, int K) {
+gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N, int K,
+          const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
-  gemv_bf16_body<MT, KSPLIT, TPB, U, PF>(w, x, y, M, N, K, red);
+  __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
+  gemv_bf16_body<MT, KSPLIT, TPB, U, PF, PRO>(w, x, y, nw, eps, res, M, N, K, red, part);
 }
 
-// Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = x[p / x_div] . W[ids[p]]^T, one
-// activation row (M = 1). W holds E experts back to back; ids [P] int64 on the device, so a
-// routed MoE layer runs without a host sync (and inside a CUDA graph).
-template <int KSPLIT, int TPB, int U, bool PF>
+// Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = act(x[p / x_div]) . W[ids[p]]^T,
+// one activation row (M = 1; PRO 0 or 2: x rows [K] or gate|up [2K]). W holds E experts back
+// to back; ids [P] int64 on the device, so a routed MoE layer runs without a host sync (and
+// inside a CUDA graph).
+template <int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_bf16_experts(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* __restrict__ y,
                   const long long* __restrict__ ids, int x_div, int N, int K) {
+  static_assert(PRO != 1, "expert kernels take PRO 0 or 2");
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
   const int p = blockIdx.y;
   const size_t e = (size_t)__ldg(ids + p);
-  gemv_bf16_body<1, KSPLIT, TPB, U, PF>(
-      w + e * N * (K >> 3), x + (size_t)(p / x_div) * (K >> 3), y + (size_t)p * N, 1, N, K, red);
+  const size_t xs = (PRO == 2 ? 2 : 1) * (size_t)(K >> 3);  // chunks per x row
+  gemv_bf16_body<1, KSPLIT, TPB, U, PF, PRO>(w + e * N * (K >> 3), x + (p / x_div) * xs,
+                                             y + (size_t)p * N, nullptr, 0.f, nullptr, 1, N, K,
+                                             red, nullptr);
 }

@@ -10,7 +10,8 @@
 // is 32 k of one row, so the 4 threads of a row group cover one group of 128: the mma sums
 // (q - z) x over the group into fp32, and the group's scale multiplies that partial sum once.
 // Software pipelined like gemv.cu: the next iteration's weight loads go out before this
-// iteration's math; two mma chains per group.
+// iteration's math; two mma chains per group. PRO (RMSNorm / SwiGLU of x as it loads) and
+// the optional residual: gemv_mma.cuh.
 #include "gemv_mma.cuh"
 
 // Loads of U groups: weight vectors of rows a / b and each group's zero points (as
@@ -44,12 +45,15 @@ __device__ __forceinline__ void int4_load(uint4 (&A)[U], uint4 (&B)[U], u32 (&nz
   }
 }
 
-template <int MT, int KSPLIT, int TPB, int U, bool PF>
+// x: [M, K] (PRO 2: [M, 2K]); nw, eps: PRO 1; res: residual [M, N] or nullptr; red: the
+// K-split shared floats; part: ProShared floats.
+template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
                                                const u32* __restrict__ zeros,
                                                const u16* __restrict__ scales,
-                                               const uint4* __restrict__ x, u16* __restrict__ y,
-                                               int M, int N, int K, float* red) {
+                                               const uint4* __restrict__ x, u16* y,
+                                               const uint4* nw, float eps, const u16* res,
+                                               int M, int N, int K, float* red, float* part) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tib = warp / KSPLIT, ks = warp % KSPLIT;
@@ -62,13 +66,6 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   // nibble of column c in an AWQ zeros word: index (c / 2) + 4 (c % 2)
   const int za_shift = 4 * (((ra & 7) >> 1) + 4 * (ra & 1));
   const int zb_shift = 4 * (((rb & 7) >> 1) + 4 * (rb & 1));
-  const uint4* xr[MT];
-  bool xok[MT];
-#pragma unroll
-  for (int j = 0; j < MT; ++j) {
-    xok[j] = g + 8 * j < M;
-    xr[j] = x + (size_t)(xok[j] ? g + 8 * j : 0) * (K >> 3);
-  }
   float acc[MT][4] = {};
   const int stride = KSPLIT * U;
   uint4 A[U], B[U];
@@ -76,6 +73,8 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   float sc[U][2];
   int4_load<U, PF>(A, B, nz, sc, qa, qb, zeros, scales, ra, rb, za_shift, zb_shift, ks * U, t,
                    groups, N);
+  XLoad<PRO, MT> xl;  // after the first weight loads (PRO 1 reads x here)
+  xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
   for (int s0 = ks * U; s0 < groups; s0 += stride) {
     uint4 An[U], Bn[U];
     u32 nzn[U][2];
@@ -100,7 +99,7 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
 #pragma unroll
         for (int j = 0; j < MT; ++j) {
           // k 8i..8i+7 of this thread's 32
-          const uint4 xv = (ok && xok[j]) ? ld_cached(xr[j] + 4 * v + i) : zero4();
+          const uint4 xv = ok ? xl.load(j, 4 * v + i) : zero4();
           mma_bf16(cg[0][j], pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
           mma_bf16(cg[1][j], pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
         }
@@ -124,33 +123,39 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
     }
   }
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, tib, ks, lane);
-  if (ks == 0) store_tile<MT>(y, acc, r0, g, t, M, N, 1.f, 1.f);
+  if (ks == 0) store_tile<MT>(y, res, acc, r0, g, t, M, N, 1.f, 1.f);
 }
 
-template <int MT, int KSPLIT, int TPB, int U, bool PF>
+// y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res).
+template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
-          const u16* __restrict__ scales, const uint4* __restrict__ x, u16* __restrict__ y,
-          int M, int N, int K) {
+          const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M, int N,
+          int K, const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
-  gemv_int4_body<MT, KSPLIT, TPB, U, PF>(q, zeros, scales, x, y, M, N, K, red);
+  __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
+  gemv_int4_body<MT, KSPLIT, TPB, U, PF, PRO>(q, zeros, scales, x, y, nw, eps, res, M, N, K,
+                                              red, part);
 }
 
-// Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = x[p / x_div] . W[ids[p]]^T, one
-// activation row (M = 1). W holds E experts back to back; ids [P] int64 on the device, so a
-// routed MoE layer runs without a host sync (and inside a CUDA graph).
-template <int KSPLIT, int TPB, int U, bool PF>
+// Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = act(x[p / x_div]) . W[ids[p]]^T,
+// one activation row (M = 1; PRO 0 or 2: x rows [K] or gate|up [2K]). W holds E experts back
+// to back; ids [P] int64 on the device, so a routed MoE layer runs without a host sync (and
+// inside a CUDA graph).
+template <int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_int4_experts(const uint4* __restrict__ q, const u32* __restrict__ zeros,
                   const u16* __restrict__ scales, const uint4* __restrict__ x,
                   u16* __restrict__ y, const long long* __restrict__ ids, int x_div, int N,
                   int K) {
+  static_assert(PRO != 1, "expert kernels take PRO 0 or 2");
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
   const int p = blockIdx.y;
   const size_t e = (size_t)__ldg(ids + p);
-  gemv_int4_body<1, KSPLIT, TPB, U, PF>(
+  const size_t xs = (PRO == 2 ? 2 : 1) * (size_t)(K >> 3);  // chunks per x row
+  gemv_int4_body<1, KSPLIT, TPB, U, PF, PRO>(
       q + e * N * (K >> 5), zeros + e * (K >> 7) * (N >> 3), scales + e * (K >> 7) * N,
-      x + (size_t)(p / x_div) * (K >> 3), y + (size_t)p * N, 1, N, K, red);
+      x + (p / x_div) * xs, y + (size_t)p * N, nullptr, 0.f, nullptr, 1, N, K, red, nullptr);
 }
 
 // Dequantize to bf16 for prefill (then cuBLAS): W[n, k] = (q - zero) * scale, rounded once from

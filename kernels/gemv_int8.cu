@@ -8,32 +8,46 @@
 // row's scale is applied once at the end. A word of 4 bytes (k0..k3) gives the pairs
 // (k0, k2) and (k1, k3), so the activation pairs are permuted the same way (prmt).
 // Software pipelined like gemv.cu: the next iteration's loads go out before this one's math.
+// PRO (RMSNorm / SwiGLU of x as it loads) and the optional residual: gemv_mma.cuh.
 #include "gemv_mma.cuh"
 
-template <int MT, int U, bool PF>
-__device__ __forceinline__ void int8_load(uint4 (&A)[U], uint4 (&B)[U], uint4 (&X)[U][MT][2],
-                                          const uint4* qa, const uint4* qb,
-                                          const uint4* const (&xr)[MT], const bool (&xok)[MT],
-                                          int s0, int t, int qv) {
+// Loads of U sub-steps: first the 2U weight vectors, then the activation chunks (act(x),
+// see XLoad; two per weight vector), so the weight loads are in flight before a prologue
+// waits on x.
+template <int U, bool PF>
+__device__ __forceinline__ void int8_load_w(uint4 (&A)[U], uint4 (&B)[U], const uint4* qa,
+                                            const uint4* qb, int s0, int t, int qv) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int v = (s0 + u) * 4 + t;
     const bool ok = v < qv;
     A[u] = ok ? ld_stream<PF>(qa + v) : zero4();
     B[u] = ok ? ld_stream<PF>(qb + v) : zero4();
+  }
+}
+
+template <int MT, int U, class XL>
+__device__ __forceinline__ void int8_load_x(uint4 (&X)[U][MT][2], const XL& xl, int s0, int t,
+                                            int qv) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int v = (s0 + u) * 4 + t;
 #pragma unroll
     for (int j = 0; j < MT; ++j) {
-      X[u][j][0] = (ok && xok[j]) ? ld_cached(xr[j] + 2 * v) : zero4();
-      X[u][j][1] = (ok && xok[j]) ? ld_cached(xr[j] + 2 * v + 1) : zero4();
+      X[u][j][0] = v < qv ? xl.load(j, 2 * v) : zero4();
+      X[u][j][1] = v < qv ? xl.load(j, 2 * v + 1) : zero4();
     }
   }
 }
 
-template <int MT, int KSPLIT, int TPB, int U, bool PF>
+// x: [M, K] (PRO 2: [M, 2K]); nw, eps: PRO 1; res: residual [M, N] or nullptr; red: the
+// K-split shared floats; part: ProShared floats.
+template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
                                                const float* __restrict__ scale,
-                                               const uint4* __restrict__ x, u16* __restrict__ y,
-                                               int M, int N, int K, float* red) {
+                                               const uint4* __restrict__ x, u16* y,
+                                               const uint4* nw, float eps, const u16* res,
+                                               int M, int N, int K, float* red, float* part) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tib = warp / KSPLIT, ks = warp % KSPLIT;
@@ -42,20 +56,17 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
   const int ra = min(r0 + g, N - 1), rb = min(r0 + g + 8, N - 1);
   const uint4* qa = q + (size_t)ra * qv;
   const uint4* qb = q + (size_t)rb * qv;
-  const uint4* xr[MT];
-  bool xok[MT];
-#pragma unroll
-  for (int j = 0; j < MT; ++j) {
-    xok[j] = g + 8 * j < M;
-    xr[j] = x + (size_t)(xok[j] ? g + 8 * j : 0) * (K >> 3);
-  }
   float acc[2][2][MT][4] = {};  // [C_l, C_h][word parity: two mma chains each]
   const int nsub = (qv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT][2];
-  int8_load<MT, U, PF>(A, B, X, qa, qb, xr, xok, ks * U, t, qv);
+  int8_load_w<U, PF>(A, B, qa, qb, ks * U, t, qv);
+  XLoad<PRO, MT> xl;
+  xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
+  int8_load_x<MT, U>(X, xl, ks * U, t, qv);
   for (int s0 = ks * U; s0 < nsub; s0 += stride) {
     uint4 An[U], Bn[U], Xn[U][MT][2];
-    int8_load<MT, U, PF>(An, Bn, Xn, qa, qb, xr, xok, s0 + stride, t, qv);
+    int8_load_w<U, PF>(An, Bn, qa, qb, s0 + stride, t, qv);
+    int8_load_x<MT, U>(Xn, xl, s0 + stride, t, qv);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const u32 wa[4] = {A[u].x, A[u].y, A[u].z, A[u].w};
@@ -100,31 +111,38 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
     for (int c = 0; c < 4; ++c)
       tot[j][c] = 16.f * (acc[1][0][j][c] + acc[1][1][j][c]) + acc[0][0][j][c] + acc[0][1][j][c];
   reduce_ksplit<KSPLIT, MT * 4>(&tot[0][0], red, tib, ks, lane);
-  if (ks == 0) store_tile<MT>(y, tot, r0, g, t, M, N, __ldg(scale + ra), __ldg(scale + rb));
+  if (ks == 0)
+    store_tile<MT>(y, res, tot, r0, g, t, M, N, __ldg(scale + ra), __ldg(scale + rb));
 }
 
-template <int MT, int KSPLIT, int TPB, int U, bool PF>
+// y [M, N] = res + act(x) @ (q * scale)^T (res, nw: nullptr when unused; y may alias res).
+template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
-          const uint4* __restrict__ x, u16* __restrict__ y, int M, int N, int K) {
+          const uint4* __restrict__ x, u16* y, int M, int N, int K,
+          const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
-  gemv_int8_body<MT, KSPLIT, TPB, U, PF>(q, scale, x, y, M, N, K, red);
+  __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
+  gemv_int8_body<MT, KSPLIT, TPB, U, PF, PRO>(q, scale, x, y, nw, eps, res, M, N, K, red, part);
 }
 
-// Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = x[p / x_div] . W[ids[p]]^T, one
-// activation row (M = 1). W holds E experts back to back; ids [P] int64 on the device, so a
-// routed MoE layer runs without a host sync (and inside a CUDA graph).
-template <int KSPLIT, int TPB, int U, bool PF>
+// Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = act(x[p / x_div]) . W[ids[p]]^T,
+// one activation row (M = 1; PRO 0 or 2: x rows [K] or gate|up [2K]). W holds E experts back
+// to back; ids [P] int64 on the device, so a routed MoE layer runs without a host sync (and
+// inside a CUDA graph).
+template <int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_int8_experts(const uint4* __restrict__ q, const float* __restrict__ scale,
                   const uint4* __restrict__ x, u16* __restrict__ y,
                   const long long* __restrict__ ids, int x_div, int N, int K) {
+  static_assert(PRO != 1, "expert kernels take PRO 0 or 2");
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
   const int p = blockIdx.y;
   const size_t e = (size_t)__ldg(ids + p);
-  gemv_int8_body<1, KSPLIT, TPB, U, PF>(
-      q + e * N * (K >> 4), scale + e * N, x + (size_t)(p / x_div) * (K >> 3),
-      y + (size_t)p * N, 1, N, K, red);
+  const size_t xs = (PRO == 2 ? 2 : 1) * (size_t)(K >> 3);  // chunks per x row
+  gemv_int8_body<1, KSPLIT, TPB, U, PF, PRO>(q + e * N * (K >> 4), scale + e * N,
+                                             x + (p / x_div) * xs, y + (size_t)p * N, nullptr,
+                                             0.f, nullptr, 1, N, K, red, nullptr);
 }
 
 // Dequantize to bf16 for prefill (then cuBLAS): W[n, k] = q * scale[n], rounded once from fp32

@@ -15,7 +15,9 @@
 //
 // Template parameters: MT n-tiles (1: M <= 8, 2: M <= 16); U sub-steps per loop iteration
 // (each thread issues 2U 16-byte weight loads before the first mma: bytes in flight and the
-// length of the contiguous run each row gets); PF the L2 256-byte prefetch hint.
+// length of the contiguous run each row gets); PF the L2 256-byte prefetch hint; PRO the
+// activation prologue (plain, RMSNorm, SwiGLU: below), applied to x chunks as they load.
+// store_tile adds an optional residual.
 // Launch geometry (template): KSPLIT warps share one tile and split K between them
 // (interleaved chunks, so the warps of a block read neighbouring bytes); TPB tiles per block;
 // blockDim = 32 * KSPLIT * TPB. The KSPLIT partial sums meet in shared memory.
@@ -108,18 +110,145 @@ __device__ __forceinline__ void reduce_ksplit(float* acc, float* red, int tile_i
   }
 }
 
+// -- activation prologue (PRO) -----------------------------------------------------------
+// What the kernels multiply is act(x), computed on each 16-byte chunk (8 k) of x as it is
+// loaded (no extra pass, no shared-memory copy of x):
+//   PRO 0: x itself; x [M, K].
+//   PRO 1: RMSNorm, x [M, K], norm weight nw [K]: bf16(nw[k] * bf16(x * rstd[m])),
+//          rstd[m] = rsqrt(sum_k x^2 / K + eps) — kernels/rmsnorm.cu's rounding.
+//   PRO 2: SwiGLU, x [M, 2K] (gate columns then up columns): bf16(bf16(silu(g)) * u),
+//          silu(g) = g / (1 + expf(-g)) — kernels/swiglu.cu's rounding.
+// The products bf16 * bf16 above are exact in fp32, so one fma.rn.bf16x2 (+ -0) rounds them
+// exactly as the fp32 multiply then store-rounding of the reference kernels.
+
+__device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xFFFF0000u); }
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float((u32)h << 16); }
+
+// (bf16(lo), bf16(hi)) as one bf16 pair, round to nearest even.
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// a * b on bf16 pairs, one rounding.
+__device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
+  u32 d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+
+__device__ __forceinline__ u32 rmsnorm2(u32 x, u32 w, float rstd) {
+  return bf16x2_mul(w, pack_bf16(bf16_lo(x) * rstd, bf16_hi(x) * rstd));
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+__device__ __forceinline__ u32 swiglu2(u32 g, u32 u) {
+  return bf16x2_mul(pack_bf16(silu(bf16_lo(g)), silu(bf16_hi(g))), u);
+}
+
+// Shared floats the RMSNorm prologue needs in a block of WARPS warps (1 for other PROs).
+template <int PRO, int WARPS>
+struct ProShared { static constexpr int N = PRO == 1 ? (WARPS + 1) * GEMV_TILE : 1; };
+
+// PRO 1: rstd of each of the M rows of x [M, K], into part[WARPS * 16 + m]. Every thread sums
+// the squares of chunks tid, tid + 32 WARPS, ... in order (fp32), warps reduce with the same
+// shuffle tree, thread m adds the WARPS partials in order: deterministic, and the same value
+// in every block. All threads of the block must call it (two __syncthreads).
+template <int WARPS>
+__device__ __forceinline__ void row_rstd(const uint4* x, float* part, int M, int K,
+                                         float eps) {
+  const int kv = K >> 3, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int m = 0; m < M; ++m) {
+    float ss = 0.f;
+    for (int v = threadIdx.x; v < kv; v += WARPS * 32) {
+      const uint4 c = ld_cached(x + (size_t)m * kv + v);
+      const u32 w[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        ss = fmaf(bf16_lo(w[i]), bf16_lo(w[i]), ss);
+        ss = fmaf(bf16_hi(w[i]), bf16_hi(w[i]), ss);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) part[warp * GEMV_TILE + m] = ss;
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    float ss = 0.f;
+    for (int w = 0; w < WARPS; ++w) ss += part[w * GEMV_TILE + threadIdx.x];
+    part[WARPS * GEMV_TILE + threadIdx.x] = rsqrtf(ss / (float)K + eps);
+  }
+  __syncthreads();
+}
+
+// The activation-loader policy of all three kernels: load(j, v) is chunk v (8 k) of act(x)
+// for activation row g + 8 j of thread (g, t), zero for rows >= M. The caller guards v.
+template <int PRO, int MT>
+struct XLoad {
+  const uint4* row[MT];  // chunk 0 of the row (PRO 2: of its gate half)
+  bool ok[MT];           // row < M
+  float rstd[MT];        // PRO 1
+  const uint4* nw;       // PRO 1: the norm weight [K]
+  int up;                // PRO 2: chunks from gate to up (K / 8)
+
+  // x: [M, K] (PRO 2: [M, 2K]); part: row_rstd's shared floats (PRO 1). Call after the
+  // first weight loads: PRO 1 reads all of x once here (block-wide, overlapping them).
+  template <int WARPS>
+  __device__ __forceinline__ void init(const uint4* x, const uint4* nw_, float* part, int g,
+                                       int M, int K, float eps) {
+    const int kv = K >> 3;
+    if constexpr (PRO == 1) row_rstd<WARPS>(x, part, M, K, eps);
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      const int m = g + 8 * j;
+      ok[j] = m < M;
+      row[j] = x + (size_t)(ok[j] ? m : 0) * (PRO == 2 ? 2 * kv : kv);
+      if constexpr (PRO == 1) rstd[j] = ok[j] ? part[WARPS * GEMV_TILE + m] : 0.f;
+    }
+    nw = nw_;
+    up = kv;
+  }
+
+  __device__ __forceinline__ uint4 load(int j, int v) const {
+    if (!ok[j]) return zero4();
+    uint4 c = ld_cached(row[j] + v);
+    if constexpr (PRO == 1) {
+      const uint4 w = ld_cached(nw + v);
+      const float r = rstd[j];
+      c = make_uint4(rmsnorm2(c.x, w.x, r), rmsnorm2(c.y, w.y, r), rmsnorm2(c.z, w.z, r),
+                     rmsnorm2(c.w, w.w, r));
+    } else if constexpr (PRO == 2) {
+      const uint4 u = ld_cached(row[j] + up + v);
+      c = make_uint4(swiglu2(c.x, u.x), swiglu2(c.y, u.y), swiglu2(c.z, u.z),
+                     swiglu2(c.w, u.w));
+    }
+    return c;
+  }
+};
+
 // Write the tile's results: acc[j][0..3] of thread (g, t) are y[2t + 8j + {0,1}][r0 + g (+8)],
-// each first multiplied by the row's scale (sa for row g, sb for row g + 8).
+// each first multiplied by the row's scale (sa for row g, sb for row g + 8) and rounded to
+// bf16. With res (else nullptr): y = bf16(res + that), torch's `res + linear(x)` in bf16; y
+// may alias res (each element is read and written by the same thread).
 template <int MT>
-__device__ __forceinline__ void store_tile(u16* y, const float (*acc)[4], int r0, int g, int t,
-                                           int M, int N, float sa, float sb) {
+__device__ __forceinline__ void store_tile(u16* y, const u16* res, const float (*acc)[4], int r0,
+                                           int g, int t, int M, int N, float sa, float sb) {
 #pragma unroll
   for (int j = 0; j < MT; ++j) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int m = 8 * j + 2 * t + (c & 1);
       const int r = r0 + g + (c >> 1) * 8;
-      if (m < M && r < N) y[(size_t)m * N + r] = f32_to_bf16(acc[j][c] * (c >> 1 ? sb : sa));
+      if (m < M && r < N) {
+        const size_t i = (size_t)m * N + r;
+        u16 v = f32_to_bf16(acc[j][c] * (c >> 1 ? sb : sa));
+        if (res) v = f32_to_bf16(bf16_to_f32(res[i]) + bf16_to_f32(v));
+        y[i] = v;
+      }
     }
   }
 }

@@ -9,8 +9,13 @@
 * more rows (prefill): torch's matmul (cuBLAS); a quantized weight is dequantized to bf16
   first by a one-pass kernel (dequant_int8 / dequant_int4), small next to a prefill's matmul.
 
-One `Gemv` per backend instance: it owns the compiled modules (cupy RawModule, compiled on
-first use) and nothing else; it keeps no tensors between calls.
+`Gemv(device).fused(x, w, norm=..., swiglu=..., residual=...)` is the same kernel with the
+op before it and the residual add after it folded in (kernels/gemv_mma.cuh, PRO):
+residual + act(x) @ W.T with act an RMSNorm or a SwiGLU of x, or None when no kernel takes
+the inputs (the caller then composes the unfused ops).
+
+One `Gemv` per backend instance: it owns the compiled modules (cupy RawModule, one per
+(file, prologue), compiled on first use) and nothing else; it keeps no tensors between calls.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import KERNEL_DIR
+from kestrel_rt.quant import int4_fits
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
 
 MAX_ROWS = 16  # activation rows the kernels take (two n-tiles of 8)
@@ -35,6 +41,9 @@ HEADER = "gemv_mma.cuh"
 KERNELS = {"gemv": "gemv_bf16", "gemv_int8": "gemv_int8", "gemv_int4": "gemv_int4"}
 FILES_OF = {"bf16": "gemv", "int8": "gemv_int8", "int4": "gemv_int4"}
 DEQUANT = {"gemv_int8": ("dequant_int8",), "gemv_int4": ("dequant_int4",)}  # extern "C"
+# Activation prologues (template PRO): plain, RMSNorm of x, SwiGLU of x = gate|up.
+PLAIN, RMSNORM, SWIGLU = 0, 1, 2
+EXPERT_PROS = (PLAIN, SWIGLU)  # the expert-indexed kernels take no RMSNorm
 # A launch variant: (KSPLIT warps splitting K per tile, TPB tiles per block, U sub-steps per
 # loop iteration, PF L2 prefetch hint); blockDim = 32 * KSPLIT * TPB.
 GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))
@@ -53,14 +62,14 @@ def _source(file: str) -> str:
     return text.replace(f'#include "{HEADER}"', (KERNEL_DIR / HEADER).read_text())
 
 
-def kernel_name(file: str, mt: int, variant: tuple[int, int, int, bool]) -> str:
+def kernel_name(file: str, mt: int, variant: tuple[int, int, int, bool], pro: int = PLAIN) -> str:
     ks, tpb, u, pf = variant
-    return f"{KERNELS[file]}<{mt}, {ks}, {tpb}, {u}, {'true' if pf else 'false'}>"
+    return f"{KERNELS[file]}<{mt}, {ks}, {tpb}, {u}, {'true' if pf else 'false'}, {pro}>"
 
 
-def experts_name(file: str, variant: tuple[int, int, int, bool]) -> str:
+def experts_name(file: str, variant: tuple[int, int, int, bool], pro: int = PLAIN) -> str:
     ks, tpb, u, pf = variant
-    return f"{KERNELS[file]}_experts<{ks}, {tpb}, {u}, {'true' if pf else 'false'}>"
+    return f"{KERNELS[file]}_experts<{ks}, {tpb}, {u}, {'true' if pf else 'false'}, {pro}>"
 
 
 def all_variants(file: str) -> list[tuple[int, int, int, bool]]:
@@ -100,34 +109,37 @@ class Gemv:
         device = torch.device(device)
         self.device_index = device.index if device.index is not None else torch.cuda.current_device()
         self.sms = torch.cuda.get_device_properties(self.device_index).multi_processor_count
-        self._modules: dict[str, object] = {}
+        self._modules: dict[tuple[str, int], object] = {}
         self._streams: dict[int, object] = {}
         self.tuned = load_tuned(tuned or TUNED_FILE)
         self.sweep = sweep
 
-    def compile(self) -> None:
-        """Compile all three modules now (before timing or a graph capture)."""
+    def compile(self, pros: tuple[int, ...] = (PLAIN,)) -> None:
+        """Compile the three files' modules for these prologues now (before timing or a
+        graph capture)."""
         for file in KERNELS:
-            self._module(file)
+            for pro in pros:
+                self._module(file, pro)
 
-    def _names(self, file: str) -> list[str]:
+    def _names(self, file: str, pro: int) -> list[str]:
         if self.sweep:
             variants = set(all_variants(file))
         else:
             variants = {v for key, v in self.tuned.items() if key[0] == file}
             variants |= {(ks, tpb, DEFAULT_U[file], True) for ks, tpb in GEOMETRIES}
-        names = sorted({kernel_name(file, mt, v) for v in variants for mt in (1, 2)})
-        names += sorted({experts_name(file, v) for v in variants})
-        return names + list(DEQUANT.get(file, ()))
+        names = sorted({kernel_name(file, mt, v, pro) for v in variants for mt in (1, 2)})
+        if pro in EXPERT_PROS:
+            names += sorted({experts_name(file, v, pro) for v in variants})
+        return names + (list(DEQUANT.get(file, ())) if pro == PLAIN else [])
 
-    def _module(self, file: str):
-        module = self._modules.get(file)
+    def _module(self, file: str, pro: int = PLAIN):
+        module = self._modules.get((file, pro))
         if module is None:
             with self._cupy.cuda.Device(self.device_index):
                 module = self._cupy.RawModule(code=_source(file), options=("-std=c++17",),
-                                              name_expressions=self._names(file))
+                                              name_expressions=self._names(file, pro))
                 module.compile()
-            self._modules[file] = module
+            self._modules[(file, pro)] = module
         return module
 
     def _stream(self):
@@ -142,46 +154,53 @@ class Gemv:
         """The launch variant for an [n, k] weight: the tuned one, else the default rule."""
         return self.tuned.get((file, n, k, mt)) or default_variant(file, n, k, self.sms)
 
-    def _launch(self, file: str, m: int, n: int, k: int, args: tuple, geom=None) -> None:
+    def _launch(self, file: str, x: torch.Tensor, w, out, geom, norm, eps, residual,
+                swiglu: bool) -> torch.Tensor:
+        """y [M, N] = residual + act(x) @ W.T through kernels/FILE.cu; x [M, K] ([M, 2K] with
+        swiglu), the weight's arguments from _weight_args."""
+        if norm is not None and swiglu:
+            raise ValueError("a gemv prologue is an RMSNorm or a SwiGLU, not both")
+        m, n, k = x.shape[0], w.shape[0], w.shape[1]
+        if x.shape[1] != (2 * k if swiglu else k):
+            raise ValueError(f"x {list(x.shape)} does not fit a weight [{n}, {k}]"
+                             f"{' with the SwiGLU prologue (x [M, 2K])' if swiglu else ''}")
+        y = _output(out, m, n, x.device)
+        if residual is not None and (residual.shape != (m, n) or not residual.is_contiguous()):
+            raise ValueError(f"residual must be a contiguous [{m}, {n}], got "
+                             f"{list(residual.shape)}")
+        pro = RMSNORM if norm is not None else SWIGLU if swiglu else PLAIN
         mt = 1 if m <= 8 else 2
         variant = self.variant(file, n, k, mt)
         if geom is not None:  # (ks, tpb) or a full (ks, tpb, u, pf)
             variant = tuple(geom) if len(geom) == 4 else (*geom, *variant[2:])
         ks, tpb = variant[:2]
-        fn = self._module(file).get_function(kernel_name(file, mt, variant))
-        grid = (math.ceil(n / (16 * tpb)),)
+        fn = self._module(file, pro).get_function(kernel_name(file, mt, variant, pro))
+        args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(norm),
+                np.float32(eps), _p(residual))
         with self._cupy.cuda.Device(self.device_index):
-            fn(grid, (32 * ks * tpb,), args, stream=self._stream())
+            fn((math.ceil(n / (16 * tpb)),), (32 * ks * tpb,), args, stream=self._stream())
+        return y
 
     # -- the three kernels on 2-D activations x [M, K] (contiguous, bf16) -----------------
+    # Keywords (all kernels): norm [K] bf16 + eps: RMSNorm x first; swiglu: x [M, 2K] is
+    # gate|up, SwiGLU it first; residual [M, N] bf16: added to the result (out may be it).
     def bf16(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
-             geom: tuple | None = None) -> torch.Tensor:
+             geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
+             swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] @ w[N, K].T -> [M, N] bf16, M <= 16, K % 8 == 0."""
-        m, k = x.shape
-        n = w.shape[0]
-        y = _output(out, m, n, x.device)
-        self._launch("gemv", m, n, k, (_p(w), _p(x), _p(y), _i(m), _i(n), _i(k)), geom)
-        return y
+        return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu)
 
     def int8(self, x: torch.Tensor, w: Int8Weight, out: torch.Tensor | None = None,
-             geom: tuple | None = None) -> torch.Tensor:
+             geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
+             swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] @ (q * scales).T -> [M, N] bf16, M <= 16, K % 16 == 0."""
-        m, k = x.shape
-        n = w.shape[0]
-        y = _output(out, m, n, x.device)
-        self._launch("gemv_int8", m, n, k,
-                     (_p(w.q), _p(w.scales), _p(x), _p(y), _i(m), _i(n), _i(k)), geom)
-        return y
+        return self._launch("gemv_int8", x, w, out, geom, norm, eps, residual, swiglu)
 
     def int4(self, x: torch.Tensor, w: Int4Weight, out: torch.Tensor | None = None,
-             geom: tuple | None = None) -> torch.Tensor:
-        """x [M, K] @ dequant(w).T -> [M, N] bf16, M <= 16, K % 128 == 0, N % 8 == 0."""
-        m, k = x.shape
-        n = w.shape[0]
-        y = _output(out, m, n, x.device)
-        self._launch("gemv_int4", m, n, k, (_p(w.qweight_t), _p(w.qzeros), _p(w.scales),
-                                            _p(x), _p(y), _i(m), _i(n), _i(k)), geom)
-        return y
+             geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
+             swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] @ dequant(w).T -> [M, N] bf16, M <= 16, int4_fits(N, K)."""
+        return self._launch("gemv_int4", x, w, out, geom, norm, eps, residual, swiglu)
 
     def dequantize(self, w: Int8Weight | Int4Weight) -> torch.Tensor:
         """The bf16 [N, K] weight of a quantized one, in one pass on the GPU (for prefill,
@@ -201,40 +220,83 @@ class Gemv:
             fn(grid, (256,), args, stream=self._stream())
         return out
 
-    def launch(self, file: str, name: str, grid: tuple, block: tuple, args: tuple) -> None:
-        """Kernel `name` of kernels/FILE.cu on torch's current stream (kestrel_rt/cuda/gemv_moe.py)."""
-        fn = self._module(file).get_function(name)
+    def launch(self, file: str, name: str, grid: tuple, block: tuple, args: tuple,
+               pro: int = PLAIN) -> None:
+        """Kernel `name` of kernels/FILE.cu (module of prologue `pro`) on torch's current
+        stream (kestrel_rt/cuda/gemv_moe.py)."""
+        fn = self._module(file, pro).get_function(name)
         with self._cupy.cuda.Device(self.device_index):
             fn(grid, block, args, stream=self._stream())
 
-    def moe(self, x, weights, experts, gate_up, down):
+    def moe(self, x, weights, experts, gate_up, down, residual=None):
         """Routed experts through the expert-indexed gemv: see kestrel_rt/cuda/gemv_moe.py."""
         from kestrel_rt.cuda import gemv_moe
 
-        return gemv_moe.moe(self, x, weights, experts, gate_up, down)
+        return gemv_moe.moe(self, x, weights, experts, gate_up, down, residual=residual)
 
     def can_dequantize(self, w) -> bool:
         if isinstance(w, Int8Weight):
             return w.dim() == 2 and w.q.is_cuda and w.q.is_contiguous() and w.shape[1] % 8 == 0
         return (isinstance(w, Int4Weight) and w.dim() == 2 and w.qweight_t.is_cuda
                 and w.qweight_t.is_contiguous() and w.scales.is_contiguous()
-                and w.shape[1] % 128 == 0 and w.shape[0] % 8 == 0)
+                and int4_fits(*w.shape))
 
     # -- dispatch ----------------------------------------------------------------------
-    def supports(self, x2: torch.Tensor, w) -> bool:
-        """True when a gemv kernel takes x2 [M, K] and weight w as they are."""
-        m, k = x2.shape
+    def supports(self, x2: torch.Tensor, w, k: int | None = None) -> bool:
+        """True when a gemv kernel takes x2 [M, K] and weight w as they are (k: the weight's
+        K when x2 is wider, as gate|up [M, 2K] for the SwiGLU prologue)."""
+        m = x2.shape[0]
+        k = x2.shape[1] if k is None else k
         if not (x2.is_cuda and x2.dtype == torch.bfloat16 and 0 < m <= MAX_ROWS
                 and x2.is_contiguous() and x2.data_ptr() % 16 == 0):
             return False
         if isinstance(w, Int8Weight):
             return w.dim() == 2 and k % 16 == 0 and w.q.is_contiguous() and w.q.is_cuda
         if isinstance(w, Int4Weight):
-            return (w.dim() == 2 and k % 128 == 0 and w.shape[0] % 8 == 0 and w.qweight_t.is_cuda
+            return (w.dim() == 2 and int4_fits(w.shape[0], k) and w.qweight_t.is_cuda
                     and w.qweight_t.is_contiguous() and w.scales.is_contiguous())
         return (isinstance(w, torch.Tensor) and w.dim() == 2 and w.dtype == torch.bfloat16
                 and m <= BF16_MAX_ROWS
                 and w.is_cuda and w.is_contiguous() and k % 8 == 0 and w.data_ptr() % 16 == 0)
+
+    def fused(self, x: torch.Tensor, w, *, norm: torch.Tensor | None = None, eps: float = 0.0,
+              swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """residual + act(x) @ W.T -> [..., N] bf16 in one kernel launch, or None when no
+        kernel takes these inputs (rows, dtypes, alignment, K: see supports), so the caller
+        composes the unfused ops.
+
+        x [..., K], or gate|up [..., 2K] with swiglu; w [N, K] bf16 / Int8Weight /
+        Int4Weight; norm [K] bf16: act = RMSNorm(x) * norm with eps (TorchBackend.rms_norm's
+        rounding); swiglu: act = silu(gate) * up (TorchBackend.swiglu's); residual [..., N]
+        bf16 added as torch's `residual + y` rounds. Wrong shapes raise ValueError.
+        """
+        if norm is not None and swiglu:
+            raise ValueError("fused takes an RMSNorm (norm) or a SwiGLU (swiglu), not both")
+        lead, kx = x.shape[:-1], x.shape[-1]
+        n, k = w.shape[0], w.shape[-1]
+        if kx != (2 * k if swiglu else k):
+            raise ValueError(f"x [..., {kx}] does not fit a weight [{n}, {k}]"
+                             f"{' with swiglu (x [..., 2K])' if swiglu else ''}")
+        x2 = x.reshape(-1, kx)  # [M, K] or [M, 2K]
+        if not self.supports(x2, w, k):
+            return None
+        if norm is not None and not _is_bf16_vector(norm, k):
+            return None
+        res2 = None
+        if residual is not None:
+            if residual.shape != (*lead, n):
+                raise ValueError(f"residual {list(residual.shape)} must be [{', '.join(map(str, (*lead, n)))}]")
+            if not (residual.is_cuda and residual.dtype == torch.bfloat16
+                    and residual.is_contiguous()):
+                return None
+            res2 = residual.reshape(-1, n)  # [M, N]
+        if isinstance(w, Int8Weight):
+            y = self.int8(x2, w, norm=norm, eps=eps, swiglu=swiglu, residual=res2)
+        elif isinstance(w, Int4Weight):
+            y = self.int4(x2, w, norm=norm, eps=eps, swiglu=swiglu, residual=res2)
+        else:
+            y = self.bf16(x2, w, norm=norm, eps=eps, swiglu=swiglu, residual=res2)
+        return y.reshape(*lead, n)
 
     def linear(self, x: torch.Tensor, w) -> torch.Tensor:
         """x [..., in] @ W.T -> [..., out]: kernel for <= 16 rows, else cuBLAS."""
@@ -265,8 +327,24 @@ def _output(out: torch.Tensor | None, m: int, n: int, device) -> torch.Tensor:
     return out
 
 
-def _p(t: torch.Tensor) -> np.uint64:
-    return np.uint64(t.data_ptr())
+def _is_bf16_vector(t: torch.Tensor, k: int) -> bool:
+    """A norm weight the RMSNorm prologue reads: bf16 [k] on the GPU, 16-byte aligned."""
+    return (t.is_cuda and t.dtype == torch.bfloat16 and t.shape == (k,) and t.is_contiguous()
+            and t.data_ptr() % 16 == 0)
+
+
+def _weight_args(w) -> tuple:
+    """The leading kernel arguments of a weight (before x)."""
+    if isinstance(w, Int8Weight):
+        return _p(w.q), _p(w.scales)
+    if isinstance(w, Int4Weight):
+        return _p(w.qweight_t), _p(w.qzeros), _p(w.scales)
+    return (_p(w),)
+
+
+def _p(t: torch.Tensor | None) -> np.uint64:
+    """A tensor's device address as a kernel argument (None -> null)."""
+    return np.uint64(0 if t is None else t.data_ptr())
 
 
 def _i(v: int) -> np.int32:
