@@ -1,0 +1,54 @@
+"""The gemv kernel templates instantiate and compile for sm_90 with nvcc, for every prologue
+(PRO 0 plain, 1 RMSNorm, 2 SwiGLU) and the launch variants the runtime compiles (the tuned
+table and the default rule), under the names kestrel_rt/cuda/linear.py asks cupy for.
+Skipped where nvcc is not on PATH. (tests/test_kernels_compile.py compiles the files as
+they are, which instantiates no template.)"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from kestrel_rt.cuda import linear as L
+
+NVCC = shutil.which("nvcc")
+PROS = (L.PLAIN, L.RMSNORM, L.SWIGLU)
+
+
+def _names(file: str) -> list[str]:
+    """Every template-id Gemv compiles for `file` (not sweep mode), all prologues."""
+    variants = {v for key, v in L.load_tuned().items() if key[0] == file}
+    variants |= {(ks, tpb, L.DEFAULT_U[file], True) for ks, tpb in L.GEOMETRIES}
+    names = {L.kernel_name(file, mt, v, pro) for v in variants for mt in (1, 2) for pro in PROS}
+    names |= {L.experts_name(file, v, pro) for v in variants for pro in L.EXPERT_PROS}
+    return sorted(names)
+
+
+def test_names_carry_the_prologue():
+    assert L.kernel_name("gemv", 1, (8, 1, 4, True)) == "gemv_bf16<1, 8, 1, 4, true, 0>"
+    assert L.kernel_name("gemv_int4", 2, (2, 4, 1, False), L.SWIGLU).endswith("false, 2>")
+    assert L.experts_name("gemv_int8", (16, 1, 1, True), L.SWIGLU) == (
+        "gemv_int8_experts<16, 1, 1, true, 2>")
+    assert L.RMSNORM not in L.EXPERT_PROS
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("file", sorted(L.KERNELS))
+def test_every_prologue_instantiates_for_sm90(file, tmp_path):
+    names = _names(file)
+    keep = ",\n".join(f"  (void*)&{n}" for n in names)
+    src = tmp_path / f"{file}_inst.cu"
+    src.write_text(L._source(file) + f"\nstatic void* keep_kernels[] = {{\n{keep}\n}};\n")
+    ptx = tmp_path / f"{file}.ptx"
+    result = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90", "-ptx", str(src), "-o", str(ptx)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    entries = re.findall(r"^\.visible \.entry (\w+)\(", ptx.read_text(), flags=re.MULTILINE)
+    templated = [e for e in entries if not e.startswith("dequant_")]
+    assert len(templated) == len(names), (len(templated), len(names))
+    for pro in PROS:  # the prologue is the last template argument (mangled ...Li<pro>EEv)
+        want = sum(n.endswith(f", {pro}>") for n in names)
+        assert want and sum(f"Li{pro}EEv" in e for e in templated) == want, pro
