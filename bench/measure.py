@@ -120,12 +120,14 @@ def time_steps(model, batch: int, m: int, context: int, steps: int, gen,
                max_s: float = 6.0) -> dict:
     """`steps` forwards of [batch, m] new tokens per sequence at `context` cached tokens.
 
-    Like a decode loop: the argmax of each step goes back to the host (a sync) and feeds
-    the next (m = 1); lengths roll back to `context` after each step so every step sees the
-    same context (the cache holds random garbage there; timing does not depend on values).
-    Warm-up forwards capture the graph first. Stops early after `max_s` seconds (slow eager
-    configurations). Returns wall tok/s and the median device time of one forward (CUDA
-    events around it).
+    Like a greedy decode loop with overlap scheduling (what vLLM's async scheduling and
+    SGLang's overlap scheduler do): the argmax of step n stays on the device and is step
+    n + 1's input (m = 1), the host enqueues step n + 1 and only then reads step n's tokens
+    back (a sync on step n alone), so host work hides behind the device. Lengths roll back
+    to `context` after each step so every step sees the same context (the cache holds random
+    garbage there; timing does not depend on values). Warm-up forwards capture the graph
+    first. Stops early after `max_s` seconds (slow eager configurations). Returns wall tok/s
+    and the median device time of one forward (CUDA events around it).
     """
     kv = model.kv
     slots = [kv.allocate() for _ in range(batch)]
@@ -133,29 +135,38 @@ def time_steps(model, batch: int, m: int, context: int, steps: int, gen,
         for s in slots:
             kv.advance([s], [context])
         tok = torch.randint(0, model.shape.vocab_size, (batch, m), generator=gen)
+        tok = tok.to(model.device)
 
-        def one() -> torch.Tensor:
+        def one(tok: torch.Tensor) -> torch.Tensor:
             logits = model.forward(tok, slots)  # [B, M, V]
             for s in slots:
                 kv.rollback(s, context)
             return logits
 
         for _ in range(3):
-            one()
+            one(tok)
         torch.cuda.synchronize()
-        events = []
+        events, pending = [], None
         t0 = time.perf_counter()
         for _ in range(steps):
             if len(events) >= 4 and time.perf_counter() - t0 > max_s:
                 break
             s_ev, e_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s_ev.record()
-            logits = one()
+            logits = one(tok)
             e_ev.record()
-            nxt = logits[:, -1].argmax(-1).cpu()  # [B]: the host needs the tokens
+            nxt = logits[:, -1].argmax(-1)  # [B] on the device
             if m == 1:
                 tok = nxt[:, None]
+            if pending is not None:  # the host reads the previous step's tokens
+                pending[1].synchronize()
+                pending[0].tolist()
+            pending = (nxt.to("cpu", non_blocking=True), torch.cuda.Event())
+            pending[1].record()
             events.append((s_ev, e_ev))
+        if pending is not None:
+            pending[1].synchronize()
+            pending[0].tolist()
         wall = time.perf_counter() - t0
         ms = statistics.median(s.elapsed_time(e) for s, e in events)
         steps = len(events)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from kestrel_rt.model import Qwen3Model
-from kestrel_rt.sampling import choose
+from kestrel_rt.sampling import choose, greedy
 from kestrel_sim.errors import KestrelError
 
 SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
@@ -49,6 +49,25 @@ class GenerateResult:
         """Tokens made by decode steps over decode time (the first tokens come from prefill)."""
         n = self.generated_tokens - sum(1 for t in self.token_ids if t)
         return n / self.decode_s if self.decode_s > 0 else 0.0
+
+
+@dataclass
+class _Step:
+    """A greedy decode step enqueued on the GPU whose tokens the host has not read yet."""
+
+    slots: list[int]
+    reqs: list[int]
+    tokens: torch.Tensor  # [B] int64 on the device: the next step's input
+    host: torch.Tensor  # [B] the same, copied to the host (valid once `ready` has passed)
+    ready: torch.cuda.Event
+    lengths: list[int]  # each slot's cache length after this step
+
+    @classmethod
+    def enqueue(cls, slots: list[int], reqs: list[int], tokens: torch.Tensor, kv) -> _Step:
+        host = tokens.to("cpu", non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(slots, reqs, tokens, host, ready, [kv.length(s) for s in slots])
 
 
 def _sync(device: torch.device) -> None:
@@ -95,6 +114,7 @@ def generate(
     seed: int | None = None,
     eos_token_id: int | list[int] | None = None,
     max_batch: int | None = None,
+    overlap: bool | None = None,
 ) -> GenerateResult:
     """Generate up to max_new_tokens for every prompt (token ids); greedy at temperature 0.
 
@@ -131,16 +151,35 @@ def generate(
     running: dict[int, int] = {}  # slot -> request
     prefill_s = decode_s = 0.0
     steps = 0
+    # Greedy on a GPU overlaps the host with the device (as vLLM's async scheduling): step
+    # n + 1 is enqueued with step n's argmax still on the device, then step n's tokens are
+    # read. A sequence that ends on an EOS read late has had one extra step, dropped.
+    if overlap is None:
+        overlap = temperature == 0 and model.device.type == "cuda"
+    elif overlap and (temperature != 0 or model.device.type != "cuda"):
+        raise KestrelError("overlap=True needs greedy decoding (temperature 0) on a CUDA device")
+    pending: _Step | None = None  # a decode step enqueued, its tokens not read yet
 
-    def record(reqs: list[int], slots: list[int], tokens: list[int]) -> None:
-        for r, s, t in zip(reqs, slots, tokens):
+    def record(reqs: list[int], slots: list[int], tokens: list[int],
+               lengths: list[int] | None = None) -> None:
+        lengths = lengths or [kv.length(s) for s in slots]
+        for r, s, t, n in zip(reqs, slots, tokens, lengths):
+            if running.get(s) != r:  # ended (EOS) while this step was in flight
+                continue
             out[r].append(t)
             # the cache holds every token but t: prompt + generated = length + 1 <= max_len
-            if len(out[r]) >= max_new_tokens or t in eos or kv.length(s) + 1 >= max_len:
+            if len(out[r]) >= max_new_tokens or t in eos or n + 1 >= max_len:
                 del running[s]
                 kv.free(s)
 
+    def read(step: _Step) -> None:
+        step.ready.synchronize()
+        record(step.reqs, step.slots, step.host.tolist(), step.lengths)
+
     while waiting or running:
+        if pending is not None and waiting:  # finishing sequences free slots for prompts
+            read(pending)
+            pending = None
         admitted = []
         while waiting and kv.can_allocate():
             admitted.append((kv.allocate(), waiting.popleft()))
@@ -155,14 +194,31 @@ def generate(
             record(reqs, slots, tokens)
         if not running:
             continue
-        slots = list(running)
-        reqs = [running[s] for s in slots]
         t0 = time.perf_counter()
-        last = torch.tensor([[out[r][-1]] for r in reqs])  # [B, 1]
-        logits = model.forward(last, slots)[:, 0]  # [B, V]
-        tokens = pick(logits, reqs)
-        _sync(model.device)
+        if pending is None:
+            slots = list(running)
+            reqs = [running[s] for s in slots]
+            last = torch.tensor([[out[r][-1]] for r in reqs])  # [B, 1]
+        else:  # the rows that go on after their pending token (an EOS is seen only later)
+            keep = [i for i, (s, r, n) in enumerate(zip(pending.slots, pending.reqs,
+                                                        pending.lengths))
+                    if len(out[r]) + 1 < max_new_tokens and n + 1 < max_len]
+            slots = [pending.slots[i] for i in keep]
+            reqs = [pending.reqs[i] for i in keep]
+            last = pending.tokens[keep][:, None]  # [B, 1] on the device
+        launched = None
+        if slots:
+            logits = model.forward(last, slots)[:, 0]  # [B, V]
+            if overlap:
+                launched = _Step.enqueue(slots, reqs, greedy(logits), kv)
+            else:
+                tokens = pick(logits, reqs)
+        if pending is not None:
+            read(pending)
+        pending = launched
+        if slots and not overlap:
+            _sync(model.device)
+            record(reqs, slots, tokens)
         decode_s += time.perf_counter() - t0
-        steps += 1
-        record(reqs, slots, tokens)
+        steps += bool(slots)
     return GenerateResult(out, sum(map(len, prompts)), prefill_s, decode_s, steps)

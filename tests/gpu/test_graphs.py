@@ -83,3 +83,19 @@ def test_padding_rows_do_not_touch_other_slots():
     for _ in range(3):
         graphed.forward(torch.ones(3, 1, dtype=torch.long), slots)  # bucket 4: one pad row
     assert torch.equal(kv.k[:, [s for s in range(8) if s not in slots]], untouched)
+
+
+@pytest.mark.parametrize("max_batch", [None, 2])
+def test_overlapped_decode_gives_the_same_tokens(max_batch):
+    """generate's overlap (step n + 1 enqueued before step n's tokens are read) changes no
+    token: with EOS stops read one step late, continuous batching and the context limit."""
+    graphed = gm.model("untied", CupyBackend("cuda", torch.float32), cls=GraphModel)
+    prompts = gm.prompts(graphed.shape.vocab_size, [6, 11, 2, 7, 3], seed=4)
+    plain = generate(graphed, prompts, max_new_tokens=14, max_batch=max_batch, overlap=False)
+    eos = plain.token_ids[1][5]  # a token one sequence does produce: an early stop
+    runs = [generate(graphed, prompts, max_new_tokens=14, max_batch=max_batch,
+                     eos_token_id=eos, overlap=o) for o in (False, True)]
+    assert runs[0].token_ids == runs[1].token_ids
+    assert any(len(t) < 14 for t in runs[1].token_ids)  # the EOS did stop one
+    assert generate(graphed, prompts, max_new_tokens=14, max_batch=max_batch,
+                    overlap=True).token_ids == plain.token_ids
