@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 cupy = pytest.importorskip("cupy")
 
@@ -20,7 +21,7 @@ TOL = 1e-2
 @pytest.fixture(scope="module")
 def gemv():
     g = Gemv("cuda")
-    g.compile()
+    g.compile(pros=(0, 2))
     return g
 
 
@@ -75,3 +76,45 @@ def test_moe_block_matches_reference_and_captures(gemv, kind):
     graph.replay()
     torch.cuda.synchronize()
     assert _rel(static, ref) <= TOL
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("e,n,k,tokens,top_k", [(16, 2048, 768, 1, 8), (8, 264, 384, 3, 2),
+                                                (4, 4096, 1536, 5, 1)])
+def test_experts_with_swiglu_prologue(gemv, kind, e, n, k, tokens, top_k):
+    """experts(swiglu=True): rows of gate|up [2K] go in, SwiGLU (TorchBackend's bf16
+    rounding) then the expert's matmul; x_div > 1 (one row per token) and = 1 (one per pair)."""
+    gen = torch.Generator("cuda").manual_seed(e * n + k + tokens + 1)
+    w = _stacked(kind, e, n, k, gen)
+    dense = _dense(w)  # [E, N, K]
+    ids = torch.randint(0, e, (tokens * top_k,), device="cuda", generator=gen)
+    for x_div, rows in ((top_k, tokens), (1, tokens * top_k)):
+        gu = torch.randn(rows, 2 * k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        gate, up = gu.chunk(2, dim=-1)
+        act = F.silu(gate) * up  # [rows, K] bf16
+        out = torch.full((tokens * top_k, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        y = gemv_moe.experts(gemv, gu, w, ids, x_div, out=out, swiglu=True)
+        ref = torch.stack([act[p // x_div].double() @ dense[ids[p]].T
+                           for p in range(ids.numel())])
+        assert _rel(y, ref) <= TOL
+    with pytest.raises(ValueError):  # plain rows [K] are not gate|up rows [2K]
+        gemv_moe.experts(gemv, gu[:, :k].contiguous(), w, ids, 1, swiglu=True)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
+def test_moe_block_adds_the_residual(gemv, kind):
+    """moe(residual=r) = r + moe(): the residual add rounds as torch's `r + moe_out`."""
+    gen = torch.Generator("cuda").manual_seed(11)
+    e, h, inter, tokens, top_k = 8, 256, 128, 3, 2
+    gate_up, down = _stacked(kind, e, 2 * inter, h, gen), _stacked(kind, e, h, inter, gen)
+    x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16, generator=gen)
+    router = torch.randn(e, h, device="cuda", dtype=torch.bfloat16, generator=gen)
+    weights, experts = moe_ref.route(x, router, top_k, True)
+    plain = gemv_moe.moe(gemv, x, weights, experts, gate_up, down)
+    res = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16, generator=gen)
+    res = res * plain.float().pow(2).mean().sqrt().item()
+    got = gemv_moe.moe(gemv, x, weights, experts, gate_up, down, residual=res)
+    assert torch.equal(got, res + plain)  # same kernels, same rounding: bitwise
+    ref = moe_ref.experts_forward(x.double(), weights.double(), experts, _dense(gate_up),
+                                  _dense(down)) + res.double()
+    assert _rel(got, ref) <= TOL

@@ -1,0 +1,280 @@
+"""The gemv kernels with a fused prologue (RMSNorm / SwiGLU of x as it loads) and residual
+epilogue (kernels/gemv_mma.cuh, PRO) against the torch composition, on the GPU.
+
+Reference: residual + act(x) @ W_dequant.T with act TorchBackend's rms_norm / swiglu in bf16
+(the linear in float64). Fresh random activations for every case, NaN-poisoned outputs (every
+element must be written), relative error <= 1e-2; NaN never passes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+cupy = pytest.importorskip("cupy")
+
+from kestrel_rt.cuda.linear import BF16_MAX_ROWS, FILES_OF, MAX_ROWS, Gemv, all_variants
+from kestrel_rt.quant_weights import Int4Weight, Int8Weight
+
+TOL = 1e-2
+EPS = 1e-6
+KINDS = ("bf16", "int8", "int4")
+PROS = ("plain", "rmsnorm", "swiglu")
+ROWS = (1, 3, 8, 9, 16)
+# (N, K) of the weight: qwen3-8b's qkv, gate_up, down (K = intermediate), o; odd sizes
+SHAPES = [(6144, 4096), (24576, 4096), (4096, 12288), (4096, 4096), (1000, 1152), (520, 384),
+          (8, 128)]
+
+
+@pytest.fixture(scope="module")
+def gemv():
+    g = Gemv("cuda")
+    g.compile(pros=(0, 1, 2))
+    return g
+
+
+@pytest.fixture(scope="module")
+def weights():
+    """(kind, n, k) -> (weight, dense float64 [N, K]), made once per module (big ones)."""
+    cache: dict = {}
+
+    def get(kind: str, n: int, k: int):
+        key = (kind, n, k)
+        if key not in cache:
+            gen = torch.Generator("cuda").manual_seed(n * 31 + k + len(kind))
+            w32 = torch.randn(n, k, device="cuda", generator=gen)
+            if kind == "bf16":
+                w = (w32 * 0.02).bfloat16()
+                cache[key] = (w, w.double())
+            else:
+                w = (Int8Weight if kind == "int8" else Int4Weight).from_float(w32)
+                cache[key] = (w, w.dequantize(torch.float64))
+        return cache[key]
+
+    return get
+
+
+def _fits(kind: str, n: int, k: int) -> bool:
+    return {"bf16": k % 8 == 0, "int8": k % 16 == 0, "int4": k % 128 == 0 and n % 8 == 0}[kind]
+
+
+def act_ref(x: torch.Tensor, norm: torch.Tensor | None, swiglu: bool) -> torch.Tensor:
+    """TorchBackend.rms_norm / swiglu on bf16 x (the identity otherwise)."""
+    if norm is not None:
+        xf = x.float()
+        var = xf.pow(2).mean(-1, keepdim=True)
+        return norm * (xf * torch.rsqrt(var + EPS)).to(x.dtype)
+    if swiglu:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return x
+
+
+def _inputs(pro: str, m: int, k: int, gen: torch.Generator):
+    """x [m, K] (swiglu: [m, 2K]) and the norm weight [K] (rmsnorm) or None."""
+    width = 2 * k if pro == "swiglu" else k
+    x = torch.randn(m, width, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if pro == "rmsnorm":
+        x = x * 3.0 + 0.5  # rows not already unit-RMS
+        norm = (1.0 + 0.2 * torch.randn(k, device="cuda", generator=gen)).bfloat16()
+        return x, norm
+    return x, None
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(y).all(), "non-finite output (an element not written, or a NaN)"
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def _poisoned(m: int, n: int) -> torch.Tensor:
+    return torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+
+
+def _residual(ref: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A bf16 residual about 0.3x the size of the product: dropping it fails the tolerance,
+    and an error in the product still shows."""
+    scale = 0.3 * ref.pow(2).mean().sqrt().item()
+    return (torch.randn(ref.shape, device="cuda", generator=gen) * scale).bfloat16()
+
+
+def _run(gemv, kind, x, w, **kw):
+    return getattr(gemv, kind)(x, w, **kw)
+
+
+@pytest.mark.parametrize("with_res", [False, True], ids=["nores", "res"])
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pro", PROS)
+def test_prologue_and_residual(gemv, weights, pro, kind, m, n, k, with_res):
+    if not _fits(kind, n, k):
+        pytest.skip(f"{kind} kernel does not take K={k}, N={n}")
+    gen = torch.Generator("cuda").manual_seed(hash((pro, kind, m, n, k, with_res)) % 2**31)
+    w, dense = weights(kind, n, k)
+    x, norm = _inputs(pro, m, k, gen)
+    ref = act_ref(x, norm, pro == "swiglu").double() @ dense.T  # [m, n]
+    res = _residual(ref, gen) if with_res else None
+    if res is not None:
+        ref = ref + res.double()
+    y = _run(gemv, kind, x, w, out=_poisoned(m, n), norm=norm, eps=EPS,
+             swiglu=pro == "swiglu", residual=res)
+    assert _rel_err(y, ref) <= TOL
+
+
+@pytest.mark.parametrize("m", (1, 9))
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pro", PROS)
+def test_out_may_alias_residual(gemv, weights, pro, kind, m):
+    """out = residual: y = residual + act(x) @ W.T written in place (the residual stream)."""
+    n, k = 4096, 4096
+    gen = torch.Generator("cuda").manual_seed(hash((pro, kind, m)) % 2**31)
+    w, dense = weights(kind, n, k)
+    x, norm = _inputs(pro, m, k, gen)
+    prod = act_ref(x, norm, pro == "swiglu").double() @ dense.T
+    res = _residual(prod, gen)
+    ref = prod + res.double()
+    y = _run(gemv, kind, x, w, out=res, norm=norm, eps=EPS, swiglu=pro == "swiglu",
+             residual=res)
+    assert y.data_ptr() == res.data_ptr()
+    assert _rel_err(res, ref) <= TOL
+
+
+@pytest.mark.parametrize("pro", ("rmsnorm", "swiglu"))
+@pytest.mark.parametrize("k", (1024, 384))
+def test_prologue_rounds_like_the_reference(gemv, pro, k):
+    """With W = I (bf16) the output is act(x) itself: bitwise TorchBackend's bf16 op, up to
+    rare flips of an ulp or two where rstd / expf differ in the last fp32 bit."""
+    gen = torch.Generator("cuda").manual_seed(k + len(pro))
+    eye = torch.eye(k, device="cuda", dtype=torch.bfloat16)
+    for m in (1, 5, 8):
+        x, norm = _inputs(pro, m, k, gen)
+        want = act_ref(x, norm, pro == "swiglu")
+        got = gemv.bf16(x, eye, out=_poisoned(m, k), norm=norm, eps=EPS,
+                        swiglu=pro == "swiglu")
+        assert torch.isfinite(got).all()
+        assert (got == want).float().mean().item() >= 0.99
+        assert ((got.float() - want.float()).abs() <= want.float().abs() * 2**-6 + 1e-30).all()
+
+
+@pytest.mark.parametrize("pro", ("rmsnorm", "swiglu"))
+@pytest.mark.parametrize("kind,geom", [(kind, v) for kind in KINDS
+                                       for v in all_variants(FILES_OF[kind])])
+def test_every_launch_variant_with_prologue(gemv_all, pro, kind, geom):
+    """Each (K split, tiles per block, U, prefetch) variant with a prologue and a residual
+    (register-heavy ones included), ragged N, both n-tile widths."""
+    gemv = gemv_all
+    gen = torch.Generator("cuda").manual_seed(hash((pro, kind, geom)) % 2**31)
+    n, k = 1032, 2048
+    w32 = torch.randn(n, k, device="cuda", generator=gen)
+    w = {"bf16": w32.bfloat16(), "int8": Int8Weight.from_float(w32),
+         "int4": Int4Weight.from_float(w32)}[kind]
+    dense = w.double() if kind == "bf16" else w.dequantize(torch.float64)
+    for m in (1, 12):
+        x, norm = _inputs(pro, m, k, gen)
+        prod = act_ref(x, norm, pro == "swiglu").double() @ dense.T
+        res = _residual(prod, gen)
+        y = _run(gemv, kind, x, w, out=_poisoned(m, n), geom=geom, norm=norm, eps=EPS,
+                 swiglu=pro == "swiglu", residual=res)
+        assert _rel_err(y, prod + res.double()) <= TOL
+
+
+@pytest.fixture(scope="module")
+def gemv_all():
+    g = Gemv("cuda", sweep=True)
+    g.compile(pros=(1, 2))
+    return g
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_api_shapes_and_values(gemv, weights, kind):
+    """fused() on [B, S, K] inputs: each prologue, with and without residual."""
+    n, k = 4096, 4096
+    w, dense = weights(kind, n, k)
+    gen = torch.Generator("cuda").manual_seed(len(kind))
+    max_rows = BF16_MAX_ROWS if kind == "bf16" else MAX_ROWS
+    for lead in ((1, 1), (2, 3), (max_rows // 2, 2)):
+        for pro in PROS:
+            x, norm = _inputs(pro, lead[0] * lead[1], k, gen)
+            x = x.view(*lead, -1)
+            prod = act_ref(x, norm, pro == "swiglu").double() @ dense.T  # [*lead, n]
+            y = gemv.fused(x, w, norm=norm, eps=EPS, swiglu=pro == "swiglu")
+            assert y is not None and y.shape == (*lead, n)
+            assert _rel_err(y, prod) <= TOL
+            res = _residual(prod, gen)
+            y = gemv.fused(x, w, norm=norm, eps=EPS, swiglu=pro == "swiglu", residual=res)
+            assert y is not None and y.shape == (*lead, n)
+            assert _rel_err(y, prod + res.double()) <= TOL
+
+
+def test_fused_returns_none_where_no_kernel_fits(gemv, weights):
+    n, k = 512, 1024
+    wb, _ = weights("bf16", n, k)
+    w8, _ = weights("int8", n, k)
+    norm = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    assert gemv.fused(x, wb, norm=norm) is not None
+    # rows: bf16 beyond BF16_MAX_ROWS, any weight beyond MAX_ROWS
+    assert gemv.fused(torch.randn(BF16_MAX_ROWS + 1, k, device="cuda").bfloat16(), wb) is None
+    assert gemv.fused(torch.randn(BF16_MAX_ROWS + 1, k, device="cuda").bfloat16(), w8) is not None
+    assert gemv.fused(torch.randn(MAX_ROWS + 1, k, device="cuda").bfloat16(), w8) is None
+    # dtype of x, of the norm weight, of the residual
+    assert gemv.fused(x.float(), wb) is None
+    assert gemv.fused(x, wb, norm=norm.float()) is None
+    assert gemv.fused(x, wb, residual=torch.zeros(1, n, device="cuda")) is None
+    # alignment: x starting 2 bytes into a buffer
+    buf = torch.randn(k + 8, device="cuda", dtype=torch.bfloat16)
+    assert gemv.fused(buf[1:k + 1].view(1, k), wb) is None
+    # K rules: int8 needs K % 16 (bf16 takes K % 8); (int4 weights exist only for
+    # int4_fits shapes, which the kernel takes)
+    x8 = torch.randn(1, 1032, device="cuda", dtype=torch.bfloat16)
+    assert gemv.fused(x8, Int8Weight.from_float(torch.randn(64, 1032, device="cuda"))) is None
+    assert gemv.fused(x8, torch.randn(64, 1032, device="cuda").bfloat16()) is not None
+    w4 = Int4Weight.from_float(torch.randn(64, 256, device="cuda"))
+    assert gemv.fused(torch.randn(1, 256, device="cuda").bfloat16(), w4) is not None
+    # a CPU tensor
+    assert gemv.fused(x.cpu(), wb.cpu()) is None
+    # shapes that do not fit are the caller's bug
+    with pytest.raises(ValueError):
+        gemv.fused(torch.randn(1, k + 8, device="cuda").bfloat16(), wb)
+    with pytest.raises(ValueError):
+        gemv.fused(x, wb, swiglu=True)  # swiglu needs x [..., 2K]
+    with pytest.raises(ValueError):
+        gemv.fused(x, wb, residual=torch.zeros(2, n, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError):
+        gemv.fused(x, wb, norm=norm, swiglu=True)
+
+
+def test_nan_in_the_activation_reaches_the_output(gemv, weights):
+    """A NaN in x must show after a prologue too (no masking of bad values)."""
+    n, k = 520, 384
+    for kind in KINDS:
+        w, _ = weights(kind, n, k)
+        for pro in ("rmsnorm", "swiglu"):
+            x, norm = _inputs(pro, 2, k, torch.Generator("cuda").manual_seed(1))
+            x[1, 5] = float("nan")  # row 1 (its gate half with swiglu)
+            y = _run(gemv, kind, x, w, norm=norm, eps=EPS, swiglu=pro == "swiglu")
+            assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all(), (kind, pro)
+
+
+def test_deterministic_and_captured_in_a_graph(gemv, weights):
+    """The RMSNorm prologue sums in a fixed order: two runs are bitwise equal; the fused call
+    replays inside a CUDA graph."""
+    n, k = 6144, 4096
+    w, dense = weights("int8", n, k)
+    gen = torch.Generator("cuda").manual_seed(3)
+    x, norm = _inputs("rmsnorm", 4, k, gen)
+    res = torch.zeros(4, n, device="cuda", dtype=torch.bfloat16)
+    first = gemv.fused(x, w, norm=norm, eps=EPS, residual=res)
+    assert torch.equal(first, gemv.fused(x, w, norm=norm, eps=EPS, residual=res))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = gemv.fused(x, w, norm=norm, eps=EPS, residual=res)
+    x2, _ = _inputs("rmsnorm", 4, k, gen)
+    x.copy_(x2)
+    res.copy_(torch.randn(4, n, device="cuda", generator=gen).bfloat16())
+    static.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = act_ref(x, norm, False).double() @ dense.T + res.double()
+    assert _rel_err(static, ref) <= TOL
