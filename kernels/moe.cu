@@ -10,6 +10,7 @@
 //               T(sum_k w[n, k] * T(act[n, k] . down[e_k, h])). Grid (N, H), one warp per k.
 // The GEMVs need H % Vec<T>::N == 0 and I % Vec<T>::N == 0 (16-byte loads, checked by the caller).
 #include "common.cuh"
+#include "pdl.cuh"
 
 #define MOE_MAX_E 256
 
@@ -152,16 +153,22 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
 #define MOE_ENTRY(SUFFIX, T)                                                                    \
   extern "C" __global__ void moe_route_##SUFFIX(const T* logits, T* weights, long long* experts, \
                                                 int n_tok, int n_exp, int top_k, int renorm) {  \
+    pdl_trigger();                                                                               \
+    pdl_wait();                                                                                  \
     moe_route_impl<T>(logits, weights, experts, n_tok, n_exp, top_k, renorm);                   \
   }                                                                                             \
   extern "C" __global__ void moe_gate_up_##SUFFIX(const T* x, const T* gate_up,                \
                                                   const long long* experts, T* act, int top_k,  \
                                                   int hidden, int inter) {                      \
+    pdl_trigger();                                                                               \
+    pdl_wait();                                                                                  \
     moe_gate_up_impl<T>(x, gate_up, experts, act, top_k, hidden, inter);                        \
   }                                                                                             \
   extern "C" __global__ void moe_down_##SUFFIX(const T* act, const T* down,                     \
                                                const long long* experts, const T* weights,      \
                                                T* out, int top_k, int hidden, int inter) {      \
+    pdl_trigger();                                                                               \
+    pdl_wait();                                                                                  \
     moe_down_impl<T>(act, down, experts, weights, out, top_k, hidden, inter);                   \
   }
 

@@ -7,6 +7,7 @@
 // x, residual, out, res_out: [rows, n] contiguous; w: [n]. vec != 0 means n and every base
 // pointer allow 16-byte accesses (checked by the caller).
 #include "common.cuh"
+#include "pdl.cuh"
 
 template <typename T>
 __device__ void rmsnorm_row(const T* __restrict__ x, const T* __restrict__ residual,
@@ -68,10 +69,14 @@ __device__ void rmsnorm_row(const T* __restrict__ x, const T* __restrict__ resid
 extern "C" __global__ void rmsnorm_bf16(const bf16_t* x, const bf16_t* residual,
                                         const bf16_t* w, bf16_t* out, bf16_t* res_out, int n,
                                         float eps, int vec) {
+  pdl_trigger();
+  pdl_wait();
   rmsnorm_row<bf16_t>(x, residual, w, out, res_out, n, eps, vec);
 }
 
 extern "C" __global__ void rmsnorm_f32(const float* x, const float* residual, const float* w,
                                        float* out, float* res_out, int n, float eps, int vec) {
+  pdl_trigger();
+  pdl_wait();
   rmsnorm_row<float>(x, residual, w, out, res_out, n, eps, vec);
 }

@@ -2,6 +2,7 @@
 // -> out [rows, I] = T(T(silu(gate)) * up), as the torch reference rounds it.
 // Grid-stride over elements (or 16-byte vectors when vec != 0: I % Vec<T>::N == 0, aligned).
 #include "common.cuh"
+#include "pdl.cuh"
 
 template <typename T>
 __device__ __forceinline__ float swiglu1(float g, float u) {
@@ -40,10 +41,14 @@ __device__ void swiglu_impl(const T* __restrict__ gu, T* __restrict__ out, long 
 
 extern "C" __global__ void swiglu_bf16(const bf16_t* gu, bf16_t* out, long long rows, int inter,
                                        int vec) {
+  pdl_trigger();
+  pdl_wait();
   swiglu_impl<bf16_t>(gu, out, rows, inter, vec);
 }
 
 extern "C" __global__ void swiglu_f32(const float* gu, float* out, long long rows, int inter,
                                       int vec) {
+  pdl_trigger();
+  pdl_wait();
   swiglu_impl<float>(gu, out, rows, inter, vec);
 }

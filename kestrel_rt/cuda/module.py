@@ -9,6 +9,8 @@ scalars: tensors as their device address (`ptr`), so no DLPack round trip per la
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 
@@ -18,20 +20,27 @@ from kestrel_sim.errors import KestrelError
 # cupy compiles for the current device's architecture (sm_90 on an H100/H200) by itself;
 # an explicit -arch here would be passed to NVRTC twice.
 OPTIONS = ("-std=c++17",)
-INCLUDE = '#include "common.cuh"'
+INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)"[ \t]*$', re.MULTILINE)
 
 
 def full_source(name: str) -> str:
-    """kernels/NAME.cu with kernels/common.cuh pasted in place of its #include.
+    """kernels/NAME.cu with every `#include "X.cuh"` of kernels/ pasted in place (recursively,
+    each header once).
 
     Inlining keeps cupy's on-disk kernel cache honest: its key is the source text, which then
-    covers the header too.
+    covers the headers too.
     """
-    text = source(name)
-    if INCLUDE in text:
-        header = (KERNEL_DIR / "common.cuh").read_text().replace("#pragma once\n", "")
-        text = text.replace(INCLUDE, header)
-    return text
+    seen: set[str] = set()
+
+    def paste(match: re.Match) -> str:
+        header = match.group(1)
+        if header in seen:
+            return ""
+        seen.add(header)
+        text = (KERNEL_DIR / header).read_text().replace("#pragma once\n", "")
+        return INCLUDE.sub(paste, text)
+
+    return INCLUDE.sub(paste, source(name))
 
 
 def ptr(t: torch.Tensor | None) -> np.uint64:
@@ -61,10 +70,18 @@ class _StreamHandle:
         return (0, self.handle)
 
 
-class KernelModules:
-    """The compiled kernels one backend uses, on one CUDA device."""
+# Files whose every kernel runs pdl_wait() before touching activations (kernels/pdl.cuh):
+# only these are launched with programmatic dependent launch.
+PDL_FILES = frozenset({"rmsnorm", "swiglu", "moe"})
 
-    def __init__(self, device: torch.device) -> None:
+
+class KernelModules:
+    """The compiled kernels one backend uses, on one CUDA device.
+
+    pdl: launch the kernels of PDL_FILES with programmatic dependent launch
+    (kestrel_rt/cuda/pdl.py; needs compute capability >= 9.0, else ignored)."""
+
+    def __init__(self, device: torch.device, pdl: bool = False) -> None:
         try:
             import cupy
         except ImportError:
@@ -80,6 +97,11 @@ class KernelModules:
         self._modules: dict[str, object] = {}
         self._functions: dict[tuple[str, str], object] = {}
         self._streams: dict[int, object] = {}
+        self.pdl = None
+        if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
+            from kestrel_rt.cuda.pdl import Launcher
+
+            self.pdl = Launcher()
 
     def function(self, file: str, name: str):
         """Kernel `name` of kernels/FILE.cu, compiled on first use."""
@@ -106,7 +128,10 @@ class KernelModules:
                shared_mem: int = 0) -> None:
         """Launch kernels/FILE.cu:NAME on torch's current stream of this device."""
         fn = self.function(file, name)
-        if self.device_index == 0:  # cupy's current device unless a caller changed it
+        if self.pdl is not None and file in PDL_FILES:
+            handle = torch.cuda.current_stream(self.device_index).cuda_stream
+            self.pdl(fn, grid, block, args, handle, shared_mem)
+        elif self.device_index == 0:  # cupy's current device unless a caller changed it
             fn(grid, block, args, shared_mem=shared_mem, stream=self._stream())
         else:
             with self._cupy.cuda.Device(self.device_index):
