@@ -58,6 +58,60 @@ __device__ __forceinline__ void store_vec(T* p, const float* in) {
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
+// One lane's share of a row: DL contiguous elements of T, accessed as one vector when
+// DL * sizeof(T) is 8 or 16 bytes, two when 32 (p then aligned to 8 / 16 / 16 bytes).
+
+// Load DL elements of T at p as fp32.
+template <typename T, int DL>
+__device__ __forceinline__ void load_lane(const T* p, float* out) {
+  constexpr int BYTES = DL * (int)sizeof(T);
+  if constexpr (BYTES == 16) {
+    load_vec(p, out);
+  } else if constexpr (BYTES == 32) {
+    load_vec(p, out);
+    load_vec(p + Vec<T>::N, out + Vec<T>::N);
+  } else if constexpr (BYTES == 8) {
+    uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < DL; ++i) out[i] = Num<T>::load(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < DL; ++i) out[i] = Num<T>::load(p[i]);
+  }
+}
+
+// Store DL fp32 values (values of T) as T; alignment as load_lane.
+template <typename T, int DL>
+__device__ __forceinline__ void store_lane(T* p, const float* in) {
+  constexpr int BYTES = DL * (int)sizeof(T);
+  if constexpr (BYTES == 16) {
+    store_vec(p, in);
+  } else if constexpr (BYTES == 32) {
+    store_vec(p, in);
+    store_vec(p + Vec<T>::N, in + Vec<T>::N);
+  } else {
+#pragma unroll
+    for (int i = 0; i < DL; ++i) p[i] = Num<T>::store(in[i]);
+  }
+}
+
+// Copy DL elements of T (one lane's share of a row), no conversion.
+template <typename T, int DL>
+__device__ __forceinline__ void copy_lane(T* dst, const T* src) {
+  constexpr int BYTES = DL * (int)sizeof(T);
+  if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < BYTES / 16; ++i)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  } else if constexpr (BYTES == 8) {
+    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src);
+  } else {
+#pragma unroll
+    for (int i = 0; i < DL; ++i) dst[i] = src[i];
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -81,4 +135,32 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   __syncthreads();
   v = lane < warps ? red[lane] : 0.f;
   return warp_sum(v);
+}
+
+// RMSNorm (weight w) then RoPE (rotate-half) of one attention head, rounded as
+// TorchBackend.qk_norm_rope materialises it (h = D/2, c = cos[p], s = sin[p]):
+//   y = T(w * T(x * rsqrt(mean(x^2) + eps))),
+//   out[p] = T(T(y[p] * c) - T(y[p+h] * s)),  out[p+h] = T(T(y[p+h] * c) + T(y[p] * s)).
+// Layout: D = 32 * DL, lane l holds elements [l*DL, l*DL + DL) in x (fp32 values of T); w holds
+// the weights of those elements, c / s the cos / sin of pair index p = (l & 15) * DL + i. The
+// partner of element i of lane l is element i of lane l ^ 16. x is replaced by the result
+// (values of T). Explicit _rn intrinsics: no FMA contraction, so every kernel that calls this
+// gets the same bits. All 32 lanes of the warp must call it.
+template <typename T, int DL>
+__device__ __forceinline__ void head_norm_rope(float (&x)[DL], const float (&w)[DL],
+                                               const float (&c)[DL], const float (&s)[DL],
+                                               int lane, float eps) {
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < DL; ++i) ss = __fmaf_rn(x[i], x[i], ss);
+  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(ss), (float)(32 * DL)), eps));
+  const bool first_half = lane < 16;
+#pragma unroll
+  for (int i = 0; i < DL; ++i) {
+    const float y = Num<T>::round(__fmul_rn(w[i], Num<T>::round(__fmul_rn(x[i], rstd))));
+    const float other = __shfl_xor_sync(0xffffffffu, y, 16);
+    const float yc = Num<T>::round(__fmul_rn(y, c[i]));
+    const float os = Num<T>::round(__fmul_rn(other, s[i]));
+    x[i] = Num<T>::round(first_half ? __fsub_rn(yc, os) : __fadd_rn(yc, os));
+  }
 }

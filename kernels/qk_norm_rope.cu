@@ -7,9 +7,32 @@
 // cos/sin: [max_pos, D] tables in T (cos[:, p] == cos[:, p + h], as transformers builds them).
 // q: [tokens, Hq, D] with token stride q_st and head stride D (a view of the qkv output is
 // fine); k likewise with k_st. Outputs q_out [tokens, Hq, D], k_out [tokens, Hkv, D], dense.
-// Grid (tokens, head groups): one warp per (token, head); lane l handles pairs p = l, l + 32,
-// ... (D <= 256, D even).
+// Grid (tokens, head groups): one warp per (token, head). D a multiple of 32: lane l holds
+// elements [l * D/32, (l + 1) * D/32) and the math is common.cuh's head_norm_rope, the helper
+// the fused decode attention (decode_attention.cu) calls, so both give the same bits. Other
+// D (even, <= 256): lane l handles pairs p = l, l + 32, ...
 #include "common.cuh"
+
+// One head in the lane layout of head_norm_rope (D = 32 * DL); element loads, any alignment.
+template <typename T, int DL>
+__device__ __forceinline__ void norm_rope_head_lanes(const T* __restrict__ src,
+                                                     const T* __restrict__ w,
+                                                     const T* __restrict__ cos_row,
+                                                     const T* __restrict__ sin_row,
+                                                     T* __restrict__ dst, int lane, float eps) {
+  float x[DL], wv[DL], c[DL], s[DL];
+  const int e0 = lane * DL, p0 = (lane & 15) * DL;
+#pragma unroll
+  for (int i = 0; i < DL; ++i) {
+    x[i] = Num<T>::load(src[e0 + i]);
+    wv[i] = Num<T>::load(w[e0 + i]);
+    c[i] = Num<T>::load(cos_row[p0 + i]);
+    s[i] = Num<T>::load(sin_row[p0 + i]);
+  }
+  head_norm_rope<T, DL>(x, wv, c, s, lane, eps);
+#pragma unroll
+  for (int i = 0; i < DL; ++i) dst[e0 + i] = Num<T>::store(x[i]);
+}
 
 template <typename T>
 __device__ void qk_norm_rope_impl(const T* __restrict__ q, long long q_st,
@@ -31,6 +54,21 @@ __device__ void qk_norm_rope_impl(const T* __restrict__ q, long long q_st,
     const T* src = is_q ? q + t * q_st + (long long)hh * d : k + t * k_st + (long long)hh * d;
     const T* w = is_q ? qw : kw;
     T* dst = is_q ? q_out + (t * hq + hh) * d : k_out + (t * hkv + hh) * d;
+    if ((d & 31) == 0) {  // warp-uniform: the lane layout shared with the attention kernel
+      const T* c_row = cos_t + pos * d;
+      const T* s_row = sin_t + pos * d;
+      switch (d >> 5) {
+        case 1: norm_rope_head_lanes<T, 1>(src, w, c_row, s_row, dst, lane, eps); break;
+        case 2: norm_rope_head_lanes<T, 2>(src, w, c_row, s_row, dst, lane, eps); break;
+        case 3: norm_rope_head_lanes<T, 3>(src, w, c_row, s_row, dst, lane, eps); break;
+        case 4: norm_rope_head_lanes<T, 4>(src, w, c_row, s_row, dst, lane, eps); break;
+        case 5: norm_rope_head_lanes<T, 5>(src, w, c_row, s_row, dst, lane, eps); break;
+        case 6: norm_rope_head_lanes<T, 6>(src, w, c_row, s_row, dst, lane, eps); break;
+        case 7: norm_rope_head_lanes<T, 7>(src, w, c_row, s_row, dst, lane, eps); break;
+        default: norm_rope_head_lanes<T, 8>(src, w, c_row, s_row, dst, lane, eps); break;
+      }
+      continue;
+    }
     float a[4], b[4];
     float ss = 0.f;
 #pragma unroll

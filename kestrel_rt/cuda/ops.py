@@ -3,7 +3,8 @@
 Each wrapper checks what its kernel assumes (dtype, layout, sizes) and raises
 `Unsupported` when it does not hold, so the caller can fall back to the torch reference.
 Shapes follow the Backend ops (kestrel_rt/backend/base.py). `km` is the calling backend's
-KernelModules.
+KernelModules. The attention wrappers live in kestrel_rt/cuda/attention.py (they use the
+argument helpers below).
 """
 
 from __future__ import annotations
@@ -15,11 +16,6 @@ import torch
 from kestrel_rt.cuda.module import KernelModules, f32, i32, i64, ptr
 
 SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
-ATTN_THREADS = 256
-ATTN_ELEMS = 4096  # rows-per-block * head_dim held in registers by one attention block
-DECODE_WARPS = 4  # warps of the warp-per-key decode kernel
-DECODE_MAX_ROWS = 8  # query rows (M * Hq / Hkv) it takes; more go to attn_partial
-MAX_SPLITS = 64  # context splits (attn_combine holds one weight per split)
 MAX_MOE_EXPERTS = 256
 
 
@@ -126,145 +122,6 @@ def qk_norm_rope(km: KernelModules, q: torch.Tensor, k: torch.Tensor, q_weight: 
                ptr(positions.contiguous()), ptr(q_out), ptr(k_out), i32(Hq), i32(Hkv), i32(D),
                f32(eps)))
     return q_out, k_out
-
-
-# -- attention ------------------------------------------------------------------------------
-def kv_write(km: KernelModules, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-             v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> None:
-    """k, v [B, M, Hkv, D] -> k_cache, v_cache [slots, max_len, Hkv, D] at (slots[b],
-    positions[b, m])."""
-    sfx = _suffix(k, v, k_cache, v_cache)
-    B, M, Hkv, D = k.shape
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise Unsupported("cache not contiguous")
-    k, k_st = _token_rows(k)
-    v, v_st = _token_rows(v)
-    width = Hkv * D
-    n = _vec(k.dtype)
-    vec = (width % n == 0 and k_st % n == 0 and v_st % n == 0
-           and _aligned(k, v, k_cache, v_cache))
-    threads = min(256, max(32, _round_up(math.ceil(width / (n if vec else 1)), 32)))
-    km.launch("decode_attention", f"kv_write_{sfx}", (B * M,), (threads,),
-              (ptr(k), i64(k_st), ptr(v), i64(v_st), ptr(k_cache), ptr(v_cache),
-               ptr(slots.contiguous()), ptr(positions.contiguous()), i32(M),
-               i64(k_cache.stride(0)), i64(k_cache.stride(1)), i32(width), i32(int(vec))))
-
-
-def attention_plan(B: int, M: int, Hq: int, Hkv: int, D: int, max_len: int,
-                   num_sms: int) -> tuple[int, int, int, int, int]:
-    """(rows per block, row groups, key tile, splits, threads per dot) for decode attention.
-    Depends only on shapes and the cache's max_len (not on current lengths), so a captured
-    graph stays valid as sequences grow: each block sizes its slice of the context at run
-    time."""
-    rows = M * (Hq // Hkv)
-    rb = max(1, min(rows, ATTN_ELEMS // D))
-    groups = math.ceil(rows / rb)
-    tile = 16 if D <= 128 else 8
-    base = B * Hkv * groups
-    splits = max(1, min(MAX_SPLITS, math.ceil(2 * num_sms / base), math.ceil(max_len / tile)))
-    tpd = 1
-    while tpd < 32 and rb * tile * tpd * 2 <= ATTN_THREADS:
-        tpd *= 2
-    return rb, groups, tile, splits, tpd
-
-
-def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-                     num_sms: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """q [B, M, Hq, D] over one layer's cache [slots, max_len, Hkv, D] (new K/V already
-    written) -> [B, M, Hq, D]; key p visible to (b, m) iff p <= positions[b, m]."""
-    sfx = _suffix(q, k_cache, v_cache)
-    B, M, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    n = _vec(q.dtype)
-    if D % n or D > 256 or Hq % Hkv or not k_cache.is_contiguous():
-        raise Unsupported(f"head_dim {D}, heads {Hq}/{Hkv}")
-    q = q.contiguous()
-    out = _dest(out, q.shape, q.dtype, q.device)
-    if B * M == 0:
-        return out
-    rows = M * (Hq // Hkv)
-    slots, positions = slots.contiguous(), positions.contiguous()
-    common = (ptr(q), ptr(k_cache), ptr(v_cache), ptr(slots), ptr(positions),
-              i64(k_cache.stride(0)), i64(k_cache.stride(1)))
-    if rows <= DECODE_MAX_ROWS and D in (64, 128, 256):  # warp-per-key kernel
-        rb = 2 if rows <= 2 else 4 if rows <= 4 else 8
-        splits = decode_splits(B, Hkv, k_cache.shape[1], num_sms)
-        part_acc, part_ml = _partials(B * Hkv * rows * splits, D, q.device)
-        km.launch("decode_attention", f"attn_decode_{sfx}_d{D // 32}_r{rb}", (B * Hkv, splits),
-                  (32 * DECODE_WARPS,),
-                  common + (ptr(part_acc), ptr(part_ml), i32(M), i32(Hq), i32(Hkv),
-                            f32(D ** -0.5), ptr(None), i64(0), ptr(None), i64(0)))
-    else:
-        rb, groups, tile, splits, tpd = attention_plan(B, M, Hq, Hkv, D, k_cache.shape[1],
-                                                       num_sms)
-        part_acc, part_ml = _partials(B * Hkv * rows * splits, D, q.device)
-        smem = 4 * (rb * D + tile * (D + tpd) + tile * D + rb * tile + 3 * rb)
-        km.launch("decode_attention", f"attn_partial_{sfx}", (B * Hkv, groups, splits),
-                  (ATTN_THREADS,),
-                  common + (ptr(part_acc), ptr(part_ml), i32(M), i32(Hq), i32(Hkv), i32(D),
-                            i32(rb), i32(tile), i32(tpd), f32(D ** -0.5)),
-                  shared_mem=smem)
-    threads = max(_round_up(splits, 32), min(128, _round_up(D, 32)))
-    km.launch("decode_attention", f"attn_combine_{sfx}", (B * Hkv * rows,), (threads,),
-              (ptr(part_acc), ptr(part_ml), ptr(out), i32(M), i32(Hq), i32(Hkv), i32(D),
-               i32(splits)))
-    return out
-
-
-def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-              positions: torch.Tensor, num_sms: int, out: torch.Tensor | None = None
-              ) -> torch.Tensor:
-    """The attention op: write k, v [B, M, Hkv, D] into one layer's cache at (slots[b],
-    positions[b, m]) and attend q [B, M, Hq, D] over it -> [B, M, Hq, D].
-
-    With at most DECODE_MAX_ROWS query rows and D in (64, 128, 256) the warp-per-key kernel
-    writes the cache itself (two launches: attention, combine); otherwise kv_write +
-    decode_attention (three)."""
-    sfx = _suffix(q, k, v, k_cache, v_cache)
-    B, M, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    rows = M * (Hq // Hkv) if Hq % Hkv == 0 else DECODE_MAX_ROWS + 1
-    if (rows > DECODE_MAX_ROWS or D not in (64, 128, 256) or not k_cache.is_contiguous()
-            or not v_cache.is_contiguous() or B * M == 0):
-        kv_write(km, k, v, k_cache, v_cache, slots, positions)
-        return decode_attention(km, q, k_cache, v_cache, slots, positions, num_sms, out=out)
-    k, k_st = _token_rows(k)
-    v, v_st = _token_rows(v)
-    lane_bytes = D // 32 * k.element_size()  # a lane's share of a row: its load alignment
-    if (k_st * k.element_size() % lane_bytes or v_st * v.element_size() % lane_bytes
-            or not _aligned(k, v)):
-        k, v = k.contiguous(), v.contiguous()
-        k_st = v_st = Hkv * D
-    q = q.contiguous()
-    out = _dest(out, q.shape, q.dtype, q.device)
-    rb = 2 if rows <= 2 else 4 if rows <= 4 else 8
-    splits = decode_splits(B, Hkv, k_cache.shape[1], num_sms)
-    part_acc, part_ml = _partials(B * Hkv * rows * splits, D, q.device)
-    slots, positions = slots.contiguous(), positions.contiguous()
-    km.launch("decode_attention", f"attn_decode_{sfx}_d{D // 32}_r{rb}", (B * Hkv, splits),
-              (32 * DECODE_WARPS,),
-              (ptr(q), ptr(k_cache), ptr(v_cache), ptr(slots), ptr(positions),
-               i64(k_cache.stride(0)), i64(k_cache.stride(1)), ptr(part_acc), ptr(part_ml),
-               i32(M), i32(Hq), i32(Hkv), f32(D ** -0.5), ptr(k), i64(k_st), ptr(v), i64(v_st)))
-    threads = max(_round_up(splits, 32), min(128, _round_up(D, 32)))
-    km.launch("decode_attention", f"attn_combine_{sfx}", (B * Hkv * rows,), (threads,),
-              (ptr(part_acc), ptr(part_ml), ptr(out), i32(M), i32(Hq), i32(Hkv), i32(D),
-               i32(splits)))
-    return out
-
-
-def decode_splits(B: int, Hkv: int, max_len: int, num_sms: int) -> int:
-    """Context splits of the warp-per-key kernel (static for a given cache, like the plan)."""
-    return max(1, min(MAX_SPLITS, math.ceil(2 * num_sms / (B * Hkv)),
-                      math.ceil(max_len / (2 * DECODE_WARPS))))
-
-
-def _partials(rows: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Workspace of per-split partial results: acc [rows, D] and (max, sum) [rows, 2], fp32."""
-    return (torch.empty(rows * D, dtype=torch.float32, device=device),
-            torch.empty(rows * 2, dtype=torch.float32, device=device))
 
 
 # -- MLP ------------------------------------------------------------------------------------

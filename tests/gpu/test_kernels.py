@@ -1,4 +1,5 @@
-"""Every kernel of kernels/*.cu against the torch reference op, on the GPU.
+"""Every kernel of kernels/*.cu against the torch reference op, on the GPU (attention:
+test_attention.py).
 
 The reference is the TorchBackend op itself, called on a small stand-in object that holds
 only what the op reads (weights, eps, RoPE tables, KV cache). Fresh random inputs for every
@@ -19,7 +20,6 @@ from kestrel_rt import moe as moe_ref
 from kestrel_rt.backend.torch_backend import TorchBackend
 from kestrel_rt.cuda import ops, reference
 from kestrel_rt.cuda.module import KernelModules
-from kestrel_rt.kv_cache import KVCache
 from kestrel_rt.rope import cos_sin, inv_freq
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -108,72 +108,6 @@ def test_qk_norm_rope(km, dtype, B, M, Hq, Hkv, D):
     rq, rk = TorchBackend.qk_norm_rope(be, q, k, 0, step)
     check(oq, rq, dtype)
     check(ok, rk, dtype)
-
-
-# -- attention --------------------------------------------------------------------------------
-def _caches(B, max_len, Hkv, D, dtype, lengths, slots):
-    """(kernel cache, reference cache): the same random K/V below each sequence's length;
-    past it NaN in the kernel's cache (never to be read) and zeros in the reference's."""
-    kv = KVCache(1, B + 1, max_len, Hkv, D, torch.device("cuda"), dtype)
-    ref = KVCache(1, B + 1, max_len, Hkv, D, torch.device("cuda"), dtype)
-    kv.k.fill_(float("nan"))
-    kv.v.fill_(float("nan"))
-    for s, n in zip(slots, lengths):
-        kk, vv = rnd(n, Hkv, D, dtype=dtype), rnd(n, Hkv, D, dtype=dtype)
-        kv.k[0, s, :n], kv.v[0, s, :n] = kk, vv
-        ref.k[0, s, :n], ref.v[0, s, :n] = kk, vv
-        kv.lengths[s] = ref.lengths[s] = n
-    return kv, ref
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lengths,M,Hq,Hkv,D,max_len", [
-    ([37], 1, 32, 8, 128, 64),             # qwen3-8b heads, decode
-    ([0, 5, 300, 1021], 4, 8, 2, 128, 1100),  # different lengths, verify k=3, split context
-    ([3000, 17], 9, 32, 4, 128, 4096),     # qwen3-30b-a3b heads, verify k=8, many splits
-    ([11, 2], 16, 6, 2, 24, 40),           # odd head_dim, M = 16
-    ([250], 2, 4, 4, 256, 300),            # head_dim 256 (no GQA)
-    ([60, 61, 62], 1, 16, 8, 64, 80),
-    ([100, 7, 2000], 2, 32, 8, 128, 2100),  # warp-per-key kernel at its 8-row limit
-    ([5, 900], 3, 8, 4, 64, 1000),          # 6 rows: warp kernel, 8-row variant
-    ([4000], 1, 32, 8, 128, 4096),          # long context: many keys per warp
-    ([1, 0], 1, 8, 8, 256, 24),             # no GQA, head_dim 256, tiny contexts
-])
-@pytest.mark.parametrize("fused", [False, True])
-def test_decode_attention(km, sms, dtype, lengths, M, Hq, Hkv, D, max_len, fused):
-    B = len(lengths)
-    slots = list(range(B))[::-1]  # sequence b lives in slot B-1-b; slot B stays unused
-    kv, ref_kv = _caches(B, max_len, Hkv, D, dtype, lengths, slots)
-    step = kv.step(slots, M, [M] * B)
-    qkv = rnd(B, M, (Hq + 2 * Hkv) * D, dtype=dtype)
-    q = qkv[..., : Hq * D].view(B, M, Hq, D)
-    k = qkv[..., Hq * D: (Hq + Hkv) * D].view(B, M, Hkv, D)
-    v = qkv[..., (Hq + Hkv) * D:].view(B, M, Hkv, D)
-    out = poisoned(B, M, Hq, D, dtype=dtype)
-    if fused:  # the attention op: the decode kernel writes the cache itself where it can
-        ops.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms, out=out)
-        again = poisoned(B, M, Hq, D, dtype=dtype)
-        ops.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms, out=again)
-        assert torch.equal(again, out)  # deterministic, and rewriting the cache is harmless
-    else:
-        ops.kv_write(km, k, v, kv.k[0], kv.v[0], step.slots, step.positions)
-        ops.decode_attention(km, q.contiguous(), kv.k[0], kv.v[0], step.slots, step.positions,
-                             sms, out=out)
-    ref = TorchBackend.attention(types.SimpleNamespace(kv=ref_kv), q, k, v, 0, step)
-    for b, s in enumerate(slots):  # the new K/V landed exactly where the reference put them
-        n = lengths[b] + M
-        assert torch.equal(kv.k[0, s, :n], ref_kv.k[0, s, :n])
-        assert torch.equal(kv.v[0, s, :n], ref_kv.v[0, s, :n])
-        assert torch.isnan(kv.k[0, s, n:].float()).all()  # and nowhere else
-    check(out, ref, dtype)
-
-
-def test_attention_plan_does_not_depend_on_lengths(sms):
-    a = ops.attention_plan(1, 1, 32, 8, 128, 4096, sms)
-    assert a == ops.attention_plan(1, 1, 32, 8, 128, 4096, sms)
-    rb, groups, tile, splits, tpd = a
-    assert rb * 128 <= ops.ATTN_ELEMS and splits >= 1 and groups == 1
-    assert rb * tile * tpd <= ops.ATTN_THREADS and 32 % tpd == 0
 
 
 # -- SwiGLU -----------------------------------------------------------------------------------

@@ -1,0 +1,233 @@
+"""Attention wrappers: decode / verify attention over one layer's KV cache, on torch's stream.
+
+Two kernels compute per-split partial softmax results, merged by attn_combine
+(kernels/decode_attention.cu):
+  * attn_decode (kernels/decode_attention.cu): one warp per key, for at most DECODE_MAX_ROWS
+    query rows (M * Hq / Hkv) and head_dim in DECODE_HEAD_DIMS. It reads the step's new K/V
+    from the projections and writes them into the cache itself; its `rope` variant also does
+    the q/k RMSNorm + RoPE of qk_norm_rope (rope_attention).
+  * attn_partial (kernels/attention_partial.cu): anything else, after a kv_write launch.
+
+Like ops.py, each wrapper raises `Unsupported` when its kernel cannot take the inputs. Shapes
+follow the Backend ops (kestrel_rt/backend/base.py); `km` is the backend's KernelModules.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kestrel_rt.cuda.module import KernelModules, f32, i32, i64, ptr
+from kestrel_rt.cuda.ops import Unsupported, _aligned, _dest, _round_up, _suffix, _token_rows, _vec
+
+ATTN_THREADS = 256
+ATTN_ELEMS = 4096  # rows-per-block * head_dim held in registers by one attn_partial block
+DECODE_WARPS = 4  # warps of the warp-per-key decode kernel
+DECODE_MAX_ROWS = 8  # query rows (M * Hq / Hkv) it takes; more go to attn_partial
+DECODE_HEAD_DIMS = (64, 128, 256)  # head_dim = 32 lanes * 2, 4 or 8 elements
+MAX_SPLITS = 64  # context splits (attn_combine holds one weight per split)
+
+
+def kv_write(km: KernelModules, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> None:
+    """k, v [B, M, Hkv, D] -> k_cache, v_cache [slots, max_len, Hkv, D] at (slots[b],
+    positions[b, m])."""
+    sfx = _suffix(k, v, k_cache, v_cache)
+    B, M, Hkv, D = k.shape
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise Unsupported("cache not contiguous")
+    k, k_st = _token_rows(k)
+    v, v_st = _token_rows(v)
+    width = Hkv * D
+    n = _vec(k.dtype)
+    vec = (width % n == 0 and k_st % n == 0 and v_st % n == 0
+           and _aligned(k, v, k_cache, v_cache))
+    threads = min(256, max(32, _round_up(math.ceil(width / (n if vec else 1)), 32)))
+    km.launch("attention_partial", f"kv_write_{sfx}", (B * M,), (threads,),
+              (ptr(k), i64(k_st), ptr(v), i64(v_st), ptr(k_cache), ptr(v_cache),
+               ptr(slots.contiguous()), ptr(positions.contiguous()), i32(M),
+               i64(k_cache.stride(0)), i64(k_cache.stride(1)), i32(width), i32(int(vec))))
+
+
+def attention_plan(B: int, M: int, Hq: int, Hkv: int, D: int, max_len: int,
+                   num_sms: int) -> tuple[int, int, int, int, int]:
+    """(rows per block, row groups, key tile, splits, threads per dot) for attn_partial.
+    Depends only on shapes and the cache's max_len (not on current lengths), so a captured
+    graph stays valid as sequences grow: each block sizes its slice of the context at run
+    time."""
+    rows = M * (Hq // Hkv)
+    rb = max(1, min(rows, ATTN_ELEMS // D))
+    groups = math.ceil(rows / rb)
+    tile = 16 if D <= 128 else 8
+    base = B * Hkv * groups
+    splits = max(1, min(MAX_SPLITS, math.ceil(2 * num_sms / base), math.ceil(max_len / tile)))
+    tpd = 1
+    while tpd < 32 and rb * tile * tpd * 2 <= ATTN_THREADS:
+        tpd *= 2
+    return rb, groups, tile, splits, tpd
+
+
+def decode_splits(B: int, Hkv: int, max_len: int, num_sms: int) -> int:
+    """Context splits of the warp-per-key kernel (static for a given cache, like the plan)."""
+    return max(1, min(MAX_SPLITS, math.ceil(2 * num_sms / (B * Hkv)),
+                      math.ceil(max_len / (2 * DECODE_WARPS))))
+
+
+def _partials(rows: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Workspace of per-split partial results: acc [rows, D] and (max, sum) [rows, 2], fp32."""
+    return (torch.empty(rows * D, dtype=torch.float32, device=device),
+            torch.empty(rows * 2, dtype=torch.float32, device=device))
+
+
+def _warp_kernel_takes(M: int, Hq: int, Hkv: int, D: int, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor) -> bool:
+    """True when attn_decode (one warp per key) takes these shapes."""
+    return (Hq % Hkv == 0 and M * (Hq // Hkv) <= DECODE_MAX_ROWS and D in DECODE_HEAD_DIMS
+            and k_cache.is_contiguous() and v_cache.is_contiguous())
+
+
+def _lane_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x [B, M, heads, D] -> (x or a dense copy, token stride) such that every lane's share of
+    a row (D / 32 elements) is aligned for attn_decode's vector loads."""
+    y, st = _token_rows(x)
+    lane_bytes = x.shape[3] // 32 * y.element_size()
+    if st * y.element_size() % lane_bytes == 0 and _aligned(y):
+        return y, st
+    return x.clone(memory_format=torch.contiguous_format), x.shape[2] * x.shape[3]  # new: aligned
+
+
+def _combine(km: KernelModules, sfx: str, part_acc: torch.Tensor, part_ml: torch.Tensor,
+             out: torch.Tensor, Hkv: int, splits: int) -> None:
+    """attn_combine: merge the splits' partials into out [B, M, Hq, D]."""
+    B, M, Hq, D = out.shape
+    threads = max(_round_up(splits, 32), min(128, _round_up(D, 32)))
+    km.launch("decode_attention", f"attn_combine_{sfx}", (B * Hkv * M * (Hq // Hkv),),
+              (threads,),
+              (ptr(part_acc), ptr(part_ml), ptr(out), i32(M), i32(Hq), i32(Hkv), i32(D),
+               i32(splits)))
+
+
+def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                 num_sms: int, out: torch.Tensor, new: tuple | None = None,
+                 rope: tuple | None = None) -> torch.Tensor:
+    """attn_decode (+ attn_combine): q [B, M, Hq, D] over the cache -> out.
+
+    new = (k, v) [B, M, Hkv, D]: the step's K/V, read from there and written into the cache
+    by the kernel. rope = (q_norm, k_norm, cos, sin, eps): q and k are raw, the kernel
+    normalises and rotates them (needs `new`)."""
+    B, M, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    rows = M * (Hq // Hkv)
+    rb = 2 if rows <= 2 else 4 if rows <= 4 else 8
+    splits = decode_splits(B, Hkv, k_cache.shape[1], num_sms)
+    part_acc, part_ml = _partials(B * Hkv * rows * splits, D, q.device)
+    q, q_st = _lane_rows(q)
+    if new is None:
+        new_args = (ptr(None), i64(0), ptr(None), i64(0))
+    else:
+        k, k_st = _lane_rows(new[0])
+        v, v_st = _lane_rows(new[1])
+        new_args = (ptr(k), i64(k_st), ptr(v), i64(v_st))
+    if rope is None:
+        name = f"attn_decode_{sfx}_d{D // 32}_r{rb}"
+        rope_args = (ptr(None), ptr(None), ptr(None), ptr(None), f32(0.0))
+    else:
+        name = f"attn_decode_rope_{sfx}_d{D // 32}_r{rb}"
+        q_norm, k_norm, cos, sin, eps = rope
+        rope_args = (ptr(q_norm), ptr(k_norm), ptr(cos), ptr(sin), f32(eps))
+    km.launch("decode_attention", name, (B * Hkv, splits), (32 * DECODE_WARPS,),
+              (ptr(q), i64(q_st), ptr(k_cache), ptr(v_cache), ptr(slots.contiguous()),
+               ptr(positions.contiguous()), i64(k_cache.stride(0)), i64(k_cache.stride(1)),
+               ptr(part_acc), ptr(part_ml), i32(M), i32(Hq), i32(Hkv), f32(D ** -0.5))
+              + new_args + rope_args)
+    _combine(km, sfx, part_acc, part_ml, out, Hkv, splits)
+    return out
+
+
+def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                     num_sms: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, M, Hq, D] over one layer's cache [slots, max_len, Hkv, D] (new K/V already
+    written) -> [B, M, Hq, D]; key p visible to (b, m) iff p <= positions[b, m]."""
+    sfx = _suffix(q, k_cache, v_cache)
+    B, M, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    if D % _vec(q.dtype) or D > 256 or Hq % Hkv or not k_cache.is_contiguous():
+        raise Unsupported(f"head_dim {D}, heads {Hq}/{Hkv}")
+    out = _dest(out, q.shape, q.dtype, q.device)
+    if B * M == 0:
+        return out
+    if _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache):
+        return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out)
+    q = q.contiguous()
+    rows = M * (Hq // Hkv)
+    rb, groups, tile, splits, tpd = attention_plan(B, M, Hq, Hkv, D, k_cache.shape[1], num_sms)
+    part_acc, part_ml = _partials(B * Hkv * rows * splits, D, q.device)
+    smem = 4 * (rb * D + tile * (D + tpd) + tile * D + rb * tile + 3 * rb)
+    km.launch("attention_partial", f"attn_partial_{sfx}", (B * Hkv, groups, splits),
+              (ATTN_THREADS,),
+              (ptr(q), ptr(k_cache), ptr(v_cache), ptr(slots.contiguous()),
+               ptr(positions.contiguous()), i64(k_cache.stride(0)), i64(k_cache.stride(1)),
+               ptr(part_acc), ptr(part_ml), i32(M), i32(Hq), i32(Hkv), i32(D), i32(rb),
+               i32(tile), i32(tpd), f32(D ** -0.5)),
+              shared_mem=smem)
+    _combine(km, sfx, part_acc, part_ml, out, Hkv, splits)
+    return out
+
+
+def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+              positions: torch.Tensor, num_sms: int, out: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """The attention op: write k, v [B, M, Hkv, D] into one layer's cache at (slots[b],
+    positions[b, m]) and attend q [B, M, Hq, D] over it -> [B, M, Hq, D].
+
+    Where attn_decode takes the shapes it writes the cache itself (two launches: attention,
+    combine); otherwise kv_write + decode_attention (three)."""
+    sfx = _suffix(q, k, v, k_cache, v_cache)
+    B, M, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    if not _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache) or B * M == 0:
+        kv_write(km, k, v, k_cache, v_cache, slots, positions)
+        return decode_attention(km, q, k_cache, v_cache, slots, positions, num_sms, out=out)
+    out = _dest(out, q.shape, q.dtype, q.device)
+    return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
+                        new=(k, v))
+
+
+def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   slots: torch.Tensor, positions: torch.Tensor, eps: float, num_sms: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """attention(*qk_norm_rope(q, k, ...), v, ...) in two launches (attention, combine).
+
+    q [B, M, Hq, D], k, v [B, M, Hkv, D]: raw projections (strided views of the qkv output
+    are fine); q_norm, k_norm [D]; cos, sin [max_len, D] RoPE tables (TorchBackend.allocate_kv);
+    positions [B, M] int64 (consecutive per sequence, as Step builds them); slots [B] int64.
+    Writes the normalised, rotated k and v into k_cache, v_cache [slots, max_len, Hkv, D] at
+    (slots[b], positions[b, m]) -> [B, M, Hq, D]. Same bits as ops.qk_norm_rope followed by
+    attention() on the attn_decode path. Raises Unsupported where attn_decode does not take
+    the shapes (more than DECODE_MAX_ROWS query rows, head_dim not in DECODE_HEAD_DIMS) or the
+    tables / weights are not dense and 16-byte aligned: the caller composes the two ops."""
+    sfx = _suffix(q, k, v, q_norm, k_norm, cos, sin, k_cache, v_cache)
+    B, M, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    if not _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache):
+        raise Unsupported(f"{M} tokens, heads {Hq}/{Hkv}, head_dim {D}")
+    if positions.dtype != torch.long or slots.dtype != torch.long:
+        raise Unsupported(f"positions {positions.dtype}, slots {slots.dtype}")
+    tables = (q_norm, k_norm, cos, sin)
+    if (q_norm.shape != (D,) or k_norm.shape != (D,) or cos.dim() != 2 or cos.shape[1] != D
+            or sin.shape != cos.shape or not all(t.is_contiguous() for t in tables)
+            or not _aligned(*tables)):
+        raise Unsupported(f"norm weights {tuple(q_norm.shape)} / {tuple(k_norm.shape)}, "
+                          f"RoPE tables {tuple(cos.shape)} / {tuple(sin.shape)}: expected "
+                          f"dense, 16-byte aligned [{D}] and [max_len, {D}]")
+    out = _dest(out, q.shape, q.dtype, q.device)
+    if B * M == 0:
+        return out
+    return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
+                        new=(k, v), rope=(q_norm, k_norm, cos, sin, eps))

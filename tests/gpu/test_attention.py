@@ -1,0 +1,273 @@
+"""The attention kernels (kestrel_rt/cuda/attention.py) against the torch reference, on the GPU.
+
+References are the TorchBackend ops themselves (qk_norm_rope, attention), called on a small
+stand-in object that holds only what they read, and for rope_attention also the kernel
+composition ops.qk_norm_rope + attention.attention, which it must equal bit for bit (both
+normalise with common.cuh's head_norm_rope and attend with the same attn_decode). Fresh random
+inputs for every case; outputs go into a NaN-poisoned buffer (every element must be written);
+the kernels' KV caches are NaN past each sequence's length (never to be read, never written);
+relative error ||out - ref|| / ||ref|| <= 1e-5 in fp32 and <= 1e-2 with bf16 operands; NaN
+never passes.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+cupy = pytest.importorskip("cupy")
+
+from kestrel_rt.backend.torch_backend import TorchBackend
+from kestrel_rt.cuda import attention, ops
+from kestrel_rt.cuda.module import KernelModules
+from kestrel_rt.cuda.ops import Unsupported
+from kestrel_rt.kv_cache import KVCache
+from kestrel_rt.rope import cos_sin, inv_freq
+
+DTYPES = [torch.float32, torch.bfloat16]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+EPS = 1e-6
+
+
+@pytest.fixture(scope="module")
+def km():
+    return KernelModules(torch.device("cuda"))
+
+
+@pytest.fixture(scope="module")
+def sms():
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+_seed = iter(range(20_000, 10**9))
+
+
+def rnd(*shape, dtype=torch.float32, scale=1.0):
+    """Fresh N(0, scale^2) values on the GPU (a new seed every call)."""
+    g = torch.Generator(device="cuda").manual_seed(next(_seed))
+    return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
+
+
+def poisoned(*shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def check(out, ref, dtype):
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert torch.isfinite(out).all(), "non-finite output: an element not written, or a NaN"
+    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    assert err <= TOL[dtype], f"relative error {err:.3g} > {TOL[dtype]}"
+
+
+def _caches(B, max_len, Hkv, D, dtype, lengths, slots):
+    """(kernel cache, reference cache): the same random K/V below each sequence's length;
+    past it NaN in the kernel's cache (never to be read) and zeros in the reference's."""
+    kv = KVCache(1, B + 1, max_len, Hkv, D, torch.device("cuda"), dtype)
+    ref = KVCache(1, B + 1, max_len, Hkv, D, torch.device("cuda"), dtype)
+    kv.k.fill_(float("nan"))
+    kv.v.fill_(float("nan"))
+    for s, n in zip(slots, lengths):
+        kk, vv = rnd(n, Hkv, D, dtype=dtype), rnd(n, Hkv, D, dtype=dtype)
+        kv.k[0, s, :n], kv.v[0, s, :n] = kk, vv
+        ref.k[0, s, :n], ref.v[0, s, :n] = kk, vv
+        kv.lengths[s] = ref.lengths[s] = n
+    return kv, ref
+
+
+def _copy(kv: KVCache) -> KVCache:
+    """A second cache with the same contents (NaN included)."""
+    other = KVCache(1, kv.num_slots, kv.max_len, kv.k.shape[3], kv.k.shape[4], kv.device,
+                    kv.k.dtype)
+    other.k.copy_(kv.k)
+    other.v.copy_(kv.v)
+    return other
+
+
+def _qkv(B, M, Hq, Hkv, D, dtype, pad=0, scale=1.0):
+    """q [B, M, Hq, D], k, v [B, M, Hkv, D]: strided views of one qkv projection output
+    (pad extra elements per token make the token stride unaligned)."""
+    qkv = rnd(B, M, (Hq + 2 * Hkv) * D + pad, dtype=dtype, scale=scale)
+    q = qkv[..., : Hq * D].view(B, M, Hq, D)
+    k = qkv[..., Hq * D: (Hq + Hkv) * D].unflatten(-1, (Hkv, D))
+    v = qkv[..., (Hq + Hkv) * D: (Hq + 2 * Hkv) * D].unflatten(-1, (Hkv, D))
+    return q, k, v
+
+
+def _written_where_expected(kv, ref_kv, slots, lengths, M, exact=True, dtype=None):
+    """The new K/V landed where the reference put them (exactly, or within the tolerance
+    where the reference normalised k differently) and nowhere else."""
+    for b, s in enumerate(slots):
+        n = lengths[b] + M
+        if exact:
+            assert torch.equal(kv.k[0, s, :n], ref_kv.k[0, s, :n])
+        else:
+            assert torch.equal(kv.k[0, s, :lengths[b]], ref_kv.k[0, s, :lengths[b]])
+            check(kv.k[0, s, lengths[b]:n], ref_kv.k[0, s, lengths[b]:n], dtype)
+        assert torch.equal(kv.v[0, s, :n], ref_kv.v[0, s, :n])
+        assert torch.isnan(kv.k[0, s, n:].float()).all()  # and nowhere else
+        assert torch.isnan(kv.v[0, s, n:].float()).all()
+    unused = kv.num_slots - 1  # slot B: no sequence
+    assert torch.isnan(kv.k[0, unused].float()).all() and torch.isnan(kv.v[0, unused].float()).all()
+
+
+# -- attention over the cache (q, k already normalised and rotated) ---------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lengths,M,Hq,Hkv,D,max_len", [
+    ([37], 1, 32, 8, 128, 64),             # qwen3-8b heads, decode
+    ([0, 5, 300, 1021], 4, 8, 2, 128, 1100),  # different lengths, verify k=3, split context
+    ([3000, 17], 9, 32, 4, 128, 4096),     # qwen3-30b-a3b heads, verify k=8, many splits
+    ([11, 2], 16, 6, 2, 24, 40),           # odd head_dim, M = 16
+    ([250], 2, 4, 4, 256, 300),            # head_dim 256 (no GQA)
+    ([60, 61, 62], 1, 16, 8, 64, 80),
+    ([100, 7, 2000], 2, 32, 8, 128, 2100),  # warp-per-key kernel at its 8-row limit
+    ([5, 900], 3, 8, 4, 64, 1000),          # 6 rows: warp kernel, 8-row variant
+    ([4000], 1, 32, 8, 128, 4096),          # long context: many keys per warp
+    ([1, 0], 1, 8, 8, 256, 24),             # no GQA, head_dim 256, tiny contexts
+])
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_attention(km, sms, dtype, lengths, M, Hq, Hkv, D, max_len, fused):
+    B = len(lengths)
+    slots = list(range(B))[::-1]  # sequence b lives in slot B-1-b; slot B stays unused
+    kv, ref_kv = _caches(B, max_len, Hkv, D, dtype, lengths, slots)
+    step = kv.step(slots, M, [M] * B)
+    q, k, v = _qkv(B, M, Hq, Hkv, D, dtype)
+    out = poisoned(B, M, Hq, D, dtype=dtype)
+    if fused:  # the attention op: the decode kernel writes the cache itself where it can
+        attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
+                            out=out)
+        again = poisoned(B, M, Hq, D, dtype=dtype)
+        attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
+                            out=again)
+        assert torch.equal(again, out)  # deterministic, and rewriting the cache is harmless
+    else:  # q a strided view: the warp kernel reads it in place, attn_partial copies it
+        attention.kv_write(km, k, v, kv.k[0], kv.v[0], step.slots, step.positions)
+        attention.decode_attention(km, q, kv.k[0], kv.v[0], step.slots, step.positions, sms,
+                                   out=out)
+    ref = TorchBackend.attention(types.SimpleNamespace(kv=ref_kv), q, k, v, 0, step)
+    _written_where_expected(kv, ref_kv, slots, lengths, M)
+    check(out, ref, dtype)
+
+
+def test_attention_plan_does_not_depend_on_lengths(sms):
+    a = attention.attention_plan(1, 1, 32, 8, 128, 4096, sms)
+    assert a == attention.attention_plan(1, 1, 32, 8, 128, 4096, sms)
+    rb, groups, tile, splits, tpd = a
+    assert rb * 128 <= attention.ATTN_ELEMS and splits >= 1 and groups == 1
+    assert rb * tile * tpd <= attention.ATTN_THREADS and 32 % tpd == 0
+
+
+# -- rope_attention: q/k norm + RoPE inside the decode kernel -----------------------------------
+def _rope_inputs(D, max_len, dtype):
+    """q_norm, k_norm [D] weights and the cos / sin tables [max_len, D] allocate_kv builds."""
+    cos, sin = cos_sin(torch.arange(max_len, device="cuda"), inv_freq(D, 1e6, "cuda"), dtype)
+    qw, kw = 1 + rnd(D, dtype=dtype, scale=0.3), 1 + rnd(D, dtype=dtype, scale=0.3)
+    return qw, kw, cos, sin
+
+
+def _torch_rope_attention(q, k, v, qw, kw, cos, sin, ref_kv, step):
+    """The TorchBackend composition: qk_norm_rope then attention (writes ref_kv)."""
+    weights = {"layers.0.q_norm": qw, "layers.0.k_norm": kw}
+    be = types.SimpleNamespace(weight=weights.__getitem__, _cos=cos, _sin=sin, kv=ref_kv,
+                               shape=types.SimpleNamespace(rms_norm_eps=EPS))
+    be.rms_norm = types.MethodType(TorchBackend.rms_norm, be)
+    qr, kr = TorchBackend.qk_norm_rope(be, q, k, 0, step)
+    return TorchBackend.attention(be, qr, kr, v, 0, step)
+
+
+# Sequence lengths before the step, cycled over the cases: one sequence, ragged batches with
+# empty and long ones (many context splits; new keys spread over several splits).
+LENGTHS = [[37], [0, 5, 300, 1021], [3000, 17], [1, 0, 64], [130, 129, 128, 127, 2], [511]]
+# (M, G = Hq / Hkv, Hkv): every M * G <= DECODE_MAX_ROWS for G in 1, 2, 4, 8.
+ROPE_SHAPES = [(m, 1, 4) for m in range(1, 9)] + [(m, 2, 2) for m in range(1, 5)] + [
+    (1, 4, 8), (2, 4, 1), (1, 8, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("case", range(len(ROPE_SHAPES)))
+def test_rope_attention(km, sms, dtype, D, case):
+    M, G, Hkv = ROPE_SHAPES[case]
+    Hq = G * Hkv
+    lengths = LENGTHS[(case + D // 64) % len(LENGTHS)]
+    B = len(lengths)
+    max_len = max(lengths) + M + 7
+    slots = list(range(B))[::-1]
+    kv, ref_kv = _caches(B, max_len, Hkv, D, dtype, lengths, slots)
+    kv2 = _copy(kv)  # for the kernel composition
+    step = kv.step(slots, M, [M] * B)
+    q, k, v = _qkv(B, M, Hq, Hkv, D, dtype, scale=2)
+    qw, kw, cos, sin = _rope_inputs(D, max_len, dtype)
+
+    out = poisoned(B, M, Hq, D, dtype=dtype)
+    got = attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[0], kv.v[0], step.slots,
+                                   step.positions, EPS, sms, out=out)
+    assert got is out
+    ref = _torch_rope_attention(q, k, v, qw, kw, cos, sin, ref_kv, step)
+    check(out, ref, dtype)
+    _written_where_expected(kv, ref_kv, slots, lengths, M, exact=False, dtype=dtype)
+
+    # the kernel composition: same bits, output and cache
+    qn, kn = ops.qk_norm_rope(km, q, k, qw, kw, cos, sin, step.positions, EPS)
+    composed = attention.attention(km, qn, kn, v, kv2.k[0], kv2.v[0], step.slots,
+                                   step.positions, sms)
+    assert torch.equal(out, composed), "fused output differs from qk_norm_rope + attention"
+    _written_where_expected(kv, kv2, slots, lengths, M)
+
+    again = attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[0], kv.v[0],
+                                     step.slots, step.positions, EPS, sms)
+    assert torch.equal(again, out)  # deterministic, and rewriting the cache is harmless
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_attention_unaligned_views(km, sms, dtype):
+    """Token strides that break the kernel's vector loads: the wrapper copies q, k, v."""
+    B, M, Hq, Hkv, D, lengths = 2, 2, 8, 2, 128, [40, 3]
+    max_len = 64
+    slots = [1, 0]
+    kv, ref_kv = _caches(B, max_len, Hkv, D, dtype, lengths, slots)
+    step = kv.step(slots, M, [M] * B)
+    q, k, v = _qkv(B, M, Hq, Hkv, D, dtype, pad=1, scale=2)
+    qw, kw, cos, sin = _rope_inputs(D, max_len, dtype)
+    out = attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[0], kv.v[0], step.slots,
+                                   step.positions, EPS, sms, out=poisoned(B, M, Hq, D, dtype=dtype))
+    check(out, _torch_rope_attention(q, k, v, qw, kw, cos, sin, ref_kv, step), dtype)
+    _written_where_expected(kv, ref_kv, slots, lengths, M, exact=False, dtype=dtype)
+
+
+@pytest.mark.parametrize("why", ["rows", "rows_gqa", "head_dim_96", "head_dim_24", "heads",
+                                 "fp16", "mixed_dtypes", "cache_strided", "positions_int32",
+                                 "table_strided", "weight_shape"])
+def test_rope_attention_unsupported(km, sms, why):
+    """Shapes the fused kernel does not take raise Unsupported before touching the cache."""
+    dtype = torch.float16 if why == "fp16" else torch.bfloat16
+    M, Hq, Hkv, D = {"rows": (9, 4, 4, 128), "rows_gqa": (3, 16, 4, 128),
+                     "head_dim_96": (1, 8, 2, 96), "head_dim_24": (1, 8, 2, 24),
+                     "heads": (1, 6, 4, 64)}.get(why, (1, 8, 2, 64))
+    B, lengths, max_len = 2, [10, 3], 32
+    kv = KVCache(1, B, max_len, Hkv, D, torch.device("cuda"), dtype)
+    kc, vc = kv.k[0], kv.v[0]
+    kc.copy_(rnd(*kc.shape, dtype=dtype))
+    before = kc.clone()
+    for s, n in enumerate(lengths):
+        kv.lengths[s] = n
+    step = kv.step([0, 1], M, [M] * B)
+    positions = step.positions
+    q, k, v = _qkv(B, M, Hq, Hkv, D, dtype)
+    qw, kw, cos, sin = _rope_inputs(D, max_len, dtype)
+    if why == "mixed_dtypes":
+        qw = qw.float()
+    elif why == "cache_strided":
+        kc = kv.k[0].transpose(0, 1)
+    elif why == "positions_int32":
+        positions = positions.int()
+    elif why == "table_strided":
+        wide = rnd(max_len, 2 * D, dtype=dtype)
+        cos = wide[:, :D]
+    elif why == "weight_shape":
+        qw = qw[: D // 2]
+    with pytest.raises(Unsupported):
+        attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kc, vc, step.slots, positions,
+                                 EPS, sms)
+    assert torch.equal(kv.k[0], before)
