@@ -72,9 +72,12 @@ class GraphModel(Qwen3Model):
         start = kv.check(slots, M, n_new)
         pad = bucket - B
         starts = start + [0] * pad
-        meta = torch.tensor(  # slots | start | n_new | positions, one host tensor
+        # slots | start | n_new | positions, one pinned host tensor: its copy to the device
+        # is asynchronous (a pageable one may wait for the stream, which would stall an
+        # overlapped decode loop); torch's pinned allocator keeps it until the copy is done
+        meta = torch.tensor(
             slots + [self.scratch_slot] * pad + starts + n_new + [M] * pad
-            + [st + i for st in starts for i in range(M)], dtype=torch.long)
+            + [st + i for st in starts for i in range(M)], dtype=torch.long, pin_memory=True)
         key = (bucket, M, bool(last_only))
         cap = self.graphs.get(key)
         if cap is None:
