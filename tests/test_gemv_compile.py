@@ -20,11 +20,9 @@ PROS = (L.PLAIN, L.RMSNORM, L.SWIGLU)
 
 def _names(file: str) -> list[str]:
     """Every template-id Gemv compiles for `file` (not sweep mode), all prologues."""
-    variants = {v for key, v in L.load_tuned().items() if key[0] == file}
-    variants |= {(ks, tpb, L.DEFAULT_U[file], True) for ks, tpb in L.GEOMETRIES}
-    names = {L.kernel_name(file, mt, v, pro) for v in variants for mt in (1, 2) for pro in PROS}
-    names |= {L.experts_name(file, v, pro) for v in variants for pro in L.EXPERT_PROS}
-    return sorted(names)
+    tuned = L.load_tuned()
+    return sorted({n for pro in PROS for n in L.module_names(file, pro, tuned)
+                   if not n.startswith("dequant_")})
 
 
 def test_names_carry_the_prologue():
@@ -33,6 +31,26 @@ def test_names_carry_the_prologue():
     assert L.experts_name("gemv_int8", (16, 1, 1, True), L.SWIGLU) == (
         "gemv_int8_experts<16, 1, 1, true, 2>")
     assert L.RMSNORM not in L.EXPERT_PROS
+    tuned = L.load_tuned()
+    for file in L.KERNELS:
+        assert not any("_experts<" in n for n in L.module_names(file, L.RMSNORM, tuned))
+        swiglu = [n for n in L.module_names(file, L.SWIGLU, tuned) if "_experts<" in n]
+        assert len(swiglu) == len(L.GEOMETRIES)
+        assert all(f", {L.expert_u(file, L.SWIGLU)}, true, 2>" in n for n in swiglu)
+
+
+def test_fused_declines_what_no_kernel_takes_on_the_cpu():
+    """fused() returns None for inputs no kernel reads (here: CPU tensors), so the caller
+    composes the unfused ops; an RMSNorm and a SwiGLU together are a caller error."""
+    torch = pytest.importorskip("torch")
+    gemv = L.Gemv.__new__(L.Gemv)  # no device needed for the checks before a launch
+    x = torch.randn(2, 256, dtype=torch.bfloat16)
+    w = torch.randn(64, 256, dtype=torch.bfloat16)
+    assert gemv.fused(x, w) is None
+    assert gemv.fused(x, w, norm=torch.ones(256, dtype=torch.bfloat16)) is None
+    assert gemv.fused(torch.randn(2, 512, dtype=torch.bfloat16), w, swiglu=True) is None
+    with pytest.raises(ValueError):
+        gemv.fused(x, w, norm=torch.ones(256, dtype=torch.bfloat16), swiglu=True)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")

@@ -25,6 +25,7 @@ from kestrel_rt.cuda.linear import (
     _p,
     _weight_args,
     default_variant,
+    expert_u,
     experts_name,
 )
 from kestrel_rt.quant import int4_fits
@@ -55,8 +56,8 @@ def experts(gemv: Gemv, x: torch.Tensor, w, ids: torch.Tensor, x_div: int,
                          f"{' with swiglu (x [R, 2K])' if swiglu else ''}")
     pairs = ids.numel()
     y = _output(out, pairs, n, x.device)
-    variant = default_variant(file, n, k, max(1, gemv.sms // max(pairs, 1)))
     pro = SWIGLU if swiglu else PLAIN
+    variant = default_variant(file, n, k, max(1, gemv.sms // max(pairs, 1)), expert_u(file, pro))
     args = (*_weight_args(w), _p(x), _p(y), _p(ids), _i(x_div), _i(n), _i(k))
     grid = (math.ceil(n / (16 * variant[1])), pairs)
     gemv.launch(file, experts_name(file, variant, pro), grid, (32 * variant[0] * variant[1],),

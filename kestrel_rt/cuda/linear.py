@@ -51,6 +51,9 @@ GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))
 U_CHOICES = {"gemv": (2, 4, 8), "gemv_int8": (1, 2, 4), "gemv_int4": (1, 2, 4)}
 K_PER_SUB = {"gemv": 32, "gemv_int8": 64, "gemv_int4": 128}  # k one sub-step covers
 DEFAULT_U = {"gemv": 4, "gemv_int8": 4, "gemv_int4": 2}
+# U of the expert kernels with the SwiGLU prologue: DEFAULT_U spills there (ptxas, sm_90:
+# int8 experts with 16 warps per block spill 420 bytes at U = 4, none at U = 2)
+SWIGLU_EXPERT_U = {"gemv": 2, "gemv_int8": 2, "gemv_int4": 2}
 WARPS_PER_SM = 16  # aim: enough 16-byte loads in flight to cover DRAM latency
 # Best variant per (file, N, K, n-tiles) measured by `bench/gemv_bench.py --sweep` on an H200.
 TUNED_FILE = Path(__file__).with_name("gemv_tuned.json")
@@ -67,6 +70,11 @@ def kernel_name(file: str, mt: int, variant: tuple[int, int, int, bool], pro: in
     return f"{KERNELS[file]}<{mt}, {ks}, {tpb}, {u}, {'true' if pf else 'false'}, {pro}>"
 
 
+def expert_u(file: str, pro: int) -> int:
+    """U of the expert-indexed kernels (launched with default_variant's geometry)."""
+    return SWIGLU_EXPERT_U[file] if pro == SWIGLU else DEFAULT_U[file]
+
+
 def experts_name(file: str, variant: tuple[int, int, int, bool], pro: int = PLAIN) -> str:
     ks, tpb, u, pf = variant
     return f"{KERNELS[file]}_experts<{ks}, {tpb}, {u}, {'true' if pf else 'false'}, {pro}>"
@@ -77,15 +85,33 @@ def all_variants(file: str) -> list[tuple[int, int, int, bool]]:
             for pf in (False, True)]
 
 
-def default_variant(file: str, n: int, k: int, sms: int) -> tuple[int, int, int, bool]:
-    """Split K over more warps until the chip holds ~WARPS_PER_SM warps per SM."""
-    u = DEFAULT_U[file]
+def default_variant(file: str, n: int, k: int, sms: int,
+                    u: int | None = None) -> tuple[int, int, int, bool]:
+    """Split K over more warps until the chip holds ~WARPS_PER_SM warps per SM (u: sub-steps
+    per iteration, DEFAULT_U[file] unless given)."""
+    u = DEFAULT_U[file] if u is None else u
     tiles = math.ceil(n / 16)
     iters = math.ceil(k / (K_PER_SUB[file] * u))
     for ks, tpb in GEOMETRIES:
         if tiles * ks >= sms * WARPS_PER_SM or 2 * ks > iters:
             return ks, tpb, u, True
     return (*GEOMETRIES[-1], u, True)
+
+
+def module_names(file: str, pro: int, tuned: dict, sweep: bool = False) -> list[str]:
+    """The kernels one (file, prologue) module compiles: the tuned and default variants
+    (sweep: every variant), the expert kernels gemv_moe launches, the extern "C" ones."""
+    if sweep:
+        variants = set(all_variants(file))
+    else:
+        variants = {v for key, v in tuned.items() if key[0] == file}
+        variants |= {(ks, tpb, DEFAULT_U[file], True) for ks, tpb in GEOMETRIES}
+    names = sorted({kernel_name(file, mt, v, pro) for v in variants for mt in (1, 2)})
+    if pro in EXPERT_PROS:  # gemv_moe launches default_variant's geometries
+        experts = (variants if sweep else
+                   {(ks, tpb, expert_u(file, pro), True) for ks, tpb in GEOMETRIES})
+        names += sorted({experts_name(file, v, pro) for v in experts})
+    return names + (list(DEQUANT.get(file, ())) if pro == PLAIN else [])
 
 
 def load_tuned(path: Path = TUNED_FILE) -> dict:
@@ -121,23 +147,13 @@ class Gemv:
             for pro in pros:
                 self._module(file, pro)
 
-    def _names(self, file: str, pro: int) -> list[str]:
-        if self.sweep:
-            variants = set(all_variants(file))
-        else:
-            variants = {v for key, v in self.tuned.items() if key[0] == file}
-            variants |= {(ks, tpb, DEFAULT_U[file], True) for ks, tpb in GEOMETRIES}
-        names = sorted({kernel_name(file, mt, v, pro) for v in variants for mt in (1, 2)})
-        if pro in EXPERT_PROS:
-            names += sorted({experts_name(file, v, pro) for v in variants})
-        return names + (list(DEQUANT.get(file, ())) if pro == PLAIN else [])
-
     def _module(self, file: str, pro: int = PLAIN):
         module = self._modules.get((file, pro))
         if module is None:
             with self._cupy.cuda.Device(self.device_index):
                 module = self._cupy.RawModule(code=_source(file), options=("-std=c++17",),
-                                              name_expressions=self._names(file, pro))
+                                              name_expressions=module_names(
+                                                  file, pro, self.tuned, self.sweep))
                 module.compile()
             self._modules[(file, pro)] = module
         return module
@@ -272,20 +288,14 @@ class Gemv:
         """
         if norm is not None and swiglu:
             raise ValueError("fused takes an RMSNorm (norm) or a SwiGLU (swiglu), not both")
-        lead, kx = x.shape[:-1], x.shape[-1]
-        n, k = w.shape[0], w.shape[-1]
-        if kx != (2 * k if swiglu else k):
-            raise ValueError(f"x [..., {kx}] does not fit a weight [{n}, {k}]"
-                             f"{' with swiglu (x [..., 2K])' if swiglu else ''}")
-        x2 = x.reshape(-1, kx)  # [M, K] or [M, 2K]
-        if not self.supports(x2, w, k):
-            return None
-        if norm is not None and not _is_bf16_vector(norm, k):
+        lead, n, k = x.shape[:-1], w.shape[0], w.shape[-1]
+        x2 = x.reshape(-1, x.shape[-1])  # [M, K] or [M, 2K]; the kernel call checks widths
+        if not self.supports(x2, w, k) or (norm is not None and not _is_bf16_vector(norm, k)):
             return None
         res2 = None
         if residual is not None:
             if residual.shape != (*lead, n):
-                raise ValueError(f"residual {list(residual.shape)} must be [{', '.join(map(str, (*lead, n)))}]")
+                raise ValueError(f"residual {list(residual.shape)} must be {[*lead, n]}")
             if not (residual.is_cuda and residual.dtype == torch.bfloat16
                     and residual.is_contiguous()):
                 return None
