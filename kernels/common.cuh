@@ -153,7 +153,10 @@ __device__ __forceinline__ void head_norm_rope(float (&x)[DL], const float (&w)[
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < DL; ++i) ss = __fmaf_rn(x[i], x[i], ss);
-  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(ss), (float)(32 * DL)), eps));
+  constexpr bool POW2 = (DL & (DL - 1)) == 0;  // x / D == x * (1 / D) exactly: no division
+  const float sum = warp_sum(ss);
+  const float mean = POW2 ? __fmul_rn(sum, 1.f / (32 * DL)) : __fdiv_rn(sum, (float)(32 * DL));
+  const float rstd = rsqrtf(__fadd_rn(mean, eps));
   const bool first_half = lane < 16;
 #pragma unroll
   for (int i = 0; i < DL; ++i) {

@@ -66,6 +66,65 @@ __device__ void attn_combine_impl(const float* __restrict__ part_acc,
   }
 }
 
+// attn_decode's ROPE prologue. Items: the new keys this block reads (tokens key0 .. key0 +
+// nkeys of sequence b), then its q rows; item it goes to warp it % DECODE_WARPS. Each warp
+// first loads all its items (x, cos, sin), then normalises and rotates them (head_norm_rope):
+// q rows into s_q[r], keys into s_knew[mm] and, with v, into the cache. Ends at a barrier.
+template <typename T, int DL, int RB>
+__device__ __forceinline__ void rope_prologue(
+    const T* __restrict__ q, long long q_st, const T* __restrict__ k_new, long long k_st,
+    const T* __restrict__ v_new, long long v_st, T* __restrict__ k_cache, T* __restrict__ v_cache,
+    const T* __restrict__ q_norm, const T* __restrict__ k_norm, const T* __restrict__ cos_t,
+    const T* __restrict__ sin_t, float eps, const long long* __restrict__ pos_b, int b,
+    int m_tokens, int kvh, int g_size, int rows, int key0, int nkeys, long long lane_base,
+    long long stride_pos, float (*s_q)[32 * DL], float (*s_knew)[32 * DL]) {
+  constexpr int D = 32 * DL;
+  constexpr int J = (2 * RB + DECODE_WARPS - 1) / DECODE_WARPS;  // items per warp, at most
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int items = nkeys + rows;
+  const long long tok0 = (long long)b * m_tokens;  // token row of (b, 0)
+  const int lane_off = lane * DL, pair_off = (lane & 15) * DL;
+  float qw[DL], kw[DL], x[J][DL], c[J][DL], s[J][DL];
+  load_lane<T, DL>(q_norm + lane_off, qw);
+  load_lane<T, DL>(k_norm + lane_off, kw);
+#pragma unroll
+  for (int j = 0; j < J; ++j) {  // every load in flight before any math
+    const int it = warp + DECODE_WARPS * j;
+    if (it < items) {  // warp-uniform
+      const int mm = it < nkeys ? key0 + it : (it - nkeys) / g_size;
+      const T* src = it < nkeys
+          ? k_new + (tok0 + mm) * k_st + kvh * D
+          : q + (tok0 + mm) * q_st + (kvh * g_size + (it - nkeys) % g_size) * D;
+      load_lane<T, DL>(src + lane_off, x[j]);
+      load_lane<T, DL>(cos_t + pos_b[mm] * D + pair_off, c[j]);
+      load_lane<T, DL>(sin_t + pos_b[mm] * D + pair_off, s[j]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int it = warp + DECODE_WARPS * j;
+    if (it < items) {  // warp-uniform
+      const bool is_key = it < nkeys;
+      float w[DL];
+#pragma unroll
+      for (int i = 0; i < DL; ++i) w[i] = is_key ? kw[i] : qw[i];
+      head_norm_rope<T, DL>(x[j], w, c[j], s[j], lane, eps);
+      if (is_key) {
+        const int mm = key0 + it;
+#pragma unroll
+        for (int i = 0; i < DL; ++i) s_knew[mm][lane_off + i] = x[j][i];
+        const long long at = lane_base + pos_b[mm] * stride_pos;  // this lane's elements
+        store_lane<T, DL>(k_cache + at, x[j]);
+        copy_lane<T, DL>(v_cache + at, v_new + (tok0 + mm) * v_st + kvh * D + lane_off);
+      } else {
+#pragma unroll
+        for (int i = 0; i < DL; ++i) s_q[it - nkeys][lane_off + i] = x[j][i];
+      }
+    }
+  }
+  __syncthreads();
+}
+
 // Few query rows (R = M * G <= RB): one warp per key, no block barrier in the key loop. Lane l
 // holds elements [l * DL, l * DL + DL) of q rows, K, V and the accumulators (D = 32 * DL).
 // Grid (B * Hkv, splits), DECODE_WARPS warps.
@@ -77,9 +136,9 @@ __device__ void attn_combine_impl(const float* __restrict__ part_acc,
 // (Merging the splits in the last block to finish was tried: one block reading every split's
 // partials took longer than attn_combine's launch.)
 // ROPE: q and k_new are raw (before RMSNorm and RoPE); q_norm, k_norm [D], cos_t, sin_t
-// [max_pos, D] (16-byte aligned). Each block normalises and rotates its q rows (every warp
-// all rows, in registers) and the new keys it reads (once, into shared memory); split 0 also
-// writes every new key, normalised and rotated, into the cache.
+// [max_pos, D] (16-byte aligned). A prologue (rope_prologue) spreads the block's q rows and
+// the new keys it reads over its warps; each is normalised and rotated once, into shared
+// memory, and each new key is written into the cache by the one block that reads it.
 template <typename T, int DL, int RB, bool ROPE>
 __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __restrict__ k_cache,
                                  T* __restrict__ v_cache, const long long* __restrict__ slots,
@@ -95,7 +154,7 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   constexpr int D = 32 * DL;
   __shared__ float s_acc[DECODE_WARPS][RB][D];
   __shared__ float s_ml[DECODE_WARPS][RB][2];
-  __shared__ float s_knew[ROPE ? RB : 1][ROPE ? D : 1];  // new keys, normalised and rotated
+  __shared__ float s_knew[ROPE ? RB : 1][ROPE ? D : 1];  // ROPE: new keys, normalised, rotated
   const int g_size = hq / hkv;
   const int rows = m_tokens * g_size;
   const int b = blockIdx.x / hkv, kvh = blockIdx.x % hkv;
@@ -110,7 +169,6 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   const long long base = slots[b] * stride_slot + (long long)kvh * D + lane * DL;
   const long long new_off = (long long)b * m_tokens;  // token row of (b, 0) in k_new / v_new
   const int head_off = kvh * D + lane * DL;
-  const int pair_off = (lane & 15) * DL;  // this lane's rotation pair index in a cos/sin row
 
   if constexpr (!ROPE) {
     if (k_new && split == 0) {  // the new K/V go into the cache
@@ -122,10 +180,17 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
     }
   }
 
+  float (*s_q)[D] = s_acc[0];  // ROPE: normalised q rows, until the key loop (then s_acc)
+  if constexpr (ROPE) {
+    const long long lo = k_begin > first_new ? k_begin : first_new;  // new keys read here
+    rope_prologue<T, DL, RB>(q, q_st, k_new, k_st, v_new, v_st, k_cache, v_cache, q_norm,
+                             k_norm, cos_t, sin_t, eps, pos_b, b, m_tokens, kvh, g_size, rows,
+                             (int)(lo - first_new), k_end > lo ? (int)(k_end - lo) : 0,
+                             base, stride_pos, s_q, s_knew);
+  }
+
   float qr[RB][DL], acc[RB][DL], m[RB], l[RB];
   long long last[RB];  // last visible key of each row
-  float qw[DL];        // q_norm weights of this lane's elements (ROPE)
-  if constexpr (ROPE) load_lane<T, DL>(q_norm + lane * DL, qw);
 #pragma unroll
   for (int r = 0; r < RB; ++r) {
     m[r] = -inf_f();
@@ -135,45 +200,20 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
     for (int i = 0; i < DL; ++i) qr[r][i] = acc[r][i] = 0.f;
     if (r < rows) {  // warp-uniform
       const int mm = r / g_size, g = r % g_size;
-      load_lane<T, DL>(q + ((long long)b * m_tokens + mm) * q_st + (kvh * g_size + g) * D +
-                           lane * DL,
-                       qr[r]);
       if constexpr (ROPE) {
-        float c[DL], s[DL];
-        load_lane<T, DL>(cos_t + pos_b[mm] * D + pair_off, c);
-        load_lane<T, DL>(sin_t + pos_b[mm] * D + pair_off, s);
-        head_norm_rope<T, DL>(qr[r], qw, c, s, lane, eps);
+#pragma unroll
+        for (int i = 0; i < DL; ++i) qr[r][i] = s_q[r][lane * DL + i];
+      } else {
+        load_lane<T, DL>(q + ((long long)b * m_tokens + mm) * q_st + (kvh * g_size + g) * D +
+                             lane * DL,
+                         qr[r]);
       }
 #pragma unroll
       for (int i = 0; i < DL; ++i) qr[r][i] *= scale;
       last[r] = pos_b[mm];
     }
   }
-
-  if constexpr (ROPE) {  // new keys: norm + RoPE for this block's reads and split 0's writes
-    float kw[DL];
-    load_lane<T, DL>(k_norm + lane * DL, kw);
-    for (int mm = warp; mm < m_tokens; mm += DECODE_WARPS) {
-      const long long key = first_new + mm;  // read at key loop position key (row mm)
-      const bool read = key >= k_begin && key < k_end;
-      if (!read && split != 0) continue;  // warp-uniform
-      float x[DL], c[DL], s[DL];
-      load_lane<T, DL>(k_new + (new_off + mm) * k_st + head_off, x);
-      load_lane<T, DL>(cos_t + pos_b[mm] * D + pair_off, c);
-      load_lane<T, DL>(sin_t + pos_b[mm] * D + pair_off, s);
-      head_norm_rope<T, DL>(x, kw, c, s, lane, eps);
-      if (read) {
-#pragma unroll
-        for (int i = 0; i < DL; ++i) s_knew[mm][lane * DL + i] = x[i];
-      }
-      if (split == 0) {
-        const long long dst = base + pos_b[mm] * stride_pos;
-        store_lane<T, DL>(k_cache + dst, x);
-        copy_lane<T, DL>(v_cache + dst, v_new + (new_off + mm) * v_st + head_off);
-      }
-    }
-    __syncthreads();  // s_knew complete
-  }
+  if constexpr (ROPE) __syncthreads();  // every warp holds its q rows: s_acc is free again
 
   for (long long key = k_begin + warp; key < k_end; key += 2 * DECODE_WARPS) {
     float kv[2][DL], vv[2][DL];  // two keys' loads in flight per lane
