@@ -186,14 +186,23 @@ __device__ __forceinline__ void row_rstd(const uint4* x, float* part, int M, int
 }
 
 // The activation-loader policy of all three kernels: load(j, v) is chunk v (8 k) of act(x)
-// for activation row g + 8 j of thread (g, t), zero for rows >= M. The caller guards v.
+// for activation row g + 8 j of thread (g, t), zero for rows >= M. The caller guards v, the
+// same for the 8 lanes of a t-group (PRO 2 shuffles within it).
+//
+// PRO 2 shares the SwiGLU (an expf and a division per element: ~20 instructions) among the
+// t-group instead of each lane computing its own row's 8 elements while the lanes of absent
+// rows idle (at M = 1 that put ~8x the issue slots of the weight stream on the SwiGLU). In
+// round q, lane (g, t) computes word g % 4 (two elements) of row 8j + 2q + g / 4 and the
+// owners of those two rows gather their 4 words by shuffles: ceil(rows / 2) rounds of 2
+// elements per lane instead of 8 elements.
 template <int PRO, int MT>
 struct XLoad {
-  const uint4* row[MT];  // chunk 0 of the row (PRO 2: of its gate half)
+  const uint4* row[MT];  // chunk 0 of the row (PRO 0, 1)
   bool ok[MT];           // row < M
   float rstd[MT];        // PRO 1
   const uint4* nw;       // PRO 1: the norm weight [K]
-  int up;                // PRO 2: chunks from gate to up (K / 8)
+  const u32* xw;         // PRO 2: x as bf16 pairs [M, K] (a row: K / 2 gate, K / 2 up words)
+  int kv, rows_m, g, t;  // PRO 2: chunks per K half, rows M, this lane's (g, t)
 
   // x: [M, K] (PRO 2: [M, 2K]); part: row_rstd's shared floats (PRO 1). Call after the
   // first weight loads: PRO 1 reads all of x once here (block-wide, overlapping them).
@@ -210,23 +219,43 @@ struct XLoad {
       if constexpr (PRO == 1) rstd[j] = ok[j] ? part[WARPS * GEMV_TILE + m] : 0.f;
     }
     nw = nw_;
-    up = kv;
+    xw = reinterpret_cast<const u32*>(x);
+    this->kv = kv;
+    rows_m = M;
+    this->g = g;
+    t = threadIdx.x & 3;
   }
 
   __device__ __forceinline__ uint4 load(int j, int v) const {
-    if (!ok[j]) return zero4();
-    uint4 c = ld_cached(row[j] + v);
-    if constexpr (PRO == 1) {
-      const uint4 w = ld_cached(nw + v);
-      const float r = rstd[j];
-      c = make_uint4(rmsnorm2(c.x, w.x, r), rmsnorm2(c.y, w.y, r), rmsnorm2(c.z, w.z, r),
-                     rmsnorm2(c.w, w.w, r));
-    } else if constexpr (PRO == 2) {
-      const uint4 u = ld_cached(row[j] + up + v);
-      c = make_uint4(swiglu2(c.x, u.x), swiglu2(c.y, u.y), swiglu2(c.z, u.z),
-                     swiglu2(c.w, u.w));
+    if constexpr (PRO == 2) {
+      const unsigned group = 0x11111111u << t;  // the lanes (0..7, t)
+      const int rows = min(8, rows_m - 8 * j);    // rows of n-tile j (the same in the warp)
+      u32 o[4] = {0u, 0u, 0u, 0u};
+      for (int q = 0; 2 * q < rows; ++q) {
+        const int r = 8 * j + 2 * q + (g >> 2);  // the row this lane computes a word of
+        u32 val = 0u;
+        if (r < rows_m) {
+          const u32* p = xw + (size_t)r * (8 * kv) + 4 * v + (g & 3);
+          val = swiglu2(__ldg(p), __ldg(p + 4 * kv));
+        }
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {  // row 8j + g: round g / 2, lanes 4 (g % 2) + w
+          const u32 got = __shfl_sync(group, val, 4 * (4 * (g & 1) + w) + t);
+          if ((g >> 1) == q) o[w] = got;
+        }
+      }
+      return ok[j] ? make_uint4(o[0], o[1], o[2], o[3]) : zero4();
+    } else {
+      if (!ok[j]) return zero4();
+      uint4 c = ld_cached(row[j] + v);
+      if constexpr (PRO == 1) {
+        const uint4 w = ld_cached(nw + v);
+        const float r = rstd[j];
+        c = make_uint4(rmsnorm2(c.x, w.x, r), rmsnorm2(c.y, w.y, r), rmsnorm2(c.z, w.z, r),
+                       rmsnorm2(c.w, w.w, r));
+      }
+      return c;
     }
-    return c;
   }
 };
 
