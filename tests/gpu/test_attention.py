@@ -271,3 +271,47 @@ def test_rope_attention_unsupported(km, sms, why):
         attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kc, vc, step.slots, positions,
                                  EPS, sms)
     assert torch.equal(kv.k[0], before)
+
+
+# -- benchmark: one decode step's attention over 36 layers, replayed as a CUDA graph -----------
+@pytest.mark.parametrize("ctx", [512, 4000])
+@pytest.mark.parametrize("how", ["qk_norm_rope+attention", "rope_attention"])
+def test_rope_attention_benchmark(km, sms, benchmark, how, ctx):
+    """qwen3-8b heads (Hq 32, Hkv 8, D 128), bf16, batch 1, M = 1. The graph replays 36
+    layers; us per layer = mean / 36. Enable with --benchmark-enable."""
+    L, B, M, Hq, Hkv, D, max_len, dtype = 36, 1, 1, 32, 8, 128, 4096, torch.bfloat16
+    kv = KVCache(L, B, max_len, Hkv, D, torch.device("cuda"), dtype)
+    kv.k.normal_()
+    kv.v.normal_()
+    kv.lengths[0] = ctx
+    step = kv.step([0], M, [M])
+    q, k, v = _qkv(B, M, Hq, Hkv, D, dtype)
+    qw, kw, cos, sin = _rope_inputs(D, max_len, dtype)
+    out = torch.empty(B, M, Hq, D, dtype=dtype, device="cuda")
+
+    def layers():
+        for i in range(L):
+            if how == "rope_attention":
+                attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[i], kv.v[i],
+                                         step.slots, step.positions, EPS, sms, out=out)
+            else:
+                qn, kn = ops.qk_norm_rope(km, q, k, qw, kw, cos, sin, step.positions, EPS)
+                attention.attention(km, qn, kn, v, kv.k[i], kv.v[i], step.slots, step.positions,
+                                    sms, out=out)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        layers()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layers()
+
+    def replay():
+        graph.replay()
+        torch.cuda.synchronize()
+
+    replay()
+    benchmark.pedantic(replay, rounds=50, warmup_rounds=5)
+    assert torch.isfinite(out).all()  # (correctness: test_rope_attention)
