@@ -50,6 +50,8 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
   const int nsub = (kv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT];
   bf16_load_w<U, PF>(A, B, wa, wb, ks * U, t, kv);
+  prefetch_ahead<U>(wa, wb, ks * U, stride, t, kv, GEMV_PREFETCH_ITERS);
+  pdl_wait();
   XLoad<PRO, MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
   bf16_load_x<MT, U>(X, xl, ks * U, t, kv);
@@ -87,6 +89,7 @@ gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int 
           const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
   __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
+  pdl_trigger();
   gemv_bf16_body<MT, KSPLIT, TPB, U, PF, PRO>(w, x, y, nw, eps, res, M, N, K, red, part);
 }
 
@@ -100,6 +103,8 @@ gemv_bf16_experts(const uint4* __restrict__ w, const uint4* __restrict__ x, u16*
                   const long long* __restrict__ ids, int x_div, int N, int K) {
   static_assert(PRO != 1, "expert kernels take PRO 0 or 2");
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
+  pdl_trigger();
+  pdl_wait();  // ids come from the routing kernel
   const int p = blockIdx.y;
   const size_t e = (size_t)__ldg(ids + p);
   const size_t xs = (PRO == 2 ? 2 : 1) * (size_t)(K >> 3);  // chunks per x row

@@ -73,6 +73,8 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   float sc[U][2];
   int4_load<U, PF>(A, B, nz, sc, qa, qb, zeros, scales, ra, rb, za_shift, zb_shift, ks * U, t,
                    groups, N);
+  prefetch_ahead<U>(qa, qb, ks * U, stride, t, qv, GEMV_PREFETCH_ITERS);
+  pdl_wait();
   XLoad<PRO, MT> xl;  // after the first weight loads (PRO 1 reads x here)
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
   for (int s0 = ks * U; s0 < groups; s0 += stride) {
@@ -134,6 +136,7 @@ gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
           int K, const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
   __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
+  pdl_trigger();
   gemv_int4_body<MT, KSPLIT, TPB, U, PF, PRO>(q, zeros, scales, x, y, nw, eps, res, M, N, K,
                                               red, part);
 }
@@ -150,6 +153,8 @@ gemv_int4_experts(const uint4* __restrict__ q, const u32* __restrict__ zeros,
                   int K) {
   static_assert(PRO != 1, "expert kernels take PRO 0 or 2");
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
+  pdl_trigger();
+  pdl_wait();  // ids come from the routing kernel
   const int p = blockIdx.y;
   const size_t e = (size_t)__ldg(ids + p);
   const size_t xs = (PRO == 2 ? 2 : 1) * (size_t)(K >> 3);  // chunks per x row

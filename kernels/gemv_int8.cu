@@ -60,6 +60,8 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
   const int nsub = (qv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT][2];
   int8_load_w<U, PF>(A, B, qa, qb, ks * U, t, qv);
+  prefetch_ahead<U>(qa, qb, ks * U, stride, t, qv, GEMV_PREFETCH_ITERS);
+  pdl_wait();
   XLoad<PRO, MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
   int8_load_x<MT, U>(X, xl, ks * U, t, qv);
@@ -123,6 +125,7 @@ gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
           const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
   __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
+  pdl_trigger();
   gemv_int8_body<MT, KSPLIT, TPB, U, PF, PRO>(q, scale, x, y, nw, eps, res, M, N, K, red, part);
 }
 
@@ -137,6 +140,8 @@ gemv_int8_experts(const uint4* __restrict__ q, const float* __restrict__ scale,
                   const long long* __restrict__ ids, int x_div, int N, int K) {
   static_assert(PRO != 1, "expert kernels take PRO 0 or 2");
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
+  pdl_trigger();
+  pdl_wait();  // ids come from the routing kernel
   const int p = blockIdx.y;
   const size_t e = (size_t)__ldg(ids + p);
   const size_t xs = (PRO == 2 ? 2 : 1) * (size_t)(K >> 3);  // chunks per x row

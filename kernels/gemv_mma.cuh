@@ -23,6 +23,7 @@
 // blockDim = 32 * KSPLIT * TPB. The KSPLIT partial sums meet in shared memory.
 // No cuda_bf16.h: bf16 values are raw 16-bit patterns moved as 32-bit pairs.
 #pragma once
+#include "pdl.cuh"
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -42,6 +43,26 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
+
+// Programmatic dependent launch (kernels/pdl.cuh): a dense kernel issues its first weight
+// loads and L2 prefetches of the next `iters` iterations of its rows (weights never depend
+// on an earlier kernel), then waits for the previous kernel before it touches activations.
+// Sub-step s covers vectors s * 4 + t of a row (t = lane % 4), nvec vectors per row.
+template <int U>
+__device__ __forceinline__ void prefetch_ahead(const uint4* wa, const uint4* wb, int s_first,
+                                               int stride, int t, int nvec, int iters) {
+  for (int n = 1; n <= iters; ++n)
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = (s_first + n * stride + u) * 4 + t;
+      if (v < nvec) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(wa + v));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + v));
+      }
+    }
+}
+
+#define GEMV_PREFETCH_ITERS 2
 
 // Activations are re-read by every block: keep them cached.
 __device__ __forceinline__ uint4 ld_cached(const uint4* p) { return __ldg(p); }

@@ -6,8 +6,10 @@
 //               to sum 1 when renorm != 0, then rounded to T. One warp per token.
 // moe_gate_up:  x [N, H], gate_up [E, 2I, H] -> act [N, K, I] = T(T(silu(T(x.g))) * T(x.u)).
 //               Grid (N*K, ceil(I / 8)), 8 warps, one output column n per warp.
-// moe_down:     act [N, K, I], down [E, H, I], weights -> out [N, H] =
-//               T(sum_k w[n, k] * T(act[n, k] . down[e_k, h])). Grid (N, H), one warp per k.
+// moe_down:     act [N, K, I], down [E, H, I], weights (+ res [N, H]) -> out [N, H] =
+//               T(res + T(sum_k w[n, k] * T(act[n, k] . down[e_k, h]))) (no res: without it).
+//               Grid (N, ceil(H / 8)), 8 warps, one output element per warp, the experts'
+//               rows four at a time.
 // The GEMVs need H % Vec<T>::N == 0 and I % Vec<T>::N == 0 (16-byte loads, checked by the caller).
 #include "common.cuh"
 #include "pdl.cuh"
@@ -77,37 +79,42 @@ __device__ void moe_route_impl(const T* __restrict__ logits, T* __restrict__ wei
   }
 }
 
-// dot of n elements of a (T) and b (T), both 16-byte aligned, n % Vec<T>::N == 0; warp-wide.
-// Four independent 16-byte loads per operand in flight per lane.
-template <typename T>
-__device__ __forceinline__ float warp_dot(const T* __restrict__ a, const T* __restrict__ b,
-                                          int n) {
+// Per-lane partial dots of R row pairs (x[r], w[r]) over n elements (16-byte aligned,
+// n % Vec<T>::N == 0): every load of an iteration (U 16-byte vectors per operand and row) is
+// issued before the FMAs, rows side by side, so a lane keeps 2 R U loads in flight (x rows
+// that repeat hit L1); they stay raw until used (register pressure). The caller reduces each
+// s[r] over the warp (warp_sum).
+template <typename T, int R, int U>
+__device__ __forceinline__ void lane_dots(const T* const (&x)[R], const T* const (&w)[R], int n,
+                                          float (&s)[R]) {
   constexpr int V = Vec<T>::N;
   const int lane = threadIdx.x & 31;
-  float s[4] = {0.f, 0.f, 0.f, 0.f};
-  int c = lane * V;
-  for (; c + 96 * V < n; c += 128 * V) {
-    float av[4][V], bv[4][V];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      load_vec(a + c + 32 * V * u, av[u]);
-      load_vec(b + c + 32 * V * u, bv[u]);
+  for (int r = 0; r < R; ++r) s[r] = 0.f;
+  for (int c = lane * V; c < n; c += 32 * U * V) {
+    uint4 xv[R][U], wv[R][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool ok = c + 32 * V * u < n;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        xv[r][u] = ok ? *reinterpret_cast<const uint4*>(x[r] + c + 32 * V * u) : uint4{};
+        wv[r][u] = ok ? *reinterpret_cast<const uint4*>(w[r] + c + 32 * V * u) : uint4{};
+      }
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int i = 0; i < V; ++i) s[u] = fmaf(av[u][i], bv[u][i], s[u]);
-  }
-  for (; c < n; c += 32 * V) {
-    float av[V], bv[V];
-    load_vec(a + c, av);
-    load_vec(b + c, bv);
+      for (int u = 0; u < U; ++u) {
+        const T* a = reinterpret_cast<const T*>(&xv[r][u]);
+        const T* b = reinterpret_cast<const T*>(&wv[r][u]);
 #pragma unroll
-    for (int i = 0; i < V; ++i) s[0] = fmaf(av[i], bv[i], s[0]);
+        for (int i = 0; i < V; ++i) s[r] = fmaf(Num<T>::load(a[i]), Num<T>::load(b[i]), s[r]);
+      }
   }
-  return warp_sum((s[0] + s[1]) + (s[2] + s[3]));
 }
 
+// One warp per output column n of one (token, expert) pair: the gate and up rows side by side.
 template <typename T>
 __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ gate_up,
                                  const long long* __restrict__ experts, T* __restrict__ act,
@@ -117,36 +124,49 @@ __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ 
   const int n = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (n >= inter) return;
   const long long e = experts[pair];
-  const T* xr = x + tok * hidden;
   const T* wg = gate_up + (e * 2 * inter + n) * (long long)hidden;
-  const T* wu = wg + (long long)inter * hidden;
-  const float g = Num<T>::round(warp_dot(xr, wg, hidden));
-  const float u = Num<T>::round(warp_dot(xr, wu, hidden));
+  const T* const xs[2] = {x + tok * hidden, x + tok * hidden};
+  const T* const w[2] = {wg, wg + (long long)inter * hidden};
+  float s[2];
+  lane_dots<T, 2, 4>(xs, w, hidden, s);
+  const float g = Num<T>::round(warp_sum(s[0]));
+  const float u = Num<T>::round(warp_sum(s[1]));
   if ((threadIdx.x & 31) == 0)
     act[pair * inter + n] = Num<T>::store(Num<T>::round(g / (1.f + expf(-g))) * u);
 }
 
+// One warp per output element (token, h): the top_k experts' rows four at a time, summed in
+// expert order; + residual (rounded as torch's residual + moe_out) when res is given.
 template <typename T>
 __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ down,
                               const long long* __restrict__ experts,
-                              const T* __restrict__ weights, T* __restrict__ out, int top_k,
-                              int hidden, int inter) {
-  __shared__ float part[32];  // top_k <= 32
+                              const T* __restrict__ weights, const T* __restrict__ res,
+                              T* __restrict__ out, int top_k, int hidden, int inter) {
   const long long tok = blockIdx.x;
-  const int h = blockIdx.y;
-  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int k = warp; k < top_k; k += warps) {  // one expert's row per warp, all in flight
-    const long long pair = tok * top_k + k;
-    const long long e = experts[pair];
-    const float y = Num<T>::round(
-        warp_dot(act + pair * inter, down + (e * hidden + h) * (long long)inter, inter));
-    if ((threadIdx.x & 31) == 0) part[k] = Num<T>::round(y * Num<T>::load(weights[pair]));
+  const int h = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (h >= hidden) return;
+  float acc = 0.f;
+  for (int k0 = 0; k0 < top_k; k0 += 4) {
+    const T* xs[4];
+    const T* w[4];
+    long long pair[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // rows past top_k repeat the last one and are not summed
+      pair[j] = tok * top_k + min(k0 + j, top_k - 1);
+      xs[j] = act + pair[j] * inter;
+      w[j] = down + (experts[pair[j]] * hidden + h) * (long long)inter;
+    }
+    float s[4];
+    lane_dots<T, 4, 2>(xs, w, inter, s);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float y = Num<T>::round(warp_sum(s[j]));
+      if (k0 + j < top_k) acc += Num<T>::round(y * Num<T>::load(weights[pair[j]]));
+    }
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float acc = 0.f;
-    for (int k = 0; k < top_k; ++k) acc += part[k];
-    out[tok * hidden + h] = Num<T>::store(acc);
+  if ((threadIdx.x & 31) == 0) {
+    const long long o = tok * hidden + h;
+    out[o] = Num<T>::store(res ? Num<T>::load(res[o]) + Num<T>::round(acc) : acc);
   }
 }
 
@@ -166,10 +186,11 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
   }                                                                                             \
   extern "C" __global__ void moe_down_##SUFFIX(const T* act, const T* down,                     \
                                                const long long* experts, const T* weights,      \
-                                               T* out, int top_k, int hidden, int inter) {      \
+                                               const T* res, T* out, int top_k, int hidden,     \
+                                               int inter) {                                     \
     pdl_trigger();                                                                               \
     pdl_wait();                                                                                  \
-    moe_down_impl<T>(act, down, experts, weights, out, top_k, hidden, inter);                   \
+    moe_down_impl<T>(act, down, experts, weights, res, out, top_k, hidden, inter);                   \
   }
 
 MOE_ENTRY(bf16, bf16_t)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from kestrel_rt.backend.torch_backend import TorchBackend
+from kestrel_rt.cuda import attention as attn_ops
 from kestrel_rt.cuda import gemv_moe, ops, reference
 from kestrel_rt.cuda.linear import GemvLinear
 from kestrel_rt.cuda.module import KernelModules
@@ -28,7 +29,6 @@ from kestrel_rt.quant_weights import QuantizedWeight
 
 MAX_KERNEL_M = 16  # decode / verify: M new tokens per sequence served by the attention kernel
 MAX_MOE_TOKENS = 64  # tokens per MoE call served by the per-(token, expert) GEMV kernels
-KERNEL_FILES = ("rmsnorm", "qk_norm_rope", "decode_attention", "swiglu", "moe", "greedy_accept")
 
 
 class CupyBackend(GemvLinear, TorchBackend):
@@ -36,9 +36,13 @@ class CupyBackend(GemvLinear, TorchBackend):
     and `linear` through the gemv kernels (kestrel_rt/cuda/linear.py: bf16, int8, int4 for
     <= 16 rows; cuBLAS otherwise)."""
 
-    def __init__(self, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
+                 pdl: bool = True):
+        """pdl: launch the kernels with programmatic dependent launch where they support it
+        (kestrel_rt/cuda/pdl.py): each may start while the previous one finishes."""
         super().__init__(device, dtype)
-        self.kernels = KernelModules(self.device)  # raises KestrelError off CUDA / no cupy
+        self.pdl = pdl
+        self.kernels = KernelModules(self.device, pdl=pdl)  # KestrelError off CUDA / no cupy
         if self.device.index is None:
             self.device = torch.device("cuda", self.kernels.device_index)
         props = torch.cuda.get_device_properties(self.device)
@@ -46,6 +50,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         self.capture_stream = torch.cuda.Stream(self.device)
         self.graph_pool = None  # torch.cuda.graph_pool_handle(), made on first capture
         self._quant_experts_ok: bool | None = None  # gemv_moe takes the stored experts
+        self.bf16_experts = "kernel"  # bf16 MoE experts: "kernel" (moe.cu) or "gemv"
 
     # -- which shapes run on kernels (and may be captured in a graph) ----------------------
     def kernel_dtype(self) -> bool:
@@ -115,10 +120,37 @@ class CupyBackend(GemvLinear, TorchBackend):
             return super().attention(q, k, v, layer, step)
         kc, vc = self.kv.k[layer], self.kv.v[layer]  # [slots, max_len, Hkv, D]
         try:
-            return ops.attention(self.kernels, q, k, v, kc, vc, step.slots, step.positions,
-                                 self.num_sms)
+            return attn_ops.attention(self.kernels, q, k, v, kc, vc, step.slots,
+                                      step.positions, self.num_sms)
         except Unsupported:
             return super().attention(q, k, v, layer, step)
+
+    def rope_attention(self, q, k, v, layer, step):
+        """q/k norm + RoPE inside the decode attention kernel (one launch fewer)."""
+        if q.shape[1] <= MAX_KERNEL_M:
+            try:
+                return attn_ops.rope_attention(
+                    self.kernels, q, k, v, self.weight(f"layers.{layer}.q_norm"),
+                    self.weight(f"layers.{layer}.k_norm"), self._cos, self._sin,
+                    self.kv.k[layer], self.kv.v[layer], step.slots, step.positions,
+                    self.shape.rms_norm_eps, self.num_sms)
+            except Unsupported:
+                pass
+        return super().rope_attention(q, k, v, layer, step)
+
+    # -- fused gemv ops: prologue (RMSNorm / SwiGLU) and residual epilogue in the kernel ----
+    def norm_linear(self, x, norm, name):
+        y = self.gemv().fused(x, self.weight(name), norm=self.weight(norm),
+                              eps=self.shape.rms_norm_eps)
+        return super().norm_linear(x, norm, name) if y is None else y
+
+    def linear_add(self, x, name, residual):
+        y = self.gemv().fused(x, self.weight(name), residual=residual)
+        return super().linear_add(x, name, residual) if y is None else y
+
+    def swiglu_linear_add(self, gate_up, name, residual):
+        y = self.gemv().fused(gate_up, self.weight(name), swiglu=True, residual=residual)
+        return super().swiglu_linear_add(gate_up, name, residual) if y is None else y
 
     def swiglu(self, gate_up):
         try:
@@ -127,23 +159,40 @@ class CupyBackend(GemvLinear, TorchBackend):
             return super().swiglu(gate_up)
 
     def moe(self, x, layer):
+        return self._moe(x, layer, None)
+
+    def moe_add(self, x, layer, residual):
+        return self._moe(x, layer, residual)
+
+    def _moe(self, x, layer, residual):
+        """Routing kernel, then the experts: bf16 experts through kernels/moe.cu (or the
+        expert-indexed gemv when self.bf16_experts == "gemv"), int8 / int4 experts through
+        kestrel_rt/cuda/gemv_moe.py; + residual when given."""
         s = self.shape
         if not (self.kernel_dtype() and self._moe_kernel_ok(x.shape[0])):
-            return super().moe(x, layer)
+            y = super().moe(x, layer)
+            return y if residual is None else residual + y
         gate_up = self.weight(f"layers.{layer}.experts.gate_up")  # [E, 2I, H]
         down = self.weight(f"layers.{layer}.experts.down")  # [E, H, I]
         quantized = isinstance(gate_up, QuantizedWeight) or isinstance(down, QuantizedWeight)
-        if quantized and not gemv_moe.supports(x, gate_up, down):
-            return super().moe(x, layer)
+        use_gemv = quantized or self.bf16_experts == "gemv"
+        if use_gemv and not gemv_moe.supports(x, gate_up, down):
+            if quantized:
+                y = super().moe(x, layer)
+                return y if residual is None else residual + y
+            use_gemv = False
         try:
-            logits = self.linear(x, f"layers.{layer}.router")  # [N, E]; sets self._gemv
+            logits = self.linear(x, f"layers.{layer}.router")  # [N, E]
             weights, experts = ops.moe_route(self.kernels, logits, s.num_experts_per_tok,
                                              s.norm_topk_prob)  # [N, k] each
-            if quantized:  # int8 / int4 experts through the expert-indexed gemv
-                return gemv_moe.moe(self._gemv, x, weights, experts, gate_up, down)  # [N, H]
-            return ops.moe_experts(self.kernels, x, weights, experts, gate_up, down)
+            if use_gemv:
+                return gemv_moe.moe(self.gemv(), x, weights, experts, gate_up, down,
+                                    residual=residual)  # [N, H]
+            return ops.moe_experts(self.kernels, x, weights, experts, gate_up, down,
+                                   residual=residual)
         except Unsupported:
-            return super().moe(x, layer)
+            y = super().moe(x, layer)
+        return y if residual is None else residual + y
 
     # -- speculative decoding ----------------------------------------------------------------
     def greedy_accept(self, draft: torch.Tensor, target: torch.Tensor):

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels import KERNEL_DIR
+from kestrel_rt.cuda.module import full_source
 from kestrel_rt.quant import int4_fits
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
 
@@ -37,7 +37,6 @@ MAX_ROWS = 16  # activation rows the kernels take (two n-tiles of 8)
 # our kernel streams the qwen3-8b layers at 89% of copy bandwidth at M = 1 and 88% at M = 4
 # against cuBLAS's 84%, but 81% against 84% at M = 16.
 BF16_MAX_ROWS = 8
-HEADER = "gemv_mma.cuh"
 KERNELS = {"gemv": "gemv_bf16", "gemv_int8": "gemv_int8", "gemv_int4": "gemv_int4"}
 FILES_OF = {"bf16": "gemv", "int8": "gemv_int8", "int4": "gemv_int4"}
 DEQUANT = {"gemv_int8": ("dequant_int8",), "gemv_int4": ("dequant_int4",)}  # extern "C"
@@ -60,9 +59,9 @@ TUNED_FILE = Path(__file__).with_name("gemv_tuned.json")
 
 
 def _source(file: str) -> str:
-    """kernels/FILE.cu with kernels/gemv_mma.cuh pasted in (keeps cupy's cache key honest)."""
-    text = (KERNEL_DIR / f"{file}.cu").read_text()
-    return text.replace(f'#include "{HEADER}"', (KERNEL_DIR / HEADER).read_text())
+    """kernels/FILE.cu with its headers (gemv_mma.cuh, pdl.cuh) pasted in: module.full_source
+    (keeps cupy's cache key honest)."""
+    return full_source(file)
 
 
 def kernel_name(file: str, mt: int, variant: tuple[int, int, int, bool], pro: int = PLAIN) -> str:
@@ -126,9 +125,11 @@ class Gemv:
     """The skinny-matmul kernels of one backend, on one CUDA device."""
 
     def __init__(self, device: torch.device | str = "cuda", sweep: bool = False,
-                 tuned: Path | None = None) -> None:
+                 tuned: Path | None = None, pdl: bool = False) -> None:
         """sweep: compile every variant (for bench/gemv_bench.py --sweep), not just the
-        tuned and default ones."""
+        tuned and default ones. pdl: launch the gemv kernels with programmatic dependent
+        launch (kestrel_rt/cuda/pdl.py; they wait for the previous kernel only after their
+        first weight loads); needs compute capability >= 9.0, else ignored."""
         import cupy
 
         self._cupy = cupy
@@ -139,6 +140,20 @@ class Gemv:
         self._streams: dict[int, object] = {}
         self.tuned = load_tuned(tuned or TUNED_FILE)
         self.sweep = sweep
+        self._pdl = None
+        if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
+            from kestrel_rt.cuda.pdl import Launcher
+
+            self._pdl = Launcher()
+
+    def _run(self, fn, grid: tuple, block: tuple, args: tuple) -> None:
+        """Launch a gemv kernel on torch's current stream (PDL when enabled)."""
+        if self._pdl is not None:
+            handle = torch.cuda.current_stream(self.device_index).cuda_stream
+            self._pdl(fn, grid, block, args, handle)
+            return
+        with self._cupy.cuda.Device(self.device_index):
+            fn(grid, block, args, stream=self._stream())
 
     def compile(self, pros: tuple[int, ...] = (PLAIN,)) -> None:
         """Compile the three files' modules for these prologues now (before timing or a
@@ -193,8 +208,7 @@ class Gemv:
         fn = self._module(file, pro).get_function(kernel_name(file, mt, variant, pro))
         args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(norm),
                 np.float32(eps), _p(residual))
-        with self._cupy.cuda.Device(self.device_index):
-            fn((math.ceil(n / (16 * tpb)),), (32 * ks * tpb,), args, stream=self._stream())
+        self._run(fn, (math.ceil(n / (16 * tpb)),), (32 * ks * tpb,), args)
         return y
 
     # -- the three kernels on 2-D activations x [M, K] (contiguous, bf16) -----------------
@@ -240,9 +254,7 @@ class Gemv:
                pro: int = PLAIN) -> None:
         """Kernel `name` of kernels/FILE.cu (module of prologue `pro`) on torch's current
         stream (kestrel_rt/cuda/gemv_moe.py)."""
-        fn = self._module(file, pro).get_function(name)
-        with self._cupy.cuda.Device(self.device_index):
-            fn(grid, block, args, stream=self._stream())
+        self._run(self._module(file, pro).get_function(name), grid, block, args)
 
     def moe(self, x, weights, experts, gate_up, down, residual=None):
         """Routed experts through the expert-indexed gemv: see kestrel_rt/cuda/gemv_moe.py."""
@@ -369,7 +381,10 @@ class GemvLinear:
     """
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        gemv = getattr(self, "_gemv", None)
-        if gemv is None:
-            gemv = self._gemv = Gemv(self.device)
-        return gemv.linear(x, self.weight(name))
+        return self.gemv().linear(x, self.weight(name))
+
+    def gemv(self) -> Gemv:
+        """This backend's Gemv, made on first use (PDL when the backend's `pdl` is set)."""
+        if getattr(self, "_gemv", None) is None:
+            self._gemv = Gemv(self.device, pdl=getattr(self, "pdl", False))
+        return self._gemv

@@ -168,26 +168,32 @@ def moe_route(km: KernelModules, logits: torch.Tensor, top_k: int,
 
 def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
                 experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """x [N, H], weights [N, k], experts [N, k] int64, gate_up [E, 2I, H], down [E, H, I]
-    -> [N, H]: each token's chosen experts' SwiGLU MLPs, weighted and summed."""
-    sfx = _suffix(x, weights, gate_up, down)
+    -> [N, H]: each token's chosen experts' SwiGLU MLPs, weighted and summed
+    (+ residual [N, H], rounded as torch's residual + moe_out, when given)."""
+    tensors = (x, weights, gate_up, down) + (() if residual is None else (residual,))
+    sfx = _suffix(*tensors)
     N, H = x.shape
     two_i = gate_up.shape[1]
     inter, top_k = two_i // 2, weights.shape[1]
     n = _vec(x.dtype)
     if H % n or inter % n or not (gate_up.is_contiguous() and down.is_contiguous()):
         raise Unsupported(f"hidden {H}, intermediate {inter}")
+    if residual is not None and tuple(residual.shape) != (N, H):
+        raise Unsupported(f"residual {tuple(residual.shape)}, expected {(N, H)}")
     x, weights, experts = x.contiguous(), weights.contiguous(), experts.contiguous()
+    residual = None if residual is None else residual.contiguous()
     act = torch.empty((N, top_k, inter), dtype=x.dtype, device=x.device)
     out = _dest(out, x.shape, x.dtype, x.device)
     if N == 0:
         return out
     km.launch("moe", f"moe_gate_up_{sfx}", (N * top_k, math.ceil(inter / 8)), (256,),
               (ptr(x), ptr(gate_up), ptr(experts), ptr(act), i32(top_k), i32(H), i32(inter)))
-    km.launch("moe", f"moe_down_{sfx}", (N, H), (32 * min(8, top_k),),
-              (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(out), i32(top_k), i32(H),
-               i32(inter)))
+    km.launch("moe", f"moe_down_{sfx}", (N, math.ceil(H / 8)), (256,),
+              (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(residual), ptr(out),
+               i32(top_k), i32(H), i32(inter)))
     return out
 
 

@@ -52,9 +52,9 @@ def gemv_moe_calls(monkeypatch) -> list[int]:
     calls: list[int] = []
     real = gemv_moe.moe
 
-    def counted(gemv, x, *args):
+    def counted(gemv, x, *args, **kwargs):
         calls.append(x.shape[0])
-        return real(gemv, x, *args)
+        return real(gemv, x, *args, **kwargs)
 
     monkeypatch.setattr(gemv_moe, "moe", counted)
     return calls

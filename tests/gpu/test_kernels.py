@@ -154,7 +154,12 @@ def test_moe_experts(km, dtype, N, E, k, H, I, renorm):
     weights, experts = moe_ref.route(x, router, k, renorm)  # the reference's own routing
     out = poisoned(N, H, dtype=dtype)
     ops.moe_experts(km, x, weights, experts, gate_up, down, out=out)
-    check(out, moe_ref.experts_forward(x, weights, experts, gate_up, down), dtype)
+    expect = moe_ref.experts_forward(x, weights, experts, gate_up, down)
+    check(out, expect, dtype)
+    residual = rnd(N, H, dtype=dtype)
+    out = poisoned(N, H, dtype=dtype)
+    ops.moe_experts(km, x, weights, experts, gate_up, down, residual=residual, out=out)
+    check(out, residual + expect, dtype)
 
 
 # -- greedy accept ----------------------------------------------------------------------------
