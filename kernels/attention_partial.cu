@@ -14,7 +14,7 @@
 //               one split of the context, in tiles of TILE keys staged in shared memory;
 //               tpd (a power of two <= 32) threads share each query-key dot product.
 //               Writes unnormalised acc [.., D] and (max, sum) per (b, kvh, row, split),
-//               merged by decode_attention.cu's attn_combine.
+//               merged by attention_combine.cu's attn_combine.
 #include "common.cuh"
 
 #define ATTN_THREADS 256

@@ -1,7 +1,7 @@
 """Attention wrappers: decode / verify attention over one layer's KV cache, on torch's stream.
 
 Two kernels compute per-split partial softmax results, merged by attn_combine
-(kernels/decode_attention.cu):
+(kernels/attention_combine.cu):
   * attn_decode (kernels/decode_attention.cu): one warp per key, for at most DECODE_MAX_ROWS
     query rows (M * Hq / Hkv) and head_dim in DECODE_HEAD_DIMS. It reads the step's new K/V
     from the projections and writes them into the cache itself; its `rope` variant also does
@@ -102,7 +102,7 @@ def _combine(km: KernelModules, sfx: str, part_acc: torch.Tensor, part_ml: torch
     """attn_combine: merge the splits' partials into out [B, M, Hq, D]."""
     B, M, Hq, D = out.shape
     threads = max(_round_up(splits, 32), min(128, _round_up(D, 32)))
-    km.launch("decode_attention", f"attn_combine_{sfx}", (B * Hkv * M * (Hq // Hkv),),
+    km.launch("attention_combine", f"attn_combine_{sfx}", (B * Hkv * M * (Hq // Hkv),),
               (threads,),
               (ptr(part_acc), ptr(part_ml), ptr(out), i32(M), i32(Hq), i32(Hkv), i32(D),
                i32(splits)))
