@@ -5,6 +5,7 @@
 // acc [.., D] unnormalised, (max, sum) of its scores. attn_combine: grid (B*Hkv*R), at least
 // max(splits, 32) threads; splits <= 64 -> out [B, M, Hq, D] in T.
 #include "common.cuh"
+#include "pdl.cuh"
 
 template <typename T>
 __device__ void attn_combine_impl(const float* __restrict__ part_acc,
@@ -55,6 +56,8 @@ __device__ void attn_combine_impl(const float* __restrict__ part_acc,
   extern "C" __global__ void attn_combine_##SUFFIX(const float* part_acc, const float* part_ml, \
                                                    T* out, int m_tokens, int hq, int hkv,      \
                                                    int d, int splits) {                        \
+    pdl_trigger();                                                                             \
+    pdl_wait();                                                                                \
     attn_combine_impl<T>(part_acc, part_ml, out, m_tokens, hq, hkv, d, splits);                \
   }
 

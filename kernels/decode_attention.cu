@@ -17,6 +17,7 @@
 //                   by attn_decode, bit for bit.
 // attention_combine.cu merges the splits' partials.
 #include "common.cuh"
+#include "pdl.cuh"
 
 #define DECODE_WARPS 4
 
@@ -123,6 +124,15 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   const long long base = slots[b] * stride_slot + (long long)kvh * D + lane * DL;
   const long long new_off = (long long)b * m_tokens;  // token row of (b, 0) in k_new / v_new
   const int head_off = kvh * D + lane * DL;
+
+  // PDL (kernels/pdl.cuh): the cached keys before the new tokens were written by earlier
+  // steps, so fetch this block's share of them into L2 while the previous kernel (the qkv
+  // projection) finishes; q and the new K/V are read, and the cache written, after the wait.
+  for (long long key = k_begin + warp; key < k_end && key < first_new; key += DECODE_WARPS) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(k_cache + base + key * stride_pos));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(v_cache + base + key * stride_pos));
+  }
+  pdl_wait();
 
   if constexpr (!ROPE) {
     if (k_new && split == 0) {  // the new K/V go into the cache
@@ -252,6 +262,7 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
       float* part_acc, float* part_ml, int m_tokens, int hq, int hkv, float scale,             \
       const T* k_new, long long k_st, const T* v_new, long long v_st, const T* q_norm,         \
       const T* k_norm, const T* cos_t, const T* sin_t, float eps) {                            \
+    pdl_trigger();                                                                             \
     attn_decode_impl<T, DL, RB, ROPE>(q, q_st, k_cache, v_cache, slots, positions,             \
                                       stride_slot, stride_pos, part_acc, part_ml, m_tokens,    \
                                       hq, hkv, scale, k_new, k_st, v_new, v_st, q_norm,        \

@@ -3,7 +3,7 @@ previous kernel on the stream is finishing.
 
     launch(fn, grid, block, args, stream_handle, shared_mem=0)
 
-`fn` is a compiled cupy kernel (its CUfunction is `fn.ptr`), `args` the numpy scalars cupy
+`fn` is a compiled cupy kernel (a RawKernel: its CUfunction is `fn.kernel.ptr`), `args` the numpy scalars cupy
 takes (np.uint64 pointers, np.int32 / np.int64 / np.float32). The launch goes through the
 driver's cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, so the
 kernel's blocks may be scheduled as soon as every block of the previous kernel has run
@@ -84,7 +84,8 @@ class Launcher:
                  shared_mem: int = 0) -> None:
         cfg = config(grid, block, stream_handle, shared_mem, self._attr)
         params, _values = kernel_params(args)
-        err = self._launch(ctypes.byref(cfg), ctypes.c_void_p(fn.ptr), params, None)
+        func = getattr(fn, "kernel", fn).ptr  # a RawKernel's compiled Function, or a Function
+        err = self._launch(ctypes.byref(cfg), ctypes.c_void_p(func), params, None)
         if err != 0:
             raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err} (grid {grid}, "
                                f"block {block}, shared memory {shared_mem} bytes)")
