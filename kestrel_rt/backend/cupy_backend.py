@@ -51,6 +51,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         self.graph_pool = None  # torch.cuda.graph_pool_handle(), made on first capture
         self._quant_experts_ok: bool | None = None  # gemv_moe takes the stored experts
         self.bf16_experts = "kernel"  # bf16 MoE experts: "kernel" (moe.cu) or "gemv"
+        self.fuse_prologues = True  # RMSNorm / SwiGLU inside the gemv (else their own kernels)
 
     # -- which shapes run on kernels (and may be captured in a graph) ----------------------
     def kernel_dtype(self) -> bool:
@@ -140,6 +141,8 @@ class CupyBackend(GemvLinear, TorchBackend):
 
     # -- fused gemv ops: prologue (RMSNorm / SwiGLU) and residual epilogue in the kernel ----
     def norm_linear(self, x, norm, name):
+        if not self.fuse_prologues:
+            return super().norm_linear(x, norm, name)
         y = self.gemv().fused(x, self.weight(name), norm=self.weight(norm),
                               eps=self.shape.rms_norm_eps)
         return super().norm_linear(x, norm, name) if y is None else y
@@ -149,6 +152,8 @@ class CupyBackend(GemvLinear, TorchBackend):
         return super().linear_add(x, name, residual) if y is None else y
 
     def swiglu_linear_add(self, gate_up, name, residual):
+        if not self.fuse_prologues:
+            return self.linear_add(self.swiglu(gate_up), name, residual)
         y = self.gemv().fused(gate_up, self.weight(name), swiglu=True, residual=residual)
         return super().swiglu_linear_add(gate_up, name, residual) if y is None else y
 

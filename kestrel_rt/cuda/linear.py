@@ -141,6 +141,7 @@ class Gemv:
         self.tuned = load_tuned(tuned or TUNED_FILE)
         self.sweep = sweep
         self._pdl = None
+        self.pdl_enabled = True  # switch PDL off for a comparison (bench/ablation.py)
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
             from kestrel_rt.cuda.pdl import Launcher
 
@@ -148,7 +149,7 @@ class Gemv:
 
     def _run(self, fn, grid: tuple, block: tuple, args: tuple) -> None:
         """Launch a gemv kernel on torch's current stream (PDL when enabled)."""
-        if self._pdl is not None:
+        if self._pdl is not None and self.pdl_enabled:
             handle = torch.cuda.current_stream(self.device_index).cuda_stream
             self._pdl(fn, grid, block, args, handle)
             return

@@ -98,6 +98,7 @@ class KernelModules:
         self._functions: dict[tuple[str, str], object] = {}
         self._streams: dict[int, object] = {}
         self.pdl = None
+        self.pdl_enabled = True  # switch PDL off for a comparison (bench/ablation.py)
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
             from kestrel_rt.cuda.pdl import Launcher
 
@@ -128,7 +129,7 @@ class KernelModules:
                shared_mem: int = 0) -> None:
         """Launch kernels/FILE.cu:NAME on torch's current stream of this device."""
         fn = self.function(file, name)
-        if self.pdl is not None and file in PDL_FILES:
+        if self.pdl is not None and self.pdl_enabled and file in PDL_FILES:
             handle = torch.cuda.current_stream(self.device_index).cuda_stream
             self.pdl(fn, grid, block, args, handle, shared_mem)
         elif self.device_index == 0:  # cupy's current device unless a caller changed it
