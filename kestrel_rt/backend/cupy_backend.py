@@ -51,7 +51,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         self.graph_pool = None  # torch.cuda.graph_pool_handle(), made on first capture
         self._quant_experts_ok: bool | None = None  # gemv_moe takes the stored experts
         self.bf16_experts = "kernel"  # bf16 MoE experts: "kernel" (moe.cu) or "gemv"
-        self.fuse_prologues = True  # RMSNorm / SwiGLU inside the gemv (else their own kernels)
+        # RMSNorm / SwiGLU inside the gemv prologue: measured slower on the H200 (bench/ablation.py:
+        # qwen3-8b bf16 5.24 vs 5.04 ms, int4 3.93 vs 2.75 ms per step), so off by default
+        self.fuse_prologues = False
 
     # -- which shapes run on kernels (and may be captured in a graph) ----------------------
     def kernel_dtype(self) -> bool:
