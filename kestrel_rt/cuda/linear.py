@@ -254,8 +254,11 @@ class Gemv:
     def launch(self, file: str, name: str, grid: tuple, block: tuple, args: tuple,
                pro: int = PLAIN) -> None:
         """Kernel `name` of kernels/FILE.cu (module of prologue `pro`) on torch's current
-        stream (kestrel_rt/cuda/gemv_moe.py)."""
-        self._run(self._module(file, pro).get_function(name), grid, block, args)
+        stream (kestrel_rt/cuda/gemv_moe.py). Never with PDL: the expert kernels hit an
+        illegal address under PDL on the H200 (2026-11-30; cause not found yet)."""
+        fn = self._module(file, pro).get_function(name)
+        with self._cupy.cuda.Device(self.device_index):
+            fn(grid, block, args, stream=self._stream())
 
     def moe(self, x, weights, experts, gate_up, down, residual=None):
         """Routed experts through the expert-indexed gemv: see kestrel_rt/cuda/gemv_moe.py."""
