@@ -119,12 +119,6 @@ class Backend(ABC):
         """x [..., n] -> weight[name] * (x / rms(x)) over the last dim, computed in fp32."""
 
     @abstractmethod
-    def add_rms_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, name: str
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """s = residual + x; returns (rms_norm(s, name), s). Shapes [..., H]."""
-
-    @abstractmethod
     def qk_norm_rope(
         self, q: torch.Tensor, k: torch.Tensor, layer: int, step: Step
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -102,13 +102,6 @@ class CupyBackend(GemvLinear, TorchBackend):
         except Unsupported:
             return super().rms_norm(x, name)
 
-    def add_rms_norm(self, x, residual, name):
-        try:
-            return ops.rms_norm(self.kernels, x, self.weight(name), self.shape.rms_norm_eps,
-                                residual=residual)
-        except Unsupported:
-            return super().add_rms_norm(x, residual, name)
-
     def qk_norm_rope(self, q, k, layer, step):
         try:
             return ops.qk_norm_rope(

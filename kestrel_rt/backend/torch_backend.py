@@ -31,10 +31,6 @@ class TorchBackend(Backend):
         y = xf * torch.rsqrt(var + self.shape.rms_norm_eps)
         return self.weight(name) * y.to(x.dtype)
 
-    def add_rms_norm(self, x, residual, name):
-        s = residual + x
-        return self.rms_norm(s, name), s
-
     def qk_norm_rope(self, q, k, layer, step):
         q = self.rms_norm(q, f"layers.{layer}.q_norm")  # [B, M, Hq, D]
         k = self.rms_norm(k, f"layers.{layer}.k_norm")  # [B, M, Hkv, D]
