@@ -19,46 +19,13 @@ import torch
 
 cupy = pytest.importorskip("cupy")
 
+from kernel_checks import DTYPES, EPS, check, poisoned, rnd
+
 from kestrel_rt.backend.torch_backend import TorchBackend
 from kestrel_rt.cuda import attention, ops
-from kestrel_rt.cuda.module import KernelModules
 from kestrel_rt.cuda.ops import Unsupported
 from kestrel_rt.kv_cache import KVCache
 from kestrel_rt.rope import cos_sin, inv_freq
-
-DTYPES = [torch.float32, torch.bfloat16]
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
-EPS = 1e-6
-
-
-@pytest.fixture(scope="module")
-def km():
-    return KernelModules(torch.device("cuda"))
-
-
-@pytest.fixture(scope="module")
-def sms():
-    return torch.cuda.get_device_properties(0).multi_processor_count
-
-
-_seed = iter(range(20_000, 10**9))
-
-
-def rnd(*shape, dtype=torch.float32, scale=1.0):
-    """Fresh N(0, scale^2) values on the GPU (a new seed every call)."""
-    g = torch.Generator(device="cuda").manual_seed(next(_seed))
-    return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
-
-
-def poisoned(*shape, dtype):
-    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-
-
-def check(out, ref, dtype):
-    assert out.shape == ref.shape, (out.shape, ref.shape)
-    assert torch.isfinite(out).all(), "non-finite output: an element not written, or a NaN"
-    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-    assert err <= TOL[dtype], f"relative error {err:.3g} > {TOL[dtype]}"
 
 
 def _caches(B, max_len, Hkv, D, dtype, lengths, slots):

@@ -16,47 +16,12 @@ import torch
 
 cupy = pytest.importorskip("cupy")
 
+from kernel_checks import DTYPES, EPS, check, generator, poisoned, rnd
+
 from kestrel_rt import moe as moe_ref
 from kestrel_rt.backend.torch_backend import TorchBackend
 from kestrel_rt.cuda import ops, reference
-from kestrel_rt.cuda.module import KernelModules
 from kestrel_rt.rope import cos_sin, inv_freq
-
-DTYPES = [torch.float32, torch.bfloat16]
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
-EPS = 1e-6
-
-
-@pytest.fixture(scope="module")
-def km():
-    return KernelModules(torch.device("cuda"))
-
-
-@pytest.fixture(scope="module")
-def sms():
-    return torch.cuda.get_device_properties(0).multi_processor_count
-
-
-_seed = iter(range(10_000, 10**9))
-
-
-def rnd(*shape, dtype=torch.float32, scale=1.0):
-    """Fresh N(0, scale^2) values on the GPU (a new seed every call)."""
-    g = torch.Generator(device="cuda").manual_seed(next(_seed))
-    return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
-
-
-def poisoned(*shape, dtype):
-    if dtype in (torch.long, torch.int32):
-        return torch.full(shape, -7, dtype=dtype, device="cuda")
-    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-
-
-def check(out, ref, dtype):
-    assert out.shape == ref.shape, (out.shape, ref.shape)
-    assert torch.isfinite(out).all(), "non-finite output: an element not written, or a NaN"
-    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-    assert err <= TOL[dtype], f"relative error {err:.3g} > {TOL[dtype]}"
 
 
 def stand_in(**fields):
@@ -165,7 +130,7 @@ def test_moe_experts(km, dtype, N, E, k, H, I, renorm):
 # -- greedy accept ----------------------------------------------------------------------------
 @pytest.mark.parametrize("B,k", [(1, 1), (1, 4), (8, 3), (64, 8), (300, 5)])
 def test_greedy_accept(km, B, k):
-    g = torch.Generator(device="cuda").manual_seed(next(_seed))
+    g = generator()
     target = torch.randint(0, 5, (B, k + 1), generator=g, device="cuda")
     draft = target[:, :k].clone()
     cut = torch.randint(0, k + 1, (B,), generator=g, device="cuda")  # first disagreement
