@@ -68,9 +68,16 @@ def attention_plan(B: int, M: int, Hq: int, Hkv: int, D: int, max_len: int,
     return rb, groups, tile, splits, tpd
 
 
+# Blocks per SM the warp-per-key kernel's context splits aim at. It waits on memory latency far
+# more than on bandwidth, so more blocks help long contexts: H200, qwen3-8b heads, 36 layers in
+# a graph (bench/attention_splits.py), us per layer at 2 / 4 per SM: batch 1 ctx 4000 41.5 /
+# 28.1, batch 8 ctx 1000 63.2 / 41.5, batch 4 ctx 4000 129 / 78, batch 1 ctx 512 12.57 / 12.91.
+DECODE_BLOCKS_PER_SM = 4
+
+
 def decode_splits(B: int, Hkv: int, max_len: int, num_sms: int) -> int:
     """Context splits of the warp-per-key kernel (static for a given cache, like the plan)."""
-    return max(1, min(MAX_SPLITS, math.ceil(2 * num_sms / (B * Hkv)),
+    return max(1, min(MAX_SPLITS, math.ceil(DECODE_BLOCKS_PER_SM * num_sms / (B * Hkv)),
                       math.ceil(max_len / (2 * DECODE_WARPS))))
 
 
