@@ -53,21 +53,30 @@ class GenerateResult:
 
 @dataclass
 class _Step:
-    """A greedy decode step enqueued on the GPU whose tokens the host has not read yet."""
+    """A greedy decode step enqueued on the device whose tokens the host has not read yet."""
 
     slots: list[int]
     reqs: list[int]
     tokens: torch.Tensor  # [B] int64 on the device: the next step's input
     host: torch.Tensor  # [B] the same, copied to the host (valid once `ready` has passed)
-    ready: torch.cuda.Event
+    ready: torch.cuda.Event | None  # None on the CPU, where the copy is done on return
     lengths: list[int]  # each slot's cache length after this step
 
     @classmethod
     def enqueue(cls, slots: list[int], reqs: list[int], tokens: torch.Tensor, kv) -> _Step:
-        host = tokens.to("cpu", non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
+        ready = None
+        if tokens.is_cuda:
+            host = tokens.to("cpu", non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host = tokens
         return cls(slots, reqs, tokens, host, ready, [kv.length(s) for s in slots])
+
+    def read(self) -> list[int]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host.tolist()
 
 
 def _sync(device: torch.device) -> None:
@@ -156,8 +165,8 @@ def generate(
     # read. A sequence that ends on an EOS read late has had one extra step, dropped.
     if overlap is None:
         overlap = temperature == 0 and model.device.type == "cuda"
-    elif overlap and (temperature != 0 or model.device.type != "cuda"):
-        raise KestrelError("overlap=True needs greedy decoding (temperature 0) on a CUDA device")
+    elif overlap and temperature != 0:
+        raise KestrelError("overlap=True needs greedy decoding (temperature 0)")
     pending: _Step | None = None  # a decode step enqueued, its tokens not read yet
 
     def record(reqs: list[int], slots: list[int], tokens: list[int],
@@ -173,8 +182,7 @@ def generate(
                 kv.free(s)
 
     def read(step: _Step) -> None:
-        step.ready.synchronize()
-        record(step.reqs, step.slots, step.host.tolist(), step.lengths)
+        record(step.reqs, step.slots, step.read(), step.lengths)
 
     while waiting or running:
         if pending is not None and waiting:  # finishing sequences free slots for prompts
@@ -202,7 +210,8 @@ def generate(
         else:  # the rows that go on after their pending token (an EOS is seen only later)
             keep = [i for i, (s, r, n) in enumerate(zip(pending.slots, pending.reqs,
                                                         pending.lengths))
-                    if len(out[r]) + 1 < max_new_tokens and n + 1 < max_len]
+                    if running.get(s) == r and len(out[r]) + 1 < max_new_tokens
+                    and n + 1 < max_len]
             slots = [pending.slots[i] for i in keep]
             reqs = [pending.reqs[i] for i in keep]
             last = pending.tokens[keep][:, None]  # [B, 1] on the device

@@ -180,3 +180,45 @@ def test_half_precision_checkpoints_match_transformers_in_their_dtype(tmp_path, 
     assert (ours - theirs).abs().max().item() <= HALF_TOL[dtype]
     for p in prompts:
         assert generate(model, [p], max_new_tokens=NEW).token_ids[0] == _hf_greedy(ref, p, NEW)
+
+
+@pytest.mark.parametrize("max_batch", [None, 2])
+def test_overlapped_loop_gives_the_same_tokens(tmp_path, max_batch):
+    """The overlapped greedy loop (step n + 1 enqueued before step n's tokens are read; the
+    GPU default) stops, batches and fills the context exactly as the plain one: EOS seen one
+    step late, a waiting prompt, a prompt that fills the context."""
+    folder = tm.build("untied", tmp_path / "m")
+    model = _model(folder)
+    ctx = model.shape.max_position_embeddings
+    prompts = _prompts(model.shape.vocab_size, [4, 7, ctx - 3, 2])
+    free = generate(model, prompts, max_new_tokens=NEW, overlap=False).token_ids
+    eos = free[1][4]
+    forward, rows = model.forward, []
+
+    def counted(tokens, slots, *args, **kwargs):  # decode rows forwarded (prompts are > 1)
+        if tokens.shape[1] == 1:
+            rows.append(tokens.shape[0])
+        return forward(tokens, slots, *args, **kwargs)
+
+    model.forward = counted
+    runs = []
+    for o in (False, True):
+        rows.clear()
+        runs.append((generate(model, prompts, max_new_tokens=NEW, eos_token_id=eos,
+                              max_batch=max_batch, overlap=o), sum(rows)))
+    model.forward = forward
+    (plain, plain_rows), (lagged, lagged_rows) = runs
+    assert lagged.token_ids == plain.token_ids
+    assert len(lagged.token_ids[1]) <= 5  # the EOS stopped it
+    assert len(lagged.token_ids[2]) == 3  # the context did
+    # only a sequence stopped by an EOS (seen one step late) costs one extra row
+    eos_stops = sum(1 for t in lagged.token_ids if t and t[-1] == eos)
+    assert plain_rows <= lagged_rows <= plain_rows + eos_stops
+    assert generate(model, prompts, max_new_tokens=NEW, max_batch=max_batch,
+                    overlap=True).token_ids == free
+
+
+def test_overlap_needs_greedy(tmp_path):
+    model = _model(tm.build("tied", tmp_path / "m"))
+    with pytest.raises(KestrelError, match="overlap=True needs greedy"):
+        generate(model, [[1, 2]], max_new_tokens=2, temperature=0.5, overlap=True)
