@@ -27,7 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kestrel_rt.cuda.linear import FILES_OF, Gemv, all_variants
+from kestrel_rt.cuda.gemv_variants import FILES_OF, all_variants
+from kestrel_rt.cuda.linear import Gemv
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),

@@ -12,31 +12,32 @@ import subprocess
 
 import pytest
 
+from kestrel_rt.cuda import gemv_variants as V
 from kestrel_rt.cuda import linear as L
 
 NVCC = shutil.which("nvcc")
-PROS = (L.PLAIN, L.RMSNORM, L.SWIGLU)
+PROS = (V.PLAIN, V.RMSNORM, V.SWIGLU)
 
 
 def _names(file: str) -> list[str]:
     """Every template-id Gemv compiles for `file` (not sweep mode), all prologues."""
-    tuned = L.load_tuned()
-    return sorted({n for pro in PROS for n in L.module_names(file, pro, tuned)
+    tuned = V.load_tuned()
+    return sorted({n for pro in PROS for n in V.module_names(file, pro, tuned)
                    if not n.startswith("dequant_")})
 
 
 def test_names_carry_the_prologue():
-    assert L.kernel_name("gemv", 1, (8, 1, 4, True)) == "gemv_bf16<1, 8, 1, 4, true, 0>"
-    assert L.kernel_name("gemv_int4", 2, (2, 4, 1, False), L.SWIGLU).endswith("false, 2>")
-    assert L.experts_name("gemv_int8", (16, 1, 1, True), L.SWIGLU) == (
+    assert V.kernel_name("gemv", 1, (8, 1, 4, True)) == "gemv_bf16<1, 8, 1, 4, true, 0>"
+    assert V.kernel_name("gemv_int4", 2, (2, 4, 1, False), V.SWIGLU).endswith("false, 2>")
+    assert V.experts_name("gemv_int8", (16, 1, 1, True), V.SWIGLU) == (
         "gemv_int8_experts<16, 1, 1, true, 2>")
-    assert L.RMSNORM not in L.EXPERT_PROS
-    tuned = L.load_tuned()
-    for file in L.KERNELS:
-        assert not any("_experts<" in n for n in L.module_names(file, L.RMSNORM, tuned))
-        swiglu = [n for n in L.module_names(file, L.SWIGLU, tuned) if "_experts<" in n]
-        assert len(swiglu) == len(L.GEOMETRIES)
-        assert all(f", {L.expert_u(file, L.SWIGLU)}, true, 2>" in n for n in swiglu)
+    assert V.RMSNORM not in V.EXPERT_PROS
+    tuned = V.load_tuned()
+    for file in V.KERNELS:
+        assert not any("_experts<" in n for n in V.module_names(file, V.RMSNORM, tuned))
+        swiglu = [n for n in V.module_names(file, V.SWIGLU, tuned) if "_experts<" in n]
+        assert len(swiglu) == len(V.GEOMETRIES)
+        assert all(f", {V.expert_u(file, V.SWIGLU)}, true, 2>" in n for n in swiglu)
 
 
 def test_fused_declines_what_no_kernel_takes_on_the_cpu():
@@ -54,7 +55,7 @@ def test_fused_declines_what_no_kernel_takes_on_the_cpu():
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
-@pytest.mark.parametrize("file", sorted(L.KERNELS))
+@pytest.mark.parametrize("file", sorted(V.KERNELS))
 def test_every_prologue_instantiates_for_sm90(file, tmp_path):
     names = _names(file)
     keep = ",\n".join(f"  (void*)&{n}" for n in names)

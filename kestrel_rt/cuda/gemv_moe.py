@@ -16,18 +16,8 @@ import math
 
 import torch
 
-from kestrel_rt.cuda.linear import (
-    PLAIN,
-    SWIGLU,
-    Gemv,
-    _i,
-    _output,
-    _p,
-    _weight_args,
-    default_variant,
-    expert_u,
-    experts_name,
-)
+from kestrel_rt.cuda.gemv_variants import PLAIN, SWIGLU, default_variant, expert_u, experts_name
+from kestrel_rt.cuda.linear import Gemv, _i, _output, _p, _weight_args
 from kestrel_rt.quant import int4_fits
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 

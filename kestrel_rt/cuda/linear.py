@@ -20,7 +20,6 @@ One `Gemv` per backend instance: it owns the compiled modules (cupy RawModule, o
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -28,97 +27,28 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kestrel_rt.cuda.module import full_source
+from kestrel_rt.cuda.gemv_variants import (
+    BF16_MAX_ROWS,
+    KERNELS,
+    MAX_ROWS,
+    PLAIN,
+    RMSNORM,
+    SWIGLU,
+    TUNED_FILE,
+    default_variant,
+    kernel_name,
+    load_tuned,
+    module_names,
+)
+from kestrel_rt.cuda.module import current_stream, full_source
 from kestrel_rt.quant import int4_fits
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
-
-MAX_ROWS = 16  # activation rows the kernels take (two n-tiles of 8)
-# bf16 above this many rows goes to cuBLAS: on the H200 sweep (bench/results/NOTES_gemv.md)
-# our kernel streams the qwen3-8b layers at 89% of copy bandwidth at M = 1 and 88% at M = 4
-# against cuBLAS's 84%, but 81% against 84% at M = 16.
-BF16_MAX_ROWS = 8
-KERNELS = {"gemv": "gemv_bf16", "gemv_int8": "gemv_int8", "gemv_int4": "gemv_int4"}
-FILES_OF = {"bf16": "gemv", "int8": "gemv_int8", "int4": "gemv_int4"}
-DEQUANT = {"gemv_int8": ("dequant_int8",), "gemv_int4": ("dequant_int4",)}  # extern "C"
-# Activation prologues (template PRO): plain, RMSNorm of x, SwiGLU of x = gate|up.
-PLAIN, RMSNORM, SWIGLU = 0, 1, 2
-EXPERT_PROS = (PLAIN, SWIGLU)  # the expert-indexed kernels take no RMSNorm
-# A launch variant: (KSPLIT warps splitting K per tile, TPB tiles per block, U sub-steps per
-# loop iteration, PF L2 prefetch hint); blockDim = 32 * KSPLIT * TPB.
-GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))
-# U per kernel: more would spill registers (two pipeline stages of 2U 16-byte vectors each)
-U_CHOICES = {"gemv": (2, 4, 8), "gemv_int8": (1, 2, 4), "gemv_int4": (1, 2, 4)}
-K_PER_SUB = {"gemv": 32, "gemv_int8": 64, "gemv_int4": 128}  # k one sub-step covers
-DEFAULT_U = {"gemv": 4, "gemv_int8": 4, "gemv_int4": 2}
-# U of the expert kernels with the SwiGLU prologue: DEFAULT_U spills there (ptxas, sm_90:
-# int8 experts with 16 warps per block spill 420 bytes at U = 4, none at U = 2)
-SWIGLU_EXPERT_U = {"gemv": 2, "gemv_int8": 2, "gemv_int4": 2}
-WARPS_PER_SM = 16  # aim: enough 16-byte loads in flight to cover DRAM latency
-# Best variant per (file, N, K, n-tiles) measured by `bench/gemv_bench.py --sweep` on an H200.
-TUNED_FILE = Path(__file__).with_name("gemv_tuned.json")
 
 
 def _source(file: str) -> str:
     """kernels/FILE.cu with its headers (gemv_mma.cuh, pdl.cuh) pasted in: module.full_source
     (keeps cupy's cache key honest)."""
     return full_source(file)
-
-
-def kernel_name(file: str, mt: int, variant: tuple[int, int, int, bool], pro: int = PLAIN) -> str:
-    ks, tpb, u, pf = variant
-    return f"{KERNELS[file]}<{mt}, {ks}, {tpb}, {u}, {'true' if pf else 'false'}, {pro}>"
-
-
-def expert_u(file: str, pro: int) -> int:
-    """U of the expert-indexed kernels (launched with default_variant's geometry)."""
-    return SWIGLU_EXPERT_U[file] if pro == SWIGLU else DEFAULT_U[file]
-
-
-def experts_name(file: str, variant: tuple[int, int, int, bool], pro: int = PLAIN) -> str:
-    ks, tpb, u, pf = variant
-    return f"{KERNELS[file]}_experts<{ks}, {tpb}, {u}, {'true' if pf else 'false'}, {pro}>"
-
-
-def all_variants(file: str) -> list[tuple[int, int, int, bool]]:
-    return [(ks, tpb, u, pf) for ks, tpb in GEOMETRIES for u in U_CHOICES[file]
-            for pf in (False, True)]
-
-
-def default_variant(file: str, n: int, k: int, sms: int,
-                    u: int | None = None) -> tuple[int, int, int, bool]:
-    """Split K over more warps until the chip holds ~WARPS_PER_SM warps per SM (u: sub-steps
-    per iteration, DEFAULT_U[file] unless given)."""
-    u = DEFAULT_U[file] if u is None else u
-    tiles = math.ceil(n / 16)
-    iters = math.ceil(k / (K_PER_SUB[file] * u))
-    for ks, tpb in GEOMETRIES:
-        if tiles * ks >= sms * WARPS_PER_SM or 2 * ks > iters:
-            return ks, tpb, u, True
-    return (*GEOMETRIES[-1], u, True)
-
-
-def module_names(file: str, pro: int, tuned: dict, sweep: bool = False) -> list[str]:
-    """The kernels one (file, prologue) module compiles: the tuned and default variants
-    (sweep: every variant), the expert kernels gemv_moe launches, the extern "C" ones."""
-    if sweep:
-        variants = set(all_variants(file))
-    else:
-        variants = {v for key, v in tuned.items() if key[0] == file}
-        variants |= {(ks, tpb, DEFAULT_U[file], True) for ks, tpb in GEOMETRIES}
-    names = sorted({kernel_name(file, mt, v, pro) for v in variants for mt in (1, 2)})
-    if pro in EXPERT_PROS:  # gemv_moe launches default_variant's geometries
-        experts = (variants if sweep else
-                   {(ks, tpb, expert_u(file, pro), True) for ks, tpb in GEOMETRIES})
-        names += sorted({experts_name(file, v, pro) for v in experts})
-    return names + (list(DEQUANT.get(file, ())) if pro == PLAIN else [])
-
-
-def load_tuned(path: Path = TUNED_FILE) -> dict:
-    """{(file, n, k, mt): variant} from a sweep's JSON, or {} when there is none."""
-    if not path.is_file():
-        return {}
-    rows = json.loads(path.read_text())["best"]
-    return {(r["file"], r["n"], r["k"], r["mt"]): tuple(r["variant"]) for r in rows}
 
 
 class Gemv:
@@ -175,12 +105,7 @@ class Gemv:
         return module
 
     def _stream(self):
-        handle = torch.cuda.current_stream(self.device_index).cuda_stream
-        stream = self._streams.get(handle)
-        if stream is None:
-            stream = self._cupy.cuda.ExternalStream(handle, self.device_index)
-            self._streams[handle] = stream
-        return stream
+        return current_stream(self._cupy, self.device_index, self._streams)
 
     def variant(self, file: str, n: int, k: int, mt: int) -> tuple[int, int, int, bool]:
         """The launch variant for an [n, k] weight: the tuned one, else the default rule."""

@@ -75,6 +75,20 @@ class _StreamHandle:
 PDL_FILES = frozenset({"rmsnorm", "swiglu", "moe", "decode_attention", "attention_combine"})
 
 
+def current_stream(cupy, device_index: int, cache: dict):
+    """torch's current stream of the device as a cupy stream (one wrapper per handle, kept in
+    the caller's `cache`)."""
+    handle = torch.cuda.current_stream(device_index).cuda_stream
+    stream = cache.get(handle)
+    if stream is None:
+        try:  # cupy >= 14: the CUDA stream protocol
+            stream = cupy.cuda.Stream.from_external(_StreamHandle(handle))
+        except (AttributeError, TypeError, ValueError):  # older cupy
+            stream = cupy.cuda.ExternalStream(handle, device_index)
+        cache[handle] = stream
+    return stream
+
+
 class KernelModules:
     """The compiled kernels one backend uses, on one CUDA device.
 
@@ -115,15 +129,7 @@ class KernelModules:
         return fn
 
     def _stream(self):
-        handle = torch.cuda.current_stream(self.device_index).cuda_stream
-        stream = self._streams.get(handle)
-        if stream is None:
-            try:  # cupy >= 14: the CUDA stream protocol
-                stream = self._cupy.cuda.Stream.from_external(_StreamHandle(handle))
-            except (AttributeError, TypeError, ValueError):  # older cupy
-                stream = self._cupy.cuda.ExternalStream(handle, self.device_index)
-            self._streams[handle] = stream
-        return stream
+        return current_stream(self._cupy, self.device_index, self._streams)
 
     def launch(self, file: str, name: str, grid: tuple, block: tuple, args: tuple,
                shared_mem: int = 0) -> None:

@@ -11,7 +11,8 @@ import torch
 
 cupy = pytest.importorskip("cupy")
 
-from kestrel_rt.cuda.linear import FILES_OF, Gemv, all_variants
+from kestrel_rt.cuda.gemv_variants import FILES_OF, all_variants
+from kestrel_rt.cuda.linear import Gemv
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 TOL = 1e-2

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 cupy = pytest.importorskip("cupy")
 
-from kestrel_rt.cuda.linear import BF16_MAX_ROWS, FILES_OF, MAX_ROWS, Gemv, all_variants
+from kestrel_rt.cuda.gemv_variants import BF16_MAX_ROWS, FILES_OF, MAX_ROWS, all_variants
+from kestrel_rt.cuda.linear import Gemv
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 TOL = 1e-2
