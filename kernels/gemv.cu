@@ -7,28 +7,20 @@
 // the current one, and the mmas alternate between two accumulators (shorter chains).
 #include "gemv_mma.cuh"
 
-// Loads of U sub-steps: first the 2U weight vectors, then the activation chunks (act(x),
-// see XLoad), so the weight loads are in flight before a prologue waits on x.
-template <int U, bool PF>
-__device__ __forceinline__ void bf16_load_w(uint4 (&A)[U], uint4 (&B)[U], const uint4* wa,
-                                            const uint4* wb, int s0, int t, int kv) {
+// Loads of U sub-steps: the 2U weight vectors and the activation chunks (act(x), see XLoad)
+// of each sub-step together (fewer registers than all weights first: ptxas, sm_90).
+template <int MT, int U, bool PF, class XL>
+__device__ __forceinline__ void bf16_load(uint4 (&A)[U], uint4 (&B)[U], uint4 (&X)[U][MT],
+                                          const uint4* wa, const uint4* wb, const XL& xl,
+                                          int s0, int t, int kv) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int v = (s0 + u) * 4 + t;
     const bool ok = v < kv;
     A[u] = ok ? ld_stream<PF>(wa + v) : zero4();
     B[u] = ok ? ld_stream<PF>(wb + v) : zero4();
-  }
-}
-
-template <int MT, int U, class XL>
-__device__ __forceinline__ void bf16_load_x(uint4 (&X)[U][MT], const XL& xl, int s0, int t,
-                                            int kv) {
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int v = (s0 + u) * 4 + t;
-#pragma unroll
-    for (int j = 0; j < MT; ++j) X[u][j] = v < kv ? xl.load(j, v) : zero4();
+    for (int j = 0; j < MT; ++j) X[u][j] = ok ? xl.load(j, v) : zero4();
   }
 }
 
@@ -49,16 +41,13 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
   float acc[2][MT][4] = {};
   const int nsub = (kv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT];
-  bf16_load_w<U, PF>(A, B, wa, wb, ks * U, t, kv);
-  prefetch_ahead<U>(wa, wb, ks * U, stride, t, kv, GEMV_PREFETCH_ITERS);
-  pdl_wait();
-  XLoad<PRO, MT> xl;
+  pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
+  XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
-  bf16_load_x<MT, U>(X, xl, ks * U, t, kv);
+  bf16_load<MT, U, PF>(A, B, X, wa, wb, xl, ks * U, t, kv);
   for (int s0 = ks * U; s0 < nsub; s0 += stride) {
     uint4 An[U], Bn[U], Xn[U][MT];
-    bf16_load_w<U, PF>(An, Bn, wa, wb, s0 + stride, t, kv);
-    bf16_load_x<MT, U>(Xn, xl, s0 + stride, t, kv);
+    bf16_load<MT, U, PF>(An, Bn, Xn, wa, wb, xl, s0 + stride, t, kv);
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -79,7 +68,7 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[0][j][c] += acc[1][j][c];
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0][0], red, tib, ks, lane);
-  if (ks == 0) store_tile<MT>(y, res, acc[0], r0, g, t, M, N, 1.f, 1.f);
+  if (ks == 0) store_tile<MT, GEMV_RES(PRO)>(y, res, acc[0], r0, g, t, M, N, 1.f, 1.f);
 }
 
 // y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res).
@@ -88,7 +77,7 @@ __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N, int K,
           const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
-  __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
+  __shared__ float part[ProShared<GEMV_ACT(PRO), KSPLIT * TPB>::N];
   pdl_trigger();
   gemv_bf16_body<MT, KSPLIT, TPB, U, PF, PRO>(w, x, y, nw, eps, res, M, N, K, red, part);
 }
@@ -101,7 +90,7 @@ template <int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_bf16_experts(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* __restrict__ y,
                   const long long* __restrict__ ids, int x_div, int N, int K) {
-  static_assert(PRO != 1, "expert kernels take PRO 0 or 2");
+  static_assert(PRO == 0 || PRO == 2, "expert kernels take PRO 0 or 2");
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
   pdl_trigger();
   pdl_wait();  // ids come from the routing kernel

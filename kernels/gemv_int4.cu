@@ -71,12 +71,11 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   uint4 A[U], B[U];
   u32 nz[U][2];
   float sc[U][2];
+  pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
+  XLoad<GEMV_ACT(PRO), MT> xl;
+  xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
   int4_load<U, PF>(A, B, nz, sc, qa, qb, zeros, scales, ra, rb, za_shift, zb_shift, ks * U, t,
                    groups, N);
-  prefetch_ahead<U>(qa, qb, ks * U, stride, t, qv, GEMV_PREFETCH_ITERS);
-  pdl_wait();
-  XLoad<PRO, MT> xl;  // after the first weight loads (PRO 1 reads x here)
-  xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
   for (int s0 = ks * U; s0 < groups; s0 += stride) {
     uint4 An[U], Bn[U];
     u32 nzn[U][2];
@@ -125,7 +124,7 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
     }
   }
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, tib, ks, lane);
-  if (ks == 0) store_tile<MT>(y, res, acc, r0, g, t, M, N, 1.f, 1.f);
+  if (ks == 0) store_tile<MT, GEMV_RES(PRO)>(y, res, acc, r0, g, t, M, N, 1.f, 1.f);
 }
 
 // y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res).
@@ -135,7 +134,7 @@ gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
           const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M, int N,
           int K, const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
-  __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
+  __shared__ float part[ProShared<GEMV_ACT(PRO), KSPLIT * TPB>::N];
   pdl_trigger();
   gemv_int4_body<MT, KSPLIT, TPB, U, PF, PRO>(q, zeros, scales, x, y, nw, eps, res, M, N, K,
                                               red, part);
@@ -151,7 +150,7 @@ gemv_int4_experts(const uint4* __restrict__ q, const u32* __restrict__ zeros,
                   const u16* __restrict__ scales, const uint4* __restrict__ x,
                   u16* __restrict__ y, const long long* __restrict__ ids, int x_div, int N,
                   int K) {
-  static_assert(PRO != 1, "expert kernels take PRO 0 or 2");
+  static_assert(PRO == 0 || PRO == 2, "expert kernels take PRO 0 or 2");
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
   pdl_trigger();
   pdl_wait();  // ids come from the routing kernel

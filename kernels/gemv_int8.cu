@@ -11,31 +11,22 @@
 // PRO (RMSNorm / SwiGLU of x as it loads) and the optional residual: gemv_mma.cuh.
 #include "gemv_mma.cuh"
 
-// Loads of U sub-steps: first the 2U weight vectors, then the activation chunks (act(x),
-// see XLoad; two per weight vector), so the weight loads are in flight before a prologue
-// waits on x.
-template <int U, bool PF>
-__device__ __forceinline__ void int8_load_w(uint4 (&A)[U], uint4 (&B)[U], const uint4* qa,
-                                            const uint4* qb, int s0, int t, int qv) {
+// Loads of U sub-steps: the 2U weight vectors and the activation chunks (act(x), see XLoad;
+// two per weight vector) of each sub-step together (fewer registers: ptxas, sm_90).
+template <int MT, int U, bool PF, class XL>
+__device__ __forceinline__ void int8_load(uint4 (&A)[U], uint4 (&B)[U], uint4 (&X)[U][MT][2],
+                                          const uint4* qa, const uint4* qb, const XL& xl,
+                                          int s0, int t, int qv) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int v = (s0 + u) * 4 + t;
     const bool ok = v < qv;
     A[u] = ok ? ld_stream<PF>(qa + v) : zero4();
     B[u] = ok ? ld_stream<PF>(qb + v) : zero4();
-  }
-}
-
-template <int MT, int U, class XL>
-__device__ __forceinline__ void int8_load_x(uint4 (&X)[U][MT][2], const XL& xl, int s0, int t,
-                                            int qv) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int v = (s0 + u) * 4 + t;
 #pragma unroll
     for (int j = 0; j < MT; ++j) {
-      X[u][j][0] = v < qv ? xl.load(j, 2 * v) : zero4();
-      X[u][j][1] = v < qv ? xl.load(j, 2 * v + 1) : zero4();
+      X[u][j][0] = ok ? xl.load(j, 2 * v) : zero4();
+      X[u][j][1] = ok ? xl.load(j, 2 * v + 1) : zero4();
     }
   }
 }
@@ -59,16 +50,13 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
   float acc[2][2][MT][4] = {};  // [C_l, C_h][word parity: two mma chains each]
   const int nsub = (qv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT][2];
-  int8_load_w<U, PF>(A, B, qa, qb, ks * U, t, qv);
-  prefetch_ahead<U>(qa, qb, ks * U, stride, t, qv, GEMV_PREFETCH_ITERS);
-  pdl_wait();
-  XLoad<PRO, MT> xl;
+  pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
+  XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
-  int8_load_x<MT, U>(X, xl, ks * U, t, qv);
+  int8_load<MT, U, PF>(A, B, X, qa, qb, xl, ks * U, t, qv);
   for (int s0 = ks * U; s0 < nsub; s0 += stride) {
     uint4 An[U], Bn[U], Xn[U][MT][2];
-    int8_load_w<U, PF>(An, Bn, qa, qb, s0 + stride, t, qv);
-    int8_load_x<MT, U>(Xn, xl, s0 + stride, t, qv);
+    int8_load<MT, U, PF>(An, Bn, Xn, qa, qb, xl, s0 + stride, t, qv);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const u32 wa[4] = {A[u].x, A[u].y, A[u].z, A[u].w};
@@ -114,7 +102,7 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
       tot[j][c] = 16.f * (acc[1][0][j][c] + acc[1][1][j][c]) + acc[0][0][j][c] + acc[0][1][j][c];
   reduce_ksplit<KSPLIT, MT * 4>(&tot[0][0], red, tib, ks, lane);
   if (ks == 0)
-    store_tile<MT>(y, res, tot, r0, g, t, M, N, __ldg(scale + ra), __ldg(scale + rb));
+    store_tile<MT, GEMV_RES(PRO)>(y, res, tot, r0, g, t, M, N, __ldg(scale + ra), __ldg(scale + rb));
 }
 
 // y [M, N] = res + act(x) @ (q * scale)^T (res, nw: nullptr when unused; y may alias res).
@@ -124,7 +112,7 @@ gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
           const uint4* __restrict__ x, u16* y, int M, int N, int K,
           const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
-  __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
+  __shared__ float part[ProShared<GEMV_ACT(PRO), KSPLIT * TPB>::N];
   pdl_trigger();
   gemv_int8_body<MT, KSPLIT, TPB, U, PF, PRO>(q, scale, x, y, nw, eps, res, M, N, K, red, part);
 }
@@ -138,7 +126,7 @@ __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_int8_experts(const uint4* __restrict__ q, const float* __restrict__ scale,
                   const uint4* __restrict__ x, u16* __restrict__ y,
                   const long long* __restrict__ ids, int x_div, int N, int K) {
-  static_assert(PRO != 1, "expert kernels take PRO 0 or 2");
+  static_assert(PRO == 0 || PRO == 2, "expert kernels take PRO 0 or 2");
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * 4 * 32 : 1];
   pdl_trigger();
   pdl_wait();  // ids come from the routing kernel

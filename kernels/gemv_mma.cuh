@@ -44,25 +44,9 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return r;
 }
 
-// Programmatic dependent launch (kernels/pdl.cuh): a dense kernel issues its first weight
-// loads and L2 prefetches of the next `iters` iterations of its rows (weights never depend
-// on an earlier kernel), then waits for the previous kernel before it touches activations.
-// Sub-step s covers vectors s * 4 + t of a row (t = lane % 4), nvec vectors per row.
-template <int U>
-__device__ __forceinline__ void prefetch_ahead(const uint4* wa, const uint4* wb, int s_first,
-                                               int stride, int t, int nvec, int iters) {
-  for (int n = 1; n <= iters; ++n)
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = (s_first + n * stride + u) * 4 + t;
-      if (v < nvec) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(wa + v));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + v));
-      }
-    }
-}
-
-#define GEMV_PREFETCH_ITERS 2
+// Programmatic dependent launch (kernels/pdl.cuh): the dense kernels wait for the previous
+// kernel before their first load. (Issuing the first weight loads, or L2 prefetches of them,
+// before the wait cost 8-12 registers, a block per SM at the tuned geometries: ptxas, sm_90.)
 
 // Activations are re-read by every block: keep them cached.
 __device__ __forceinline__ uint4 ld_cached(const uint4* p) { return __ldg(p); }
@@ -171,6 +155,11 @@ __device__ __forceinline__ u32 swiglu2(u32 g, u32 u) {
 }
 
 // Shared floats the RMSNorm prologue needs in a block of WARPS warps (1 for other PROs).
+// PRO, the kernels' template parameter: bits 0-1 the activation prologue (0 plain, 1 RMSNorm,
+// 2 SwiGLU), bit 2 (+4) the residual epilogue. Helpers below take the prologue alone.
+#define GEMV_ACT(PRO) ((PRO) & 3)
+#define GEMV_RES(PRO) (((PRO) & 4) != 0)
+
 template <int PRO, int WARPS>
 struct ProShared { static constexpr int N = PRO == 1 ? (WARPS + 1) * GEMV_TILE : 1; };
 
@@ -225,8 +214,8 @@ struct XLoad {
   const u32* xw;         // PRO 2: x as bf16 pairs [M, K] (a row: K / 2 gate, K / 2 up words)
   int kv, rows_m, g, t;  // PRO 2: chunks per K half, rows M, this lane's (g, t)
 
-  // x: [M, K] (PRO 2: [M, 2K]); part: row_rstd's shared floats (PRO 1). Call after the
-  // first weight loads: PRO 1 reads all of x once here (block-wide, overlapping them).
+  // x: [M, K] (PRO 2: [M, 2K]); part: row_rstd's shared floats (PRO 1). Call after
+  // pdl_wait: PRO 1 reads all of x once here (block-wide).
   template <int WARPS>
   __device__ __forceinline__ void init(const uint4* x, const uint4* nw_, float* part, int g,
                                        int M, int K, float eps) {
@@ -282,9 +271,10 @@ struct XLoad {
 
 // Write the tile's results: acc[j][0..3] of thread (g, t) are y[2t + 8j + {0,1}][r0 + g (+8)],
 // each first multiplied by the row's scale (sa for row g, sb for row g + 8) and rounded to
-// bf16. With res (else nullptr): y = bf16(res + that), torch's `res + linear(x)` in bf16; y
-// may alias res (each element is read and written by the same thread).
-template <int MT>
+// bf16. RES: y = bf16(res + that), torch's `res + linear(x)` in bf16; y may alias res (each
+// element is read and written by the same thread). A compile-time choice: the residual's code
+// costs the kernels without one up to 12 registers (ptxas, sm_90), hence occupancy.
+template <int MT, bool RES>
 __device__ __forceinline__ void store_tile(u16* y, const u16* res, const float (*acc)[4], int r0,
                                            int g, int t, int M, int N, float sa, float sb) {
 #pragma unroll
@@ -296,7 +286,7 @@ __device__ __forceinline__ void store_tile(u16* y, const u16* res, const float (
       if (m < M && r < N) {
         const size_t i = (size_t)m * N + r;
         u16 v = f32_to_bf16(acc[j][c] * (c >> 1 ? sb : sa));
-        if (res) v = f32_to_bf16(bf16_to_f32(res[i]) + bf16_to_f32(v));
+        if constexpr (RES) v = f32_to_bf16(bf16_to_f32(res[i]) + bf16_to_f32(v));
         y[i] = v;
       }
     }

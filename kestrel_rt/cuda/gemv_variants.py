@@ -22,9 +22,12 @@ BF16_MAX_ROWS = 8
 KERNELS = {"gemv": "gemv_bf16", "gemv_int8": "gemv_int8", "gemv_int4": "gemv_int4"}
 FILES_OF = {"bf16": "gemv", "int8": "gemv_int8", "int4": "gemv_int4"}
 DEQUANT = {"gemv_int8": ("dequant_int8",), "gemv_int4": ("dequant_int4",)}  # extern "C"
-# Activation prologues (template PRO): plain, RMSNorm of x, SwiGLU of x = gate|up.
+# The kernels' template PRO: an activation prologue (plain, RMSNorm of x, SwiGLU of x =
+# gate|up) plus RESIDUAL when the epilogue adds one (a compile-time choice: the residual's
+# code costs the kernels without it up to 12 registers, kernels/gemv_mma.cuh store_tile).
 PLAIN, RMSNORM, SWIGLU = 0, 1, 2
-EXPERT_PROS = (PLAIN, SWIGLU)  # the expert-indexed kernels take no RMSNorm
+RESIDUAL = 4
+EXPERT_PROS = (PLAIN, SWIGLU)  # the expert-indexed kernels take no RMSNorm, no residual
 # A launch variant: (KSPLIT warps splitting K per tile, TPB tiles per block, U sub-steps per
 # loop iteration, PF L2 prefetch hint); blockDim = 32 * KSPLIT * TPB.
 GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))
@@ -74,7 +77,7 @@ def default_variant(file: str, n: int, k: int, sms: int,
 
 
 def module_names(file: str, pro: int, tuned: dict, sweep: bool = False) -> list[str]:
-    """The kernels one (file, prologue) module compiles: the tuned and default variants
+    """The kernels one (file, PRO) module compiles: the tuned and default variants
     (sweep: every variant), the expert kernels gemv_moe launches, the extern "C" ones."""
     if sweep:
         variants = set(all_variants(file))

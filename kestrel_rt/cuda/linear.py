@@ -32,6 +32,7 @@ from kestrel_rt.cuda.gemv_variants import (
     KERNELS,
     MAX_ROWS,
     PLAIN,
+    RESIDUAL,
     RMSNORM,
     SWIGLU,
     TUNED_FILE,
@@ -126,6 +127,7 @@ class Gemv:
             raise ValueError(f"residual must be a contiguous [{m}, {n}], got "
                              f"{list(residual.shape)}")
         pro = RMSNORM if norm is not None else SWIGLU if swiglu else PLAIN
+        pro |= RESIDUAL if residual is not None else 0
         mt = 1 if m <= 8 else 2
         variant = self.variant(file, n, k, mt)
         if geom is not None:  # (ks, tpb) or a full (ks, tpb, u, pf)
