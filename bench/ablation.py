@@ -2,9 +2,10 @@
 
     python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16]
 
-Features: pdl (programmatic dependent launch of the kernels) and fuse (RMSNorm / SwiGLU in
-the gemv prologue; off: their own kernels). Prints tok/s (overlapped loop, bench/measure.py)
-and the median device time of a step for each combination.
+Features: pdl (programmatic dependent launch of the kernels), fuse (RMSNorm in the gemv
+prologue; off: its own kernel) and glu (the SwiGLU in the gate_up gemv's epilogue; off: its
+own kernel). Prints tok/s (overlapped loop, bench/measure.py) and the median device time of
+a step for each combination.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import measure
 from h200_decode import CONTEXT, build
 
 
-def set_features(model, pdl: bool, fuse: bool) -> None:
+def set_features(model, pdl: bool, fuse: bool, glu: bool) -> None:
     be = model.backend
     if pdl and be.kernels.pdl is None or pdl and be.gemv()._pdl is None:
         raise RuntimeError("this backend was built without PDL")
     be.kernels.pdl_enabled = pdl
     be.gemv().pdl_enabled = pdl
     be.fuse_prologues = fuse
+    be.glu_epilogue = glu
     model.graphs.clear()
 
 
@@ -43,17 +45,18 @@ def main() -> None:
         name, quant = spec.split(":")
         model = build(name, quant)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, fuse in itertools.product((True, False), (True, False)):
-            set_features(model, pdl, fuse)
+        for pdl, fuse, glu in itertools.product((True, False), repeat=3):
+            set_features(model, pdl, fuse, glu)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            rows.append((name, quant, pdl, fuse, r["tok_s"], r["ms"]))
-            print(f"{name} {quant} pdl={pdl} fuse={fuse}: {r['tok_s']:.1f} tok/s, "
+            rows.append((name, quant, pdl, fuse, glu, r["tok_s"], r["ms"]))
+            print(f"{name} {quant} pdl={pdl} fuse={fuse} glu={glu}: {r['tok_s']:.1f} tok/s, "
                   f"step {r['ms']:.3f} ms", flush=True)
         del model
         torch.cuda.empty_cache()
-    print("\n| model | quant | pdl | fuse | tok/s | step ms |\n| --- | --- | --- | --- | ---: | ---: |")
+    print("\n| model | quant | pdl | fuse | glu | tok/s | step ms |\n"
+          "| --- | --- | --- | --- | --- | ---: | ---: |")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:.1f} | {r[5]:.3f} |")
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]:.1f} | {r[6]:.3f} |")
 
 
 if __name__ == "__main__":

@@ -34,10 +34,12 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tib = warp / KSPLIT, ks = warp % KSPLIT;
-  const int r0 = (blockIdx.x * TPB + tib) * GEMV_TILE;
+  const int tile = blockIdx.x * TPB + tib;
   const int kv = K >> 3;  // 16-byte vectors per row
-  const uint4* wa = w + (size_t)min(r0 + g, N - 1) * kv;
-  const uint4* wb = w + (size_t)min(r0 + g + 8, N - 1) * kv;
+  int ra, rb;
+  tile_rows<GEMV_GLU(PRO)>(tile, g, N, ra, rb);
+  const uint4* wa = w + (size_t)ra * kv;
+  const uint4* wb = w + (size_t)rb * kv;
   float acc[2][MT][4] = {};
   const int nsub = (kv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT];
@@ -68,7 +70,7 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[0][j][c] += acc[1][j][c];
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0][0], red, tib, ks, lane);
-  if (ks == 0) store_tile<MT, GEMV_RES(PRO)>(y, res, acc[0], r0, g, t, M, N, 1.f, 1.f);
+  if (ks == 0) store_out<MT, PRO>(y, res, acc[0], tile, g, t, M, N, 1.f, 1.f);
 }
 
 // y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res).

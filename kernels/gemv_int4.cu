@@ -57,10 +57,11 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tib = warp / KSPLIT, ks = warp % KSPLIT;
-  const int r0 = (blockIdx.x * TPB + tib) * GEMV_TILE;
+  const int tile = blockIdx.x * TPB + tib;
   const int qv = K >> 5;      // 16-byte vectors (32 k) per weight row
   const int groups = K >> 7;  // = number of sub-steps: 4 threads x 32 k
-  const int ra = min(r0 + g, N - 1), rb = min(r0 + g + 8, N - 1);
+  int ra, rb;
+  tile_rows<GEMV_GLU(PRO)>(tile, g, N, ra, rb);
   const uint4* qa = q + (size_t)ra * qv;
   const uint4* qb = q + (size_t)rb * qv;
   // nibble of column c in an AWQ zeros word: index (c / 2) + 4 (c % 2)
@@ -124,7 +125,7 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
     }
   }
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, tib, ks, lane);
-  if (ks == 0) store_tile<MT, GEMV_RES(PRO)>(y, res, acc, r0, g, t, M, N, 1.f, 1.f);
+  if (ks == 0) store_out<MT, PRO>(y, res, acc, tile, g, t, M, N, 1.f, 1.f);
 }
 
 // y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res).

@@ -42,9 +42,10 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tib = warp / KSPLIT, ks = warp % KSPLIT;
-  const int r0 = (blockIdx.x * TPB + tib) * GEMV_TILE;
+  const int tile = blockIdx.x * TPB + tib;
   const int qv = K >> 4;  // 16-byte vectors (16 k) per weight row
-  const int ra = min(r0 + g, N - 1), rb = min(r0 + g + 8, N - 1);
+  int ra, rb;
+  tile_rows<GEMV_GLU(PRO)>(tile, g, N, ra, rb);
   const uint4* qa = q + (size_t)ra * qv;
   const uint4* qb = q + (size_t)rb * qv;
   float acc[2][2][MT][4] = {};  // [C_l, C_h][word parity: two mma chains each]
@@ -102,7 +103,7 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
       tot[j][c] = 16.f * (acc[1][0][j][c] + acc[1][1][j][c]) + acc[0][0][j][c] + acc[0][1][j][c];
   reduce_ksplit<KSPLIT, MT * 4>(&tot[0][0], red, tib, ks, lane);
   if (ks == 0)
-    store_tile<MT, GEMV_RES(PRO)>(y, res, tot, r0, g, t, M, N, __ldg(scale + ra), __ldg(scale + rb));
+    store_out<MT, PRO>(y, res, tot, tile, g, t, M, N, __ldg(scale + ra), __ldg(scale + rb));
 }
 
 // y [M, N] = res + act(x) @ (q * scale)^T (res, nw: nullptr when unused; y may alias res).

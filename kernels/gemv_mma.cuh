@@ -156,9 +156,27 @@ __device__ __forceinline__ u32 swiglu2(u32 g, u32 u) {
 
 // Shared floats the RMSNorm prologue needs in a block of WARPS warps (1 for other PROs).
 // PRO, the kernels' template parameter: bits 0-1 the activation prologue (0 plain, 1 RMSNorm,
-// 2 SwiGLU), bit 2 (+4) the residual epilogue. Helpers below take the prologue alone.
+// 2 SwiGLU), bit 2 (+4) the residual epilogue, bit 3 (+8) the SwiGLU epilogue (GLU: W is
+// [gate; up], 2I rows, and y = silu(x.gate) * (x.up) [M, I]). Helpers take the parts.
 #define GEMV_ACT(PRO) ((PRO) & 3)
 #define GEMV_RES(PRO) (((PRO) & 4) != 0)
+#define GEMV_GLU(PRO) (((PRO) & 8) != 0)
+
+// The two weight rows thread (g, .) of tile `tile` streams (the mma's rows g and g + 8).
+// Plain: rows 16 tile + g and + 8 of W [N, K]. GLU: gate row i = 8 tile + g and its up row
+// I + i (N = 2I), so the thread ends up holding both halves of output i. Past the end: the
+// last row again (read, never stored).
+template <bool GLU>
+__device__ __forceinline__ void tile_rows(int tile, int g, int N, int& ra, int& rb) {
+  if (GLU) {
+    const int half = N >> 1;
+    ra = min(8 * tile + g, half - 1);
+    rb = half + ra;
+  } else {
+    ra = min(16 * tile + g, N - 1);
+    rb = min(16 * tile + g + 8, N - 1);
+  }
+}
 
 template <int PRO, int WARPS>
 struct ProShared { static constexpr int N = PRO == 1 ? (WARPS + 1) * GEMV_TILE : 1; };
@@ -291,4 +309,40 @@ __device__ __forceinline__ void store_tile(u16* y, const u16* res, const float (
       }
     }
   }
+}
+
+// GLU epilogue: y[m, i] = bf16(bf16(silu(gate)) * up) with gate = bf16(acc[j][c] * sa), up =
+// bf16(acc[j][c + 2] * sb) (rows g and g + 8 of the tile, see tile_rows), i = 8 tile + g:
+// the rounding of TorchBackend.swiglu(linear(x)). y [M, N / 2].
+template <int MT>
+__device__ __forceinline__ void store_glu(u16* y, const float (*acc)[4], int tile, int g, int t,
+                                          int M, int N, float sa, float sb) {
+  const int half = N >> 1;
+  int i;  // an opaque copy: the compiler then keeps no store address live across the K loop
+  asm volatile("mov.b32 %0, %1;" : "=r"(i) : "r"(8 * tile + g));  // (bf16 gate_up: 64 not 76 regs)
+  if (i >= half) return;
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int m = 8 * j + 2 * t + c;
+      if (m < M) {
+        const float gate = bf16_to_f32(f32_to_bf16(acc[j][c] * sa));
+        const float up = bf16_to_f32(f32_to_bf16(acc[j][c + 2] * sb));
+        y[(size_t)m * half + i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(silu(gate))) * up);
+      }
+    }
+  }
+}
+
+// The tile's results through the epilogue PRO asks for.
+template <int MT, int PRO>
+__device__ __forceinline__ void store_out(u16* y, const u16* res, const float (*acc)[4],
+                                          int tile, int g, int t, int M, int N, float sa,
+                                          float sb) {
+  static_assert(!(GEMV_GLU(PRO) && GEMV_RES(PRO)), "a SwiGLU epilogue takes no residual");
+  if constexpr (GEMV_GLU(PRO))
+    store_glu<MT>(y, acc, tile, g, t, M, N, sa, sb);
+  else
+    store_tile<MT, GEMV_RES(PRO)>(y, res, acc, tile * GEMV_TILE, g, t, M, N, sa, sb);
 }

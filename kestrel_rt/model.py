@@ -87,8 +87,9 @@ class Qwen3Model:
                 h = be.rms_norm(x, f"layers.{i}.post_norm").reshape(B * M, -1)  # [N, H]
                 x = be.moe_add(h, i, x.reshape(B * M, -1)).view(B, M, -1)
             else:
-                gate_up = be.norm_linear(x, f"layers.{i}.post_norm", f"layers.{i}.gate_up")
-                x = be.swiglu_linear_add(gate_up, f"layers.{i}.down", x)
+                act = be.norm_linear_swiglu(x, f"layers.{i}.post_norm",
+                                            f"layers.{i}.gate_up")  # [B, M, I]
+                x = be.linear_add(act, f"layers.{i}.down", x)
         if last_only:
             last = (step.n_new - 1)[:, None, None].expand(B, 1, x.shape[-1])  # [B, 1, H]
             x = x.gather(1, last)

@@ -134,11 +134,12 @@ def test_fused_ops_compose_the_primitives(pair):
     _close(be.logits(x), ref.lm_head(ref.model.norm(x)))
     dense = [i for i in range(c.num_hidden_layers) if not tm.shape_of(c).is_moe_layer(i)]
     for i in dense:
-        mlp = ref.model.layers[i].mlp
-        inter = mlp.gate_proj.out_features
-        gu = _x(2, 3, 2 * inter, seed=6)
-        expect = x + mlp.down_proj(F.silu(gu[..., :inter]) * gu[..., inter:])
-        _close(be.swiglu_linear_add(gu, f"layers.{i}.down", x), expect)
+        layer_i = ref.model.layers[i]
+        act = be.norm_linear_swiglu(x, f"layers.{i}.post_norm", f"layers.{i}.gate_up")
+        h = layer_i.post_attention_layernorm(x)
+        mlp = layer_i.mlp
+        _close(act, F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+        _close(be.linear_add(act, f"layers.{i}.down", x), x + mlp(h))
     for i in range(c.num_hidden_layers):
         if tm.shape_of(c).is_moe_layer(i):
             xs = _x(5, H, seed=7)

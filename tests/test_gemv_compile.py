@@ -1,6 +1,7 @@
 """The gemv kernel templates instantiate and compile for sm_90 with nvcc, for every prologue
-(PRO 0 plain, 1 RMSNorm, 2 SwiGLU, each + 4 with the residual) and the launch variants the runtime compiles (the tuned
-table and the default rule), under the names kestrel_rt/cuda/linear.py asks cupy for.
+(PRO 0 plain, 1 RMSNorm, 2 SwiGLU, each + 4 with the residual; + 8 the SwiGLU epilogue)
+and the launch variants the runtime compiles (the tuned table and the default rule), under
+the names kestrel_rt/cuda/linear.py asks cupy for.
 Skipped where nvcc is not on PATH. (tests/test_kernels_compile.py compiles the files as
 they are, which instantiates no template.)"""
 
@@ -16,7 +17,8 @@ from kestrel_rt.cuda import gemv_variants as V
 from kestrel_rt.cuda import linear as L
 
 NVCC = shutil.which("nvcc")
-PROS = tuple(act | res for res in (0, V.RESIDUAL) for act in (V.PLAIN, V.RMSNORM, V.SWIGLU))
+PROS = (tuple(act | res for res in (0, V.RESIDUAL) for act in (V.PLAIN, V.RMSNORM, V.SWIGLU))
+        + (V.GLU, V.GLU | V.RMSNORM))
 
 
 def _names(file: str) -> list[str]:

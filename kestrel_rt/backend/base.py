@@ -15,12 +15,12 @@ stream x:
         qkv = norm_linear(x, "layers.{i}.input_norm", "layers.{i}.qkv")  # [B, M, (Hq+2Hkv) D]
         o = rope_attention(q, k, v, i, step)            # [B, M, Hq, D]; writes k, v to cache
         x = linear_add(o, "layers.{i}.o", x)            # x + o @ W_o.T
-        dense: gu = norm_linear(x, "layers.{i}.post_norm", "layers.{i}.gate_up")
-               x = swiglu_linear_add(gu, "layers.{i}.down", x)
+        dense: a = norm_linear_swiglu(x, "layers.{i}.post_norm", "layers.{i}.gate_up")
+               x = linear_add(a, "layers.{i}.down", x)
         MoE:   x = moe_add(rms_norm(x, "layers.{i}.post_norm"), i, x)   # [N, H] rows
     logits = logits(x)                                  # norm + lm_head, fp32
 
-The fused ops (norm_linear, rope_attention, linear_add, swiglu_linear_add, moe_add,
+The fused ops (norm_linear, norm_linear_swiglu, rope_attention, linear_add, moe_add,
 logits) are compositions of the primitive ops (rms_norm, linear, qk_norm_rope, attention,
 swiglu, moe) with the same rounding: the defaults here compose them, so the torch reference
 only implements the primitives; a GPU backend runs each fused op as one kernel where it can
@@ -158,10 +158,10 @@ class Backend(ABC):
         """residual + linear(x, name) (the linear's output rounded to the dtype first)."""
         return residual + self.linear(x, name)
 
-    def swiglu_linear_add(self, gate_up: torch.Tensor, name: str,
-                          residual: torch.Tensor) -> torch.Tensor:
-        """residual + linear(swiglu(gate_up), name): gate_up [..., 2I] -> [..., out]."""
-        return residual + self.linear(self.swiglu(gate_up), name)
+    def norm_linear_swiglu(self, x: torch.Tensor, norm: str, name: str) -> torch.Tensor:
+        """swiglu(norm_linear(x, norm, name)): x [..., H] -> [..., I] (weight [2I, H], the gate
+        rows then the up rows)."""
+        return self.swiglu(self.norm_linear(x, norm, name))
 
     def rope_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                        step: Step) -> torch.Tensor:

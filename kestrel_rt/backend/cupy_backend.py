@@ -54,6 +54,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         # RMSNorm / SwiGLU inside the gemv prologue: measured slower on the H200 (bench/ablation.py:
         # qwen3-8b bf16 5.24 vs 5.04 ms, int4 3.93 vs 2.75 ms per step), so off by default
         self.fuse_prologues = False
+        # SwiGLU in the gate_up gemv's epilogue (one launch fewer per dense layer; exact
+        # rounding): off until measured on the GPU (bench/ablation.py)
+        self.glu_epilogue = False
 
     # -- which shapes run on kernels (and may be captured in a graph) ----------------------
     def kernel_dtype(self) -> bool:
@@ -146,11 +149,16 @@ class CupyBackend(GemvLinear, TorchBackend):
         y = self.gemv().fused(x, self.weight(name), residual=residual)
         return super().linear_add(x, name, residual) if y is None else y
 
-    def swiglu_linear_add(self, gate_up, name, residual):
-        if not self.fuse_prologues:
-            return self.linear_add(self.swiglu(gate_up), name, residual)
-        y = self.gemv().fused(gate_up, self.weight(name), swiglu=True, residual=residual)
-        return super().swiglu_linear_add(gate_up, name, residual) if y is None else y
+    def norm_linear_swiglu(self, x, norm, name):
+        if self.glu_epilogue:  # the SwiGLU in the gate_up gemv's epilogue
+            w, eps = self.weight(name), self.shape.rms_norm_eps
+            if self.fuse_prologues:
+                y = self.gemv().fused(x, w, norm=self.weight(norm), eps=eps, glu=True)
+            else:
+                y = self.gemv().fused(self.rms_norm(x, norm), w, glu=True)
+            if y is not None:
+                return y
+        return super().norm_linear_swiglu(x, norm, name)
 
     def swiglu(self, gate_up):
         try:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from kestrel_rt.cuda.gemv_variants import (
     BF16_MAX_ROWS,
+    GLU,
     KERNELS,
     MAX_ROWS,
     PLAIN,
@@ -113,21 +114,26 @@ class Gemv:
         return self.tuned.get((file, n, k, mt)) or default_variant(file, n, k, self.sms)
 
     def _launch(self, file: str, x: torch.Tensor, w, out, geom, norm, eps, residual,
-                swiglu: bool) -> torch.Tensor:
+                swiglu: bool, glu: bool = False) -> torch.Tensor:
         """y [M, N] = residual + act(x) @ W.T through kernels/FILE.cu; x [M, K] ([M, 2K] with
-        swiglu), the weight's arguments from _weight_args."""
+        swiglu), the weight's arguments from _weight_args. glu: W is [gate; up] (N = 2I) and
+        y [M, I] = silu(act(x) @ gate.T) * (act(x) @ up.T), no residual."""
         if norm is not None and swiglu:
             raise ValueError("a gemv prologue is an RMSNorm or a SwiGLU, not both")
         m, n, k = x.shape[0], w.shape[0], w.shape[1]
         if x.shape[1] != (2 * k if swiglu else k):
             raise ValueError(f"x {list(x.shape)} does not fit a weight [{n}, {k}]"
                              f"{' with the SwiGLU prologue (x [M, 2K])' if swiglu else ''}")
-        y = _output(out, m, n, x.device)
+        if glu and (n % 16 or residual is not None or swiglu):
+            raise ValueError(f"the SwiGLU epilogue takes a [gate; up] weight of 2I rows with "
+                             f"I % 8 == 0 (got {n} rows), no residual and no SwiGLU prologue")
+        y = _output(out, m, n // 2 if glu else n, x.device)
         if residual is not None and (residual.shape != (m, n) or not residual.is_contiguous()):
             raise ValueError(f"residual must be a contiguous [{m}, {n}], got "
                              f"{list(residual.shape)}")
         pro = RMSNORM if norm is not None else SWIGLU if swiglu else PLAIN
         pro |= RESIDUAL if residual is not None else 0
+        pro |= GLU if glu else 0
         mt = 1 if m <= 8 else 2
         variant = self.variant(file, n, k, mt)
         if geom is not None:  # (ks, tpb) or a full (ks, tpb, u, pf)
@@ -141,24 +147,28 @@ class Gemv:
 
     # -- the three kernels on 2-D activations x [M, K] (contiguous, bf16) -----------------
     # Keywords (all kernels): norm [K] bf16 + eps: RMSNorm x first; swiglu: x [M, 2K] is
-    # gate|up, SwiGLU it first; residual [M, N] bf16: added to the result (out may be it).
+    # gate|up, SwiGLU it first; residual [M, N] bf16: added to the result (out may be it);
+    # glu: W is [gate; up] and the result silu(gate) * up [M, N / 2] (see _launch).
     def bf16(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
-             swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+             swiglu: bool = False, residual: torch.Tensor | None = None,
+             glu: bool = False) -> torch.Tensor:
         """x [M, K] @ w[N, K].T -> [M, N] bf16, M <= 16, K % 8 == 0."""
-        return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu)
+        return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu, glu)
 
     def int8(self, x: torch.Tensor, w: Int8Weight, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
-             swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+             swiglu: bool = False, residual: torch.Tensor | None = None,
+             glu: bool = False) -> torch.Tensor:
         """x [M, K] @ (q * scales).T -> [M, N] bf16, M <= 16, K % 16 == 0."""
-        return self._launch("gemv_int8", x, w, out, geom, norm, eps, residual, swiglu)
+        return self._launch("gemv_int8", x, w, out, geom, norm, eps, residual, swiglu, glu)
 
     def int4(self, x: torch.Tensor, w: Int4Weight, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
-             swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+             swiglu: bool = False, residual: torch.Tensor | None = None,
+             glu: bool = False) -> torch.Tensor:
         """x [M, K] @ dequant(w).T -> [M, N] bf16, M <= 16, int4_fits(N, K)."""
-        return self._launch("gemv_int4", x, w, out, geom, norm, eps, residual, swiglu)
+        return self._launch("gemv_int4", x, w, out, geom, norm, eps, residual, swiglu, glu)
 
     def dequantize(self, w: Int8Weight | Int4Weight) -> torch.Tensor:
         """The bf16 [N, K] weight of a quantized one, in one pass on the GPU (for prefill,
@@ -219,7 +229,8 @@ class Gemv:
                 and w.is_cuda and w.is_contiguous() and k % 8 == 0 and w.data_ptr() % 16 == 0)
 
     def fused(self, x: torch.Tensor, w, *, norm: torch.Tensor | None = None, eps: float = 0.0,
-              swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor | None:
+              swiglu: bool = False, residual: torch.Tensor | None = None,
+              glu: bool = False) -> torch.Tensor | None:
         """residual + act(x) @ W.T -> [..., N] bf16 in one kernel launch, or None when no
         kernel takes these inputs (rows, dtypes, alignment, K: see supports), so the caller
         composes the unfused ops.
@@ -227,11 +238,15 @@ class Gemv:
         x [..., K], or gate|up [..., 2K] with swiglu; w [N, K] bf16 / Int8Weight /
         Int4Weight; norm [K] bf16: act = RMSNorm(x) * norm with eps (TorchBackend.rms_norm's
         rounding); swiglu: act = silu(gate) * up (TorchBackend.swiglu's); residual [..., N]
-        bf16 added as torch's `residual + y` rounds. Wrong shapes raise ValueError.
+        bf16 added as torch's `residual + y` rounds; glu: w is [gate; up] (2I rows, I % 8 ==
+        0) and the result silu(gate) * up [..., I], rounded as TorchBackend.swiglu of the
+        linear (no residual). Wrong shapes raise ValueError.
         """
         if norm is not None and swiglu:
             raise ValueError("fused takes an RMSNorm (norm) or a SwiGLU (swiglu), not both")
         lead, n, k = x.shape[:-1], w.shape[0], w.shape[-1]
+        if glu and n % 16:
+            return None
         x2 = x.reshape(-1, x.shape[-1])  # [M, K] or [M, 2K]; the kernel call checks widths
         if not self.supports(x2, w, k) or (norm is not None and not _is_bf16_vector(norm, k)):
             return None
@@ -243,13 +258,14 @@ class Gemv:
                     and residual.is_contiguous()):
                 return None
             res2 = residual.reshape(-1, n)  # [M, N]
+        kw = {"norm": norm, "eps": eps, "swiglu": swiglu, "residual": res2, "glu": glu}
         if isinstance(w, Int8Weight):
-            y = self.int8(x2, w, norm=norm, eps=eps, swiglu=swiglu, residual=res2)
+            y = self.int8(x2, w, **kw)
         elif isinstance(w, Int4Weight):
-            y = self.int4(x2, w, norm=norm, eps=eps, swiglu=swiglu, residual=res2)
+            y = self.int4(x2, w, **kw)
         else:
-            y = self.bf16(x2, w, norm=norm, eps=eps, swiglu=swiglu, residual=res2)
-        return y.reshape(*lead, n)
+            y = self.bf16(x2, w, **kw)
+        return y.reshape(*lead, y.shape[-1])
 
     def linear(self, x: torch.Tensor, w) -> torch.Tensor:
         """x [..., in] @ W.T -> [..., out]: kernel for <= 16 rows, else cuBLAS."""

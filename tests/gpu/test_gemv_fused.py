@@ -279,3 +279,46 @@ def test_deterministic_and_captured_in_a_graph(gemv, weights):
     torch.cuda.synchronize()
     ref = act_ref(x, norm, False).double() @ dense.T + res.double()
     assert _rel_err(static, ref) <= TOL
+
+
+# -- SwiGLU epilogue (glu): W = [gate; up], y = silu(act(x) @ gate.T) * (act(x) @ up.T) -------
+GLU_SHAPES = [(24576, 4096), (6144, 1024), (1040, 384), (16, 128)]  # 2I rows, I % 8 == 0
+
+
+def glu_ref(x, norm, dense) -> torch.Tensor:
+    """TorchBackend.swiglu of the bf16 linear output: silu(gate) * up, each rounded to bf16."""
+    lin = (act_ref(x, norm, False).double() @ dense.T).bfloat16()  # [m, 2I]
+    gate, up = lin.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@pytest.mark.parametrize("n,k", GLU_SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pro", ("plain", "rmsnorm"))
+def test_swiglu_epilogue(gemv, weights, pro, kind, m, n, k):
+    if not _fits(kind, n, k):
+        pytest.skip(f"{kind} kernel does not take K={k}, N={n}")
+    gen = torch.Generator("cuda").manual_seed(hash(("glu", pro, kind, m, n, k)) % 2**31)
+    w, dense = weights(kind, n, k)
+    x, norm = _inputs(pro, m, k, gen)
+    y = _run(gemv, kind, x, w, out=_poisoned(m, n // 2), norm=norm, eps=EPS, glu=True)
+    assert y.shape == (m, n // 2)
+    assert _rel_err(y, glu_ref(x, norm, dense).double()) <= TOL
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_swiglu_epilogue_through_fused(gemv, weights, kind):
+    n, k = 6144, 1024
+    w, dense = weights(kind, n, k)
+    gen = torch.Generator("cuda").manual_seed(7)
+    x = torch.randn(2, 3, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    y = gemv.fused(x, w, glu=True)
+    assert y is not None and y.shape == (2, 3, n // 2)
+    assert _rel_err(y.view(6, -1), glu_ref(x.view(6, k), None, dense).double()) <= TOL
+    odd, _ = weights("bf16", 24, 128)  # I = 12: not a whole number of 8-row tiles
+    assert gemv.fused(torch.randn(1, 128, device="cuda", dtype=torch.bfloat16), odd,
+                      glu=True) is None
+    with pytest.raises(ValueError):
+        gemv.bf16(x.view(6, k)[:1], weights("bf16", n, k)[0], glu=True,
+                  residual=torch.zeros(1, n, device="cuda", dtype=torch.bfloat16))
