@@ -3,7 +3,8 @@
     python bench/attention_splits.py [--per-sm 2,4,8,16]
 
 36 layers of attention.attention (qwen3-8b heads unless noted, M = 1, bf16) captured in one
-CUDA graph, for batch / context cases; prints microseconds per layer for each setting of
+CUDA graph, for batch / context cases; prints microseconds per layer (median replay) for each
+setting of
 kestrel_rt.cuda.attention.DECODE_BLOCKS_PER_SM and the KV bytes' time at 4.3 TB/s.
 """
 
@@ -15,7 +16,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import measure
 
 from kestrel_rt.cuda import attention
 from kestrel_rt.cuda.module import KernelModules
@@ -43,24 +47,7 @@ def layer_us(km, sms: int, B: int, Hq: int, Hkv: int, ctx: int) -> float:
         for i in range(LAYERS):
             attention.attention(km, q, k, v, kv.k[i], kv.v[i], step.slots, step.positions, sms)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()  # compile and warm up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    for _ in range(5):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(30):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 30 / LAYERS * 1e3
+    return measure.time_graph(run, 30) / LAYERS * 1e6
 
 
 def main() -> None:

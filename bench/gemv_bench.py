@@ -25,7 +25,10 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from measure import time_graph
 
 from kestrel_rt.cuda.gemv_variants import FILES_OF, all_variants
 from kestrel_rt.cuda.linear import Gemv
@@ -84,29 +87,6 @@ def call(gemv: Gemv, kind: str, x: torch.Tensor, w, out: torch.Tensor) -> None:
         torch.matmul(x, w.T, out=out)
     else:
         getattr(gemv, kind)(x, w, out=out)
-
-
-def time_graph(fn, reps: int = 10) -> float:
-    """Median seconds of one replay of a graph that runs fn once."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm up: compile, module load, cuBLAS handles
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return statistics.median(times)
 
 
 def bench_shape(gemv, kind, name, n, k, m, gen) -> dict:

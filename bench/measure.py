@@ -24,6 +24,21 @@ def _median_event_s(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def time_graph(fn, reps: int = 10) -> float:
+    """Median seconds of one replay of a graph that runs fn once."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm up: compile, module load, cuBLAS handles
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    return _median_event_s(graph.replay, reps)
+
+
 def copy_bandwidth(nbytes: int = 4 << 30) -> float:
     """Device-to-device copy of random bf16 data: (bytes read + written) / s, median of 10."""
     a = torch.empty(nbytes // 4, dtype=torch.bfloat16, device="cuda").normal_()

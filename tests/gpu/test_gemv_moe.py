@@ -57,14 +57,21 @@ def test_experts_rows(gemv, kind, e, n, k, tokens, top_k):
     assert _rel(y, ref) <= TOL
 
 
-@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
-def test_moe_block_matches_reference_and_captures(gemv, kind):
-    gen = torch.Generator("cuda").manual_seed(7)
-    e, h, inter, tokens, top_k = 8, 256, 128, 4, 2
+def _moe_case(kind: str, tokens: int, gen: torch.Generator):
+    """A routed MoE layer of 8 experts (hidden 256, intermediate 128, top 2): tokens [T, H],
+    their routing weights and experts [T, 2], gate_up [8, 256, 256] and down [8, 256, 128]."""
+    e, h, inter, top_k = 8, 256, 128, 2
     gate_up, down = _stacked(kind, e, 2 * inter, h, gen), _stacked(kind, e, h, inter, gen)
     x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16, generator=gen)
     router = torch.randn(e, h, device="cuda", dtype=torch.bfloat16, generator=gen)
     weights, experts = moe_ref.route(x, router, top_k, True)
+    return x, weights, experts, gate_up, down
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
+def test_moe_block_matches_reference_and_captures(gemv, kind):
+    gen = torch.Generator("cuda").manual_seed(7)
+    x, weights, experts, gate_up, down = _moe_case(kind, 4, gen)
     assert gemv_moe.supports(x, gate_up, down)
     got = gemv_moe.moe(gemv, x, weights, experts, gate_up, down)
     ref = moe_ref.experts_forward(x.double(), weights.double(), experts, _dense(gate_up),
@@ -105,13 +112,9 @@ def test_experts_with_swiglu_prologue(gemv, kind, e, n, k, tokens, top_k):
 def test_moe_block_adds_the_residual(gemv, kind):
     """moe(residual=r) = r + moe(): the residual add rounds as torch's `r + moe_out`."""
     gen = torch.Generator("cuda").manual_seed(11)
-    e, h, inter, tokens, top_k = 8, 256, 128, 3, 2
-    gate_up, down = _stacked(kind, e, 2 * inter, h, gen), _stacked(kind, e, h, inter, gen)
-    x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16, generator=gen)
-    router = torch.randn(e, h, device="cuda", dtype=torch.bfloat16, generator=gen)
-    weights, experts = moe_ref.route(x, router, top_k, True)
+    x, weights, experts, gate_up, down = _moe_case(kind, 3, gen)
     plain = gemv_moe.moe(gemv, x, weights, experts, gate_up, down)
-    res = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16, generator=gen)
+    res = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
     res = res * plain.float().pow(2).mean().sqrt().item()
     got = gemv_moe.moe(gemv, x, weights, experts, gate_up, down, residual=res)
     assert torch.equal(got, res + plain)  # same kernels, same rounding: bitwise
