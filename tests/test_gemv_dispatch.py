@@ -37,3 +37,84 @@ def test_all_variants_per_kernel():
         variants = V.all_variants(file)
         assert len(variants) == len(V.GEOMETRIES) * len(V.U_CHOICES[file]) * 2
         assert len(set(variants)) == len(variants)
+
+
+def _recording_gemv():
+    """A Gemv whose launches are recorded, not run: (kernel name, grid, block, #args). Its
+    modules check that each name is one module_names compiles for that (file, PRO)."""
+    from kestrel_rt.cuda.linear import Gemv
+
+    gemv = Gemv.__new__(Gemv)  # no device: only the launch logic runs
+    gemv.tuned, gemv.sms, gemv.sweep = {}, 132, False
+    calls = []
+
+    class Module:
+        def __init__(self, names):
+            self.names = set(names)
+
+        def get_function(self, name):
+            assert name in self.names, f"{name} is not compiled by its module"
+            return name
+
+    gemv._module = lambda file, pro=V.PLAIN: Module(V.module_names(file, pro, {}))
+    gemv._run = lambda fn, grid, block, args: calls.append((fn, grid, block, len(args)))
+    return gemv, calls
+
+
+def _weight(kind: str, n: int, k: int):
+    import torch
+
+    from kestrel_rt.quant_weights import Int4Weight, Int8Weight
+
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k))
+    if kind == "bf16":
+        return w.bfloat16()
+    return (Int8Weight if kind == "int8" else Int4Weight).from_float(w)
+
+
+def test_each_call_picks_its_prologue_and_epilogue_kernel():
+    """PRO = prologue (0 plain, 1 RMSNorm, 2 SwiGLU) + 4 residual + 8 SwiGLU epilogue; the
+    SwiGLU epilogue halves the output and keeps the grid of the plain kernel."""
+    import torch
+
+    gemv, calls = _recording_gemv()
+    m, n, k = 3, 256, 256
+    x = torch.randn(m, k).bfloat16()
+    norm = torch.ones(k).bfloat16()
+    res = torch.zeros(m, n).bfloat16()
+    for kind, file in (("bf16", "gemv"), ("int8", "gemv_int8"), ("int4", "gemv_int4")):
+        w = _weight(kind, n, k)
+        run = getattr(gemv, kind)
+        cases = [({}, 0, n), ({"residual": res}, 4, n), ({"norm": norm}, 1, n),
+                 ({"norm": norm, "residual": res}, 5, n), ({"glu": True}, 8, n // 2),
+                 ({"glu": True, "norm": norm}, 9, n // 2)]
+        for kw, pro, width in cases:
+            calls.clear()
+            y = run(x, w, **kw)
+            assert y.shape == (m, width)
+            (name, grid, block, nargs), = calls
+            assert name.startswith(V.KERNELS[file] + "<1, ") and name.endswith(f", {pro}>")
+            ks, tpb, _, _ = V.default_variant(file, n, k, 132)
+            assert grid == (-(-n // (16 * tpb)),) and block == (32 * ks * tpb,)
+            assert nargs == {"bf16": 9, "int8": 10, "int4": 11}[kind]
+        gu = torch.randn(m, 2 * k).bfloat16()
+        calls.clear()
+        assert run(gu, w, swiglu=True, residual=res).shape == (m, n)
+        assert calls[0][0].endswith(", 6>")
+
+
+def test_swiglu_epilogue_refusals():
+    import pytest
+    import torch
+
+    gemv, calls = _recording_gemv()
+    x = torch.randn(1, 128).bfloat16()
+    with pytest.raises(ValueError, match="I % 8 == 0"):  # I = 12
+        gemv.bf16(x, _weight("bf16", 24, 128), glu=True)
+    with pytest.raises(ValueError, match="no residual"):
+        gemv.bf16(x, _weight("bf16", 32, 128), glu=True,
+                  residual=torch.zeros(1, 32).bfloat16())
+    with pytest.raises(ValueError):
+        gemv.bf16(torch.randn(1, 256).bfloat16(), _weight("bf16", 32, 128), glu=True,
+                  swiglu=True)
+    assert not calls
