@@ -13,6 +13,13 @@ gemv cannot read) fall back to the TorchBackend op: same function, same shapes. 
 (int8 / int4) experts run through kestrel_rt/cuda/gemv_moe.py after the routing kernel.
 `linear` comes from GemvLinear (the skinny bf16 / int8 / int4 matmul kernels, falling back
 to torch for other dtypes and wide inputs).
+
+The model's fused ops (kestrel_rt/backend/base.py) run as: `linear_add` with the residual
+added in the gemv's epilogue, `rope_attention` with q/k norm + RoPE inside the attention
+kernel, `moe_add` with the residual inside moe_down; `norm_linear` and `norm_linear_swiglu`
+fold the RMSNorm into the gemv prologue (`fuse_prologues`) and the SwiGLU into the gate_up
+gemv's epilogue (`glu_epilogue`) when those switches are on. `pdl` launches every kernel of
+the forward but the MoE expert gemvs with programmatic dependent launch.
 """
 
 from __future__ import annotations
@@ -51,8 +58,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         self.graph_pool = None  # torch.cuda.graph_pool_handle(), made on first capture
         self._quant_experts_ok: bool | None = None  # gemv_moe takes the stored experts
         self.bf16_experts = "kernel"  # bf16 MoE experts: "kernel" (moe.cu) or "gemv"
-        # RMSNorm / SwiGLU inside the gemv prologue: measured slower on the H200 (bench/ablation.py:
-        # qwen3-8b bf16 5.24 vs 5.04 ms, int4 3.93 vs 2.75 ms per step), so off by default
+        # RMSNorm inside the gemv prologue (norm_linear). With the SwiGLU prologue in the down
+        # gemv as well it measured slower on the H200 (bench/ablation.py: qwen3-8b bf16 5.24 vs
+        # 5.04 ms, int4 3.93 vs 2.75 ms per step): off by default
         self.fuse_prologues = False
         # SwiGLU in the gate_up gemv's epilogue (one launch fewer per dense layer; exact
         # rounding): off until measured on the GPU (bench/ablation.py)
