@@ -7,23 +7,6 @@
 // the current one, and the mmas alternate between two accumulators (shorter chains).
 #include "gemv_mma.cuh"
 
-// Loads of U sub-steps: the 2U weight vectors and the activation chunks (act(x), see XLoad)
-// of each sub-step together (fewer registers than all weights first: ptxas, sm_90).
-template <int MT, int U, bool PF, class XL>
-__device__ __forceinline__ void bf16_load(uint4 (&A)[U], uint4 (&B)[U], uint4 (&X)[U][MT],
-                                          const uint4* wa, const uint4* wb, const XL& xl,
-                                          int s0, int t, int kv) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int v = (s0 + u) * 4 + t;
-    const bool ok = v < kv;
-    A[u] = ok ? ld_stream<PF>(wa + v) : zero4();
-    B[u] = ok ? ld_stream<PF>(wb + v) : zero4();
-#pragma unroll
-    for (int j = 0; j < MT; ++j) X[u][j] = ok ? xl.load(j, v) : zero4();
-  }
-}
-
 // x: [M, K] (PRO 2: [M, 2K]); nw, eps: PRO 1; res: residual [M, N] or nullptr; red: the
 // K-split shared floats; part: ProShared floats.
 template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
@@ -31,46 +14,42 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
                                                const uint4* __restrict__ x, u16* y,
                                                const uint4* nw, float eps, const u16* res,
                                                int M, int N, int K, float* red, float* part) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int tib = warp / KSPLIT, ks = warp % KSPLIT;
-  const int tile = blockIdx.x * TPB + tib;
+  const TileThread<KSPLIT, TPB, GEMV_GLU(PRO)> th(N);
+  const int g = th.g, t = th.t, ks = th.ks;
   const int kv = K >> 3;  // 16-byte vectors per row
-  int ra, rb;
-  tile_rows<GEMV_GLU(PRO)>(tile, g, N, ra, rb);
-  const uint4* wa = w + (size_t)ra * kv;
-  const uint4* wb = w + (size_t)rb * kv;
+  const uint4* wa = w + (size_t)th.ra * kv;
+  const uint4* wb = w + (size_t)th.rb * kv;
   float acc[2][MT][4] = {};
   const int nsub = (kv + 3) >> 2, stride = KSPLIT * U;
-  uint4 A[U], B[U], X[U][MT];
+  uint4 A[U], B[U], X[U][MT][1];
   pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
-  bf16_load<MT, U, PF>(A, B, X, wa, wb, xl, ks * U, t, kv);
+  load_stage<MT, U, 1, PF>(A, B, X, wa, wb, xl, ks * U, t, kv);
   for (int s0 = ks * U; s0 < nsub; s0 += stride) {
-    uint4 An[U], Bn[U], Xn[U][MT];
-    bf16_load<MT, U, PF>(An, Bn, Xn, wa, wb, xl, s0 + stride, t, kv);
+    uint4 An[U], Bn[U], Xn[U][MT][1];
+    load_stage<MT, U, 1, PF>(An, Bn, Xn, wa, wb, xl, s0 + stride, t, kv);
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
-        mma_bf16(acc[0][j], A[u].x, B[u].x, A[u].y, B[u].y, X[u][j].x, X[u][j].y);
-        mma_bf16(acc[1][j], A[u].z, B[u].z, A[u].w, B[u].w, X[u][j].z, X[u][j].w);
+        mma_bf16(acc[0][j], A[u].x, B[u].x, A[u].y, B[u].y, X[u][j][0].x, X[u][j][0].y);
+        mma_bf16(acc[1][j], A[u].z, B[u].z, A[u].w, B[u].w, X[u][j][0].z, X[u][j][0].w);
       }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       A[u] = An[u];
       B[u] = Bn[u];
 #pragma unroll
-      for (int j = 0; j < MT; ++j) X[u][j] = Xn[u][j];
+      for (int j = 0; j < MT; ++j) X[u][j][0] = Xn[u][j][0];
     }
   }
 #pragma unroll
   for (int j = 0; j < MT; ++j)
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[0][j][c] += acc[1][j][c];
-  reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0][0], red, tib, ks, lane);
-  if (ks == 0) store_out<MT, PRO>(y, res, acc[0], tile, g, t, M, N, 1.f, 1.f);
+  reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0][0], red, th.tib, ks, th.lane);
+  if (ks == 0) store_out<MT, PRO>(y, res, acc[0], th.tile, g, t, M, N, 1.f, 1.f);
 }
 
 // y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res).

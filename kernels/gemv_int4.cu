@@ -54,14 +54,11 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
                                                const uint4* __restrict__ x, u16* y,
                                                const uint4* nw, float eps, const u16* res,
                                                int M, int N, int K, float* red, float* part) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int tib = warp / KSPLIT, ks = warp % KSPLIT;
-  const int tile = blockIdx.x * TPB + tib;
+  const TileThread<KSPLIT, TPB, GEMV_GLU(PRO)> th(N);
+  const int g = th.g, t = th.t, ks = th.ks;
   const int qv = K >> 5;      // 16-byte vectors (32 k) per weight row
   const int groups = K >> 7;  // = number of sub-steps: 4 threads x 32 k
-  int ra, rb;
-  tile_rows<GEMV_GLU(PRO)>(tile, g, N, ra, rb);
+  const int ra = th.ra, rb = th.rb;
   const uint4* qa = q + (size_t)ra * qv;
   const uint4* qb = q + (size_t)rb * qv;
   // nibble of column c in an AWQ zeros word: index (c / 2) + 4 (c % 2)
@@ -124,8 +121,8 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
       sc[u][1] = scn[u][1];
     }
   }
-  reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, tib, ks, lane);
-  if (ks == 0) store_out<MT, PRO>(y, res, acc, tile, g, t, M, N, 1.f, 1.f);
+  reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, th.tib, ks, th.lane);
+  if (ks == 0) store_out<MT, PRO>(y, res, acc, th.tile, g, t, M, N, 1.f, 1.f);
 }
 
 // y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res).

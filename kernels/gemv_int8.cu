@@ -11,26 +11,6 @@
 // PRO (RMSNorm / SwiGLU of x as it loads) and the optional residual: gemv_mma.cuh.
 #include "gemv_mma.cuh"
 
-// Loads of U sub-steps: the 2U weight vectors and the activation chunks (act(x), see XLoad;
-// two per weight vector) of each sub-step together (fewer registers: ptxas, sm_90).
-template <int MT, int U, bool PF, class XL>
-__device__ __forceinline__ void int8_load(uint4 (&A)[U], uint4 (&B)[U], uint4 (&X)[U][MT][2],
-                                          const uint4* qa, const uint4* qb, const XL& xl,
-                                          int s0, int t, int qv) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int v = (s0 + u) * 4 + t;
-    const bool ok = v < qv;
-    A[u] = ok ? ld_stream<PF>(qa + v) : zero4();
-    B[u] = ok ? ld_stream<PF>(qb + v) : zero4();
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-      X[u][j][0] = ok ? xl.load(j, 2 * v) : zero4();
-      X[u][j][1] = ok ? xl.load(j, 2 * v + 1) : zero4();
-    }
-  }
-}
-
 // x: [M, K] (PRO 2: [M, 2K]); nw, eps: PRO 1; res: residual [M, N] or nullptr; red: the
 // K-split shared floats; part: ProShared floats.
 template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
@@ -39,25 +19,21 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
                                                const uint4* __restrict__ x, u16* y,
                                                const uint4* nw, float eps, const u16* res,
                                                int M, int N, int K, float* red, float* part) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int tib = warp / KSPLIT, ks = warp % KSPLIT;
-  const int tile = blockIdx.x * TPB + tib;
+  const TileThread<KSPLIT, TPB, GEMV_GLU(PRO)> th(N);
+  const int g = th.g, t = th.t, ks = th.ks;
   const int qv = K >> 4;  // 16-byte vectors (16 k) per weight row
-  int ra, rb;
-  tile_rows<GEMV_GLU(PRO)>(tile, g, N, ra, rb);
-  const uint4* qa = q + (size_t)ra * qv;
-  const uint4* qb = q + (size_t)rb * qv;
+  const uint4* qa = q + (size_t)th.ra * qv;
+  const uint4* qb = q + (size_t)th.rb * qv;
   float acc[2][2][MT][4] = {};  // [C_l, C_h][word parity: two mma chains each]
   const int nsub = (qv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT][2];
   pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
-  int8_load<MT, U, PF>(A, B, X, qa, qb, xl, ks * U, t, qv);
+  load_stage<MT, U, 2, PF>(A, B, X, qa, qb, xl, ks * U, t, qv);
   for (int s0 = ks * U; s0 < nsub; s0 += stride) {
     uint4 An[U], Bn[U], Xn[U][MT][2];
-    int8_load<MT, U, PF>(An, Bn, Xn, qa, qb, xl, s0 + stride, t, qv);
+    load_stage<MT, U, 2, PF>(An, Bn, Xn, qa, qb, xl, s0 + stride, t, qv);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const u32 wa[4] = {A[u].x, A[u].y, A[u].z, A[u].w};
@@ -101,9 +77,10 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
 #pragma unroll
     for (int c = 0; c < 4; ++c)
       tot[j][c] = 16.f * (acc[1][0][j][c] + acc[1][1][j][c]) + acc[0][0][j][c] + acc[0][1][j][c];
-  reduce_ksplit<KSPLIT, MT * 4>(&tot[0][0], red, tib, ks, lane);
+  reduce_ksplit<KSPLIT, MT * 4>(&tot[0][0], red, th.tib, ks, th.lane);
   if (ks == 0)
-    store_out<MT, PRO>(y, res, tot, tile, g, t, M, N, __ldg(scale + ra), __ldg(scale + rb));
+    store_out<MT, PRO>(y, res, tot, th.tile, g, t, M, N, __ldg(scale + th.ra),
+                       __ldg(scale + th.rb));
 }
 
 // y [M, N] = res + act(x) @ (q * scale)^T (res, nw: nullptr when unused; y may alias res).

@@ -178,6 +178,45 @@ __device__ __forceinline__ void tile_rows(int tile, int g, int N, int& ra, int& 
   }
 }
 
+// Where a thread works: lane (g = lane / 4, t = lane % 4) of warp `warp`, the tile it helps
+// with (TPB tiles per block, KSPLIT warps per tile: tib, ks) and the tile's two weight rows
+// ra, rb (tile_rows). Every gemv kernel starts from it.
+template <int KSPLIT, int TPB, bool GLU>
+struct TileThread {
+  int lane, g, t, tib, ks, tile, ra, rb;
+  __device__ __forceinline__ explicit TileThread(int N) {
+    lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    g = lane >> 2;
+    t = lane & 3;
+    tib = warp / KSPLIT;
+    ks = warp % KSPLIT;
+    tile = blockIdx.x * TPB + tib;
+    tile_rows<GLU>(tile, g, N, ra, rb);
+  }
+};
+
+// Loads of U sub-steps: the 2U weight vectors (wa, wb: the thread's two rows, nvec 16-byte
+// vectors each) and the XPER activation chunks of each weight vector (act(x), see XLoad),
+// each sub-step's together (fewer registers than all weights first: ptxas, sm_90).
+template <int MT, int U, int XPER, bool PF, class XL>
+__device__ __forceinline__ void load_stage(uint4 (&A)[U], uint4 (&B)[U],
+                                           uint4 (&X)[U][MT][XPER], const uint4* wa,
+                                           const uint4* wb, const XL& xl, int s0, int t,
+                                           int nvec) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int v = (s0 + u) * 4 + t;
+    const bool ok = v < nvec;
+    A[u] = ok ? ld_stream<PF>(wa + v) : zero4();
+    B[u] = ok ? ld_stream<PF>(wb + v) : zero4();
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int c = 0; c < XPER; ++c) X[u][j][c] = ok ? xl.load(j, XPER * v + c) : zero4();
+  }
+}
+
 template <int PRO, int WARPS>
 struct ProShared { static constexpr int N = PRO == 1 ? (WARPS + 1) * GEMV_TILE : 1; };
 

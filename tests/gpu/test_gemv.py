@@ -13,6 +13,7 @@ cupy = pytest.importorskip("cupy")
 
 from kestrel_rt.cuda.gemv_variants import FILES_OF, all_variants
 from kestrel_rt.cuda.linear import Gemv
+from kestrel_rt.quant import int4_fits
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 TOL = 1e-2
@@ -54,24 +55,17 @@ def test_bf16(gemv, m, n, k):
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_int8(gemv, m, n, k):
-    if k % 16:
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantized(gemv, kind, m, n, k):
+    cls = Int8Weight if kind == "int8" else Int4Weight
+    if kind == "int8" and k % 16:
         pytest.skip("int8 kernel needs K % 16 == 0")
-    gen = torch.Generator("cuda").manual_seed(m * 7 + n * 131 + k)
-    x = _x(m, k, gen)
-    w = Int8Weight.from_float(torch.randn(n, k, device="cuda", generator=gen))
-    y = gemv.int8(x, w, out=_poisoned(m, n))
-    assert _rel_err(y, x.double() @ w.dequantize(torch.float64).T) <= TOL
-
-
-@pytest.mark.parametrize("m,n,k", SHAPES)
-def test_int4(gemv, m, n, k):
-    if k % 128 or n % 8:
+    if kind == "int4" and not int4_fits(n, k):
         pytest.skip("int4 kernel needs K % 128 == 0 and N % 8 == 0")
-    gen = torch.Generator("cuda").manual_seed(m * 3 + n * 17 + k)
+    gen = torch.Generator("cuda").manual_seed(m * 7 + n * 131 + k + len(kind))
     x = _x(m, k, gen)
-    w = Int4Weight.from_float(torch.randn(n, k, device="cuda", generator=gen))
-    y = gemv.int4(x, w, out=_poisoned(m, n))
+    w = cls.from_float(torch.randn(n, k, device="cuda", generator=gen))
+    y = getattr(gemv, kind)(x, w, out=_poisoned(m, n))
     assert _rel_err(y, x.double() @ w.dequantize(torch.float64).T) <= TOL
 
 
