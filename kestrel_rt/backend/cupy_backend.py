@@ -175,28 +175,25 @@ class CupyBackend(GemvLinear, TorchBackend):
             return super().swiglu(gate_up)
 
     def moe(self, x, layer):
-        return self._moe(x, layer, None)
+        y = self._moe_kernels(x, layer, None)
+        return super().moe(x, layer) if y is None else y
 
     def moe_add(self, x, layer, residual):
-        return self._moe(x, layer, residual)
+        y = self._moe_kernels(x, layer, residual)
+        return residual + super().moe(x, layer) if y is None else y
 
-    def _moe(self, x, layer, residual):
+    def _moe_kernels(self, x, layer, residual):
         """Routing kernel, then the experts: bf16 experts through kernels/moe.cu (or the
         expert-indexed gemv when self.bf16_experts == "gemv"), int8 / int4 experts through
-        kestrel_rt/cuda/gemv_moe.py; + residual when given."""
+        kestrel_rt/cuda/gemv_moe.py; + residual when given. None when the kernels cannot
+        take it (the caller runs the torch reference)."""
         s = self.shape
         if not (self.kernel_dtype() and self._moe_kernel_ok(x.shape[0])):
-            y = super().moe(x, layer)
-            return y if residual is None else residual + y
+            return None  # (quantized experts pass only when gemv_moe reads them)
         gate_up = self.weight(f"layers.{layer}.experts.gate_up")  # [E, 2I, H]
         down = self.weight(f"layers.{layer}.experts.down")  # [E, H, I]
-        quantized = isinstance(gate_up, QuantizedWeight) or isinstance(down, QuantizedWeight)
-        use_gemv = quantized or self.bf16_experts == "gemv"
-        if use_gemv and not gemv_moe.supports(x, gate_up, down):
-            if quantized:
-                y = super().moe(x, layer)
-                return y if residual is None else residual + y
-            use_gemv = False
+        use_gemv = (isinstance(gate_up, QuantizedWeight) or isinstance(down, QuantizedWeight)
+                    or (self.bf16_experts == "gemv" and gemv_moe.supports(x, gate_up, down)))
         try:
             logits = self.linear(x, f"layers.{layer}.router")  # [N, E]
             weights, experts = ops.moe_route(self.kernels, logits, s.num_experts_per_tok,
@@ -207,8 +204,7 @@ class CupyBackend(GemvLinear, TorchBackend):
             return ops.moe_experts(self.kernels, x, weights, experts, gate_up, down,
                                    residual=residual)
         except Unsupported:
-            y = super().moe(x, layer)
-        return y if residual is None else residual + y
+            return None
 
     # -- speculative decoding ----------------------------------------------------------------
     def greedy_accept(self, draft: torch.Tensor, target: torch.Tensor):

@@ -17,8 +17,7 @@ import math
 import torch
 
 from kestrel_rt.cuda.gemv_variants import PLAIN, SWIGLU, default_variant, expert_u, experts_name
-from kestrel_rt.cuda.linear import Gemv, _i, _output, _p, _weight_args
-from kestrel_rt.quant import int4_fits
+from kestrel_rt.cuda.linear import Gemv, _i, _output, _p, _weight_args, kernel_reads
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 
@@ -59,20 +58,7 @@ def supports(x: torch.Tensor, gate_up, down) -> bool:
     """True when moe() takes these: bf16 tokens [T, H], 3-D expert weights the kernels read."""
     if not (x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2):
         return False
-    for w in (gate_up, down):
-        if w.dim() != 3:
-            return False
-        n, k = w.shape[1], w.shape[2]
-        if isinstance(w, Int8Weight):
-            ok = k % 16 == 0 and w.q.is_contiguous()
-        elif isinstance(w, Int4Weight):
-            ok = int4_fits(n, k) and w.qweight_t.is_contiguous()
-        else:
-            ok = (isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16
-                  and w.is_contiguous() and k % 8 == 0)
-        if not ok:
-            return False
-    return True
+    return all(w.dim() == 3 and kernel_reads(w, w.shape[1], w.shape[2]) for w in (gate_up, down))
 
 
 def moe(gemv: Gemv, x: torch.Tensor, weights: torch.Tensor, experts_: torch.Tensor, gate_up,

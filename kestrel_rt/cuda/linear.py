@@ -219,14 +219,9 @@ class Gemv:
         if not (x2.is_cuda and x2.dtype == torch.bfloat16 and 0 < m <= MAX_ROWS
                 and x2.is_contiguous() and x2.data_ptr() % 16 == 0):
             return False
-        if isinstance(w, Int8Weight):
-            return w.dim() == 2 and k % 16 == 0 and w.q.is_contiguous() and w.q.is_cuda
-        if isinstance(w, Int4Weight):
-            return (w.dim() == 2 and int4_fits(w.shape[0], k) and w.qweight_t.is_cuda
-                    and w.qweight_t.is_contiguous() and w.scales.is_contiguous())
-        return (isinstance(w, torch.Tensor) and w.dim() == 2 and w.dtype == torch.bfloat16
-                and m <= BF16_MAX_ROWS
-                and w.is_cuda and w.is_contiguous() and k % 8 == 0 and w.data_ptr() % 16 == 0)
+        if w.dim() != 2 or (not isinstance(w, QuantizedWeight) and m > BF16_MAX_ROWS):
+            return False
+        return kernel_reads(w, w.shape[0], k)
 
     def fused(self, x: torch.Tensor, w, *, norm: torch.Tensor | None = None, eps: float = 0.0,
               swiglu: bool = False, residual: torch.Tensor | None = None,
@@ -284,6 +279,18 @@ class Gemv:
                 return F.linear(x, self.dequantize(w))
             return F.linear(x, w.dequantize(x.dtype))
         return F.linear(x, w)
+
+
+def kernel_reads(w, n: int, k: int) -> bool:
+    """True when the gemv kernels read weight w ([N, K], or experts [E, N, K]) as it is stored:
+    on the device, dense, K (and N for int4) as the kernel's loads need them."""
+    if isinstance(w, Int8Weight):
+        return k % 16 == 0 and w.q.is_cuda and w.q.is_contiguous()
+    if isinstance(w, Int4Weight):
+        return (int4_fits(n, k) and w.qweight_t.is_cuda and w.qweight_t.is_contiguous()
+                and w.scales.is_contiguous())
+    return (isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 and w.is_cuda
+            and w.is_contiguous() and k % 8 == 0 and w.data_ptr() % 16 == 0)
 
 
 def _output(out: torch.Tensor | None, m: int, n: int, device) -> torch.Tensor:
