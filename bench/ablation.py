@@ -1,11 +1,15 @@
 """Batch-1 decode step with each runtime feature on / off, same model (H200 ablation).
 
-    python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16]
+    python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16] [--pdl all,gemv,small,none]
+                             [--fuse 0,1] [--glu 0,1] [--late-trigger 0,1] [--breakdown]
 
-Features: pdl (programmatic dependent launch of the kernels), fuse (RMSNorm in the gemv
-prologue; off: its own kernel) and glu (the SwiGLU in the gate_up gemv's epilogue; off: its
-own kernel). Prints tok/s (overlapped loop, bench/measure.py) and the median device time of
-a step for each combination.
+Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
+other kernels only, or of none), late trigger (a gemv lets the next kernel launch after its
+K loop, not at its top), fuse (RMSNorm in the gemv prologue; off: its own kernel) and glu
+(the SwiGLU in the gate_up gemv's epilogue; off: its own kernel). Prints tok/s (overlapped
+loop, bench/measure.py) and the median device time of a step for each combination;
+--breakdown adds each model's per-kernel times with PDL off (with PDL the profiler's kernel
+times include the waits of kernels launched early).
 """
 
 from __future__ import annotations
@@ -23,40 +27,68 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import measure
 from h200_decode import CONTEXT, build
 
+PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
+             "none": (False, False)}
 
-def set_features(model, pdl: bool, fuse: bool, glu: bool) -> None:
+
+def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool) -> None:
+    """pdl: a key of PDL_MODES; late: the gemvs' late trigger (rebuilds the backend's Gemv)."""
+    from kestrel_rt.cuda.linear import Gemv
+
     be = model.backend
-    if pdl and be.kernels.pdl is None or pdl and be.gemv()._pdl is None:
+    small, gemv = PDL_MODES[pdl]
+    if be.gemv().options.count("-DGEMV_LATE_TRIGGER") != late:
+        be._gemv = Gemv(be.device, pdl=True, late_trigger=late)
+    if (small and be.kernels.pdl is None) or (gemv and be.gemv()._pdl is None):
         raise RuntimeError("this backend was built without PDL")
-    be.kernels.pdl_enabled = pdl
-    be.gemv().pdl_enabled = pdl
+    be.kernels.pdl_enabled = small
+    be.gemv().pdl_enabled = gemv
     be.fuse_prologues = fuse
     be.glu_epilogue = glu
     model.graphs.clear()
 
 
+def flags(text: str) -> list[bool]:
+    return [bool(int(v)) for v in text.split(",")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="qwen3-8b:bf16,qwen3-0.6b:bf16,qwen3-8b:int4")
+    ap.add_argument("--pdl", default="all,none", help="of " + ",".join(PDL_MODES))
+    ap.add_argument("--late-trigger", default="0")
+    ap.add_argument("--fuse", default="1,0")
+    ap.add_argument("--glu", default="1,0")
+    ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
-    rows = []
+    rows, breakdowns = [], []
+    grid = list(itertools.product(args.pdl.split(","), flags(args.late_trigger),
+                                  flags(args.fuse), flags(args.glu)))
     for spec in args.models.split(","):
         name, quant = spec.split(":")
         model = build(name, quant)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, fuse, glu in itertools.product((True, False), repeat=3):
-            set_features(model, pdl, fuse, glu)
+        for pdl, late, fuse, glu in grid:
+            set_features(model, pdl, late, fuse, glu)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            rows.append((name, quant, pdl, fuse, glu, r["tok_s"], r["ms"]))
-            print(f"{name} {quant} pdl={pdl} fuse={fuse} glu={glu}: {r['tok_s']:.1f} tok/s, "
-                  f"step {r['ms']:.3f} ms", flush=True)
+            rows.append((name, quant, pdl, late, fuse, glu, r["tok_s"], r["ms"]))
+            print(f"{name} {quant} pdl={pdl} late={late} fuse={fuse} glu={glu}: "
+                  f"{r['tok_s']:.1f} tok/s, step {r['ms']:.3f} ms", flush=True)
+        if args.breakdown:
+            set_features(model, "none", False, False, True)
+            breakdowns.append((spec, measure.kernel_breakdown(model, CONTEXT)))
         del model
         torch.cuda.empty_cache()
-    print("\n| model | quant | pdl | fuse | glu | tok/s | step ms |\n"
-          "| --- | --- | --- | --- | --- | ---: | ---: |")
+    for spec, b in breakdowns:
+        print(f"\n{spec}, PDL off: step {b['step_ms']:.3f} ms, kernels busy {b['busy_ms']:.3f} ms")
+        print("| kernel | launches / step | us / step | us each |\n| --- | ---: | ---: | ---: |")
+        for n, c, us in b["kernels"][:14]:
+            print(f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |")
+    print("\n| model | quant | pdl | late trigger | fuse | glu | tok/s | step ms |\n"
+          "| --- | --- | --- | --- | --- | --- | ---: | ---: |")
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]:.1f} | {r[6]:.3f} |")
+        print("| " + " | ".join(str(v) for v in r[:6]) + f" | {r[6]:.1f} | {r[7]:.3f} |")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
   for (int j = 0; j < MT; ++j)
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[0][j][c] += acc[1][j][c];
+  GEMV_TRIGGER_END();
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0][0], red, th.tib, ks, th.lane);
   if (ks == 0) store_out<MT, PRO>(y, res, acc[0], th.tile, g, t, M, N, 1.f, 1.f);
 }
@@ -59,7 +60,7 @@ gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int 
           const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
   __shared__ float part[ProShared<GEMV_ACT(PRO), KSPLIT * TPB>::N];
-  pdl_trigger();
+  GEMV_TRIGGER_TOP();
   gemv_bf16_body<MT, KSPLIT, TPB, U, PF, PRO>(w, x, y, nw, eps, res, M, N, K, red, part);
 }
 

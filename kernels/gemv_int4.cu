@@ -121,6 +121,7 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
       sc[u][1] = scn[u][1];
     }
   }
+  GEMV_TRIGGER_END();
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, th.tib, ks, th.lane);
   if (ks == 0) store_out<MT, PRO>(y, res, acc, th.tile, g, t, M, N, 1.f, 1.f);
 }
@@ -133,7 +134,7 @@ gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
           int K, const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
   __shared__ float part[ProShared<GEMV_ACT(PRO), KSPLIT * TPB>::N];
-  pdl_trigger();
+  GEMV_TRIGGER_TOP();
   gemv_int4_body<MT, KSPLIT, TPB, U, PF, PRO>(q, zeros, scales, x, y, nw, eps, res, M, N, K,
                                               red, part);
 }

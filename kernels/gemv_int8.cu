@@ -77,6 +77,7 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
 #pragma unroll
     for (int c = 0; c < 4; ++c)
       tot[j][c] = 16.f * (acc[1][0][j][c] + acc[1][1][j][c]) + acc[0][0][j][c] + acc[0][1][j][c];
+  GEMV_TRIGGER_END();
   reduce_ksplit<KSPLIT, MT * 4>(&tot[0][0], red, th.tib, ks, th.lane);
   if (ks == 0)
     store_out<MT, PRO>(y, res, tot, th.tile, g, t, M, N, __ldg(scale + th.ra),
@@ -91,7 +92,7 @@ gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
           const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
   __shared__ float part[ProShared<GEMV_ACT(PRO), KSPLIT * TPB>::N];
-  pdl_trigger();
+  GEMV_TRIGGER_TOP();
   gemv_int8_body<MT, KSPLIT, TPB, U, PF, PRO>(q, scale, x, y, nw, eps, res, M, N, K, red, part);
 }
 

@@ -20,3 +20,14 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+// Where a gemv lets its dependents launch: at its top (default) or, compiled with
+// -DGEMV_LATE_TRIGGER, after its K loop, so that the next kernels' blocks do not sit in
+// the machine waiting while this one still streams its weights.
+#ifdef GEMV_LATE_TRIGGER
+#define GEMV_TRIGGER_TOP()
+#define GEMV_TRIGGER_END() pdl_trigger()
+#else
+#define GEMV_TRIGGER_TOP() pdl_trigger()
+#define GEMV_TRIGGER_END()
+#endif

@@ -57,11 +57,12 @@ class Gemv:
     """The skinny-matmul kernels of one backend, on one CUDA device."""
 
     def __init__(self, device: torch.device | str = "cuda", sweep: bool = False,
-                 tuned: Path | None = None, pdl: bool = False) -> None:
+                 tuned: Path | None = None, pdl: bool = False, late_trigger: bool = False) -> None:
         """sweep: compile every variant (for bench/gemv_bench.py --sweep), not just the
         tuned and default ones. pdl: launch the gemv kernels with programmatic dependent
-        launch (kestrel_rt/cuda/pdl.py; they wait for the previous kernel only after their
-        first weight loads); needs compute capability >= 9.0, else ignored."""
+        launch (kestrel_rt/cuda/pdl.py; they wait for the previous kernel before their first
+        load); needs compute capability >= 9.0, else ignored. late_trigger: let the next
+        kernel launch only after the K loop instead of at the top (kernels/pdl.cuh)."""
         import cupy
 
         self._cupy = cupy
@@ -72,6 +73,7 @@ class Gemv:
         self._streams: dict[int, object] = {}
         self.tuned = load_tuned(tuned or TUNED_FILE)
         self.sweep = sweep
+        self.options = ("-std=c++17",) + (("-DGEMV_LATE_TRIGGER",) if late_trigger else ())
         self._pdl = None
         self.pdl_enabled = True  # switch PDL off for a comparison (bench/ablation.py)
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
@@ -99,7 +101,7 @@ class Gemv:
         module = self._modules.get((file, pro))
         if module is None:
             with self._cupy.cuda.Device(self.device_index):
-                module = self._cupy.RawModule(code=_source(file), options=("-std=c++17",),
+                module = self._cupy.RawModule(code=_source(file), options=self.options,
                                               name_expressions=module_names(
                                                   file, pro, self.tuned, self.sweep))
                 module.compile()
