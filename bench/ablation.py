@@ -1,11 +1,12 @@
 """Batch-1 decode step with each runtime feature on / off, same model (H200 ablation).
 
     python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16] [--pdl all,gemv,small,none]
-                             [--fuse 0,1] [--glu 0,1] [--late-trigger 0,1] [--breakdown]
+                             [--tail 0,1] [--glu 0,1] [--late-trigger 0,1] [--breakdown]
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
 other kernels only, or of none), late trigger (a gemv lets the next kernel launch after its
-K loop, not at its top), fuse (RMSNorm in the gemv prologue; off: its own kernel) and glu
+K loop, not at its top), tail (the RMSNorm after a residual gemv in that gemv's last block;
+off: its own kernel) and glu
 (the SwiGLU in the gate_up gemv's epilogue; off: its own kernel). Prints tok/s (overlapped
 loop, bench/measure.py) and the median device time of a step for each combination;
 --breakdown adds each model's per-kernel times with PDL off (with PDL the profiler's kernel
@@ -31,7 +32,7 @@ PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
              "none": (False, False)}
 
 
-def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool) -> None:
+def set_features(model, pdl: str, late: bool, tail: bool, glu: bool) -> None:
     """pdl: a key of PDL_MODES; late: the gemvs' late trigger (rebuilds the backend's Gemv)."""
     from kestrel_rt.cuda.linear import Gemv
 
@@ -43,7 +44,7 @@ def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool) -> None:
         raise RuntimeError("this backend was built without PDL")
     be.kernels.pdl_enabled = small
     be.gemv().pdl_enabled = gemv
-    be.fuse_prologues = fuse
+    be.norm_tail = tail
     be.glu_epilogue = glu
     model.graphs.clear()
 
@@ -57,26 +58,26 @@ def main() -> None:
     ap.add_argument("--models", default="qwen3-8b:bf16,qwen3-0.6b:bf16,qwen3-8b:int4")
     ap.add_argument("--pdl", default="all,none", help="of " + ",".join(PDL_MODES))
     ap.add_argument("--late-trigger", default="0")
-    ap.add_argument("--fuse", default="1,0")
+    ap.add_argument("--tail", default="1,0")
     ap.add_argument("--glu", default="1,0")
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     rows, breakdowns = [], []
     grid = list(itertools.product(args.pdl.split(","), flags(args.late_trigger),
-                                  flags(args.fuse), flags(args.glu)))
+                                  flags(args.tail), flags(args.glu)))
     for spec in args.models.split(","):
         name, quant = spec.split(":")
         model = build(name, quant)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, late, fuse, glu in grid:
-            set_features(model, pdl, late, fuse, glu)
+        for pdl, late, tail, glu in grid:
+            set_features(model, pdl, late, tail, glu)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            rows.append((name, quant, pdl, late, fuse, glu, r["tok_s"], r["ms"]))
-            print(f"{name} {quant} pdl={pdl} late={late} fuse={fuse} glu={glu}: "
+            rows.append((name, quant, pdl, late, tail, glu, r["tok_s"], r["ms"]))
+            print(f"{name} {quant} pdl={pdl} late={late} tail={tail} glu={glu}: "
                   f"{r['tok_s']:.1f} tok/s, step {r['ms']:.3f} ms", flush=True)
         if args.breakdown:
-            set_features(model, "none", False, False, True)
+            set_features(model, "none", True, True, True)
             breakdowns.append((spec, measure.kernel_breakdown(model, CONTEXT)))
         del model
         torch.cuda.empty_cache()
@@ -85,7 +86,7 @@ def main() -> None:
         print("| kernel | launches / step | us / step | us each |\n| --- | ---: | ---: | ---: |")
         for n, c, us in b["kernels"][:14]:
             print(f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |")
-    print("\n| model | quant | pdl | late trigger | fuse | glu | tok/s | step ms |\n"
+    print("\n| model | quant | pdl | late trigger | tail | glu | tok/s | step ms |\n"
           "| --- | --- | --- | --- | --- | --- | ---: | ---: |")
     for r in rows:
         print("| " + " | ".join(str(v) for v in r[:6]) + f" | {r[6]:.1f} | {r[7]:.3f} |")

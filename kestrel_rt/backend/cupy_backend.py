@@ -14,12 +14,12 @@ gemv cannot read) fall back to the TorchBackend op: same function, same shapes. 
 `linear` comes from GemvLinear (the skinny bf16 / int8 / int4 matmul kernels, falling back
 to torch for other dtypes and wide inputs).
 
-The model's fused ops (kestrel_rt/backend/base.py) run as: `linear_add` with the residual
-added in the gemv's epilogue, `rope_attention` with q/k norm + RoPE inside the attention
-kernel, `moe_add` with the residual inside moe_down; `norm_linear` and `norm_linear_swiglu`
-fold the RMSNorm into the gemv prologue (`fuse_prologues`) and the SwiGLU into the gate_up
-gemv's epilogue (`glu_epilogue`) when those switches are on. `pdl` launches every kernel of
-the forward but the MoE expert gemvs with programmatic dependent launch.
+The model's fused ops (kestrel_rt/backend/base.py) run as: `linear_add_norm` with the
+residual added in the gemv's epilogue and the next RMSNorm written by the gemv's last block
+(`norm_tail`; off: the rmsnorm kernel after it), `linear_swiglu` with the SwiGLU in the
+gate_up gemv's epilogue (`glu_epilogue`), `rope_attention` with q/k norm + RoPE inside the
+attention kernel, `moe_add` with the residual inside moe_down. `pdl` launches every kernel
+of the forward but the MoE expert gemvs with programmatic dependent launch.
 """
 
 from __future__ import annotations
@@ -58,10 +58,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         self.graph_pool = None  # torch.cuda.graph_pool_handle(), made on first capture
         self._quant_experts_ok: bool | None = None  # gemv_moe takes the stored experts
         self.bf16_experts = "kernel"  # bf16 MoE experts: "kernel" (moe.cu) or "gemv"
-        # RMSNorm inside the gemv prologue (norm_linear). With the SwiGLU prologue in the down
-        # gemv as well it measured slower on the H200 (bench/ablation.py: qwen3-8b bf16 5.24 vs
-        # 5.04 ms, int4 3.93 vs 2.75 ms per step): off by default
-        self.fuse_prologues = False
+        # The next RMSNorm in the residual gemv's last block (linear_add_norm): one launch
+        # fewer per norm
+        self.norm_tail = True
         # SwiGLU in the gate_up gemv's epilogue (one launch fewer per dense layer; exact
         # rounding): faster everywhere on the H200 (bench/ablation.py: qwen3-8b bf16 4.98 vs
         # 5.04 ms, int4 2.70 vs 2.75, qwen3-0.6b 0.877 vs 0.909 ms per step)
@@ -146,28 +145,25 @@ class CupyBackend(GemvLinear, TorchBackend):
                 pass
         return super().rope_attention(q, k, v, layer, step)
 
-    # -- fused gemv ops: prologue (RMSNorm / SwiGLU) and residual epilogue in the kernel ----
-    def norm_linear(self, x, norm, name):
-        if not self.fuse_prologues:
-            return super().norm_linear(x, norm, name)
-        y = self.gemv().fused(x, self.weight(name), norm=self.weight(norm),
-                              eps=self.shape.rms_norm_eps)
-        return super().norm_linear(x, norm, name) if y is None else y
-
+    # -- fused gemv ops: residual + RMSNorm tail, SwiGLU epilogue ----------------------------
     def linear_add(self, x, name, residual):
         y = self.gemv().fused(x, self.weight(name), residual=residual)
         return super().linear_add(x, name, residual) if y is None else y
 
-    def norm_linear_swiglu(self, x, norm, name):
+    def linear_add_norm(self, x, name, residual, norm):
+        if self.norm_tail:
+            out = self.gemv().fused(x, self.weight(name), residual=residual,
+                                    then_norm=self.weight(norm), eps=self.shape.rms_norm_eps)
+            if out is not None:
+                return out
+        return super().linear_add_norm(x, name, residual, norm)
+
+    def linear_swiglu(self, x, name):
         if self.glu_epilogue:  # the SwiGLU in the gate_up gemv's epilogue
-            w, eps = self.weight(name), self.shape.rms_norm_eps
-            if self.fuse_prologues:
-                y = self.gemv().fused(x, w, norm=self.weight(norm), eps=eps, glu=True)
-            else:
-                y = self.gemv().fused(self.rms_norm(x, norm), w, glu=True)
+            y = self.gemv().fused(x, self.weight(name), glu=True)
             if y is not None:
                 return y
-        return super().norm_linear_swiglu(x, norm, name)
+        return super().linear_swiglu(x, name)
 
     def swiglu(self, gate_up):
         try:

@@ -322,3 +322,71 @@ def test_swiglu_epilogue_through_fused(gemv, weights, kind):
     with pytest.raises(ValueError):
         gemv.bf16(x.view(6, k)[:1], weights("bf16", n, k)[0], glu=True,
                   residual=torch.zeros(1, n, device="cuda", dtype=torch.bfloat16))
+
+
+# -- RMSNorm tail (then_norm): the last block writes yn = RMSNorm(y) * w ------------------------
+TAIL_SHAPES = [(4096, 4096), (4096, 12288), (1024, 3072), (520, 384), (8, 128)]
+
+
+def _tail_case(gemv, weights, kind, m, n, k, gen, out=None):
+    """One residual gemv with the tail on fresh inputs: (y, yn, y_ref, norm)."""
+    w, dense = weights(kind, n, k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    prod = x.double() @ dense.T
+    res = _residual(prod, gen)
+    norm = (1.0 + 0.2 * torch.randn(n, device="cuda", generator=gen)).bfloat16()
+    y, yn = _run(gemv, kind, x, w, out=_poisoned(m, n) if out is None else out, residual=res,
+                 then_norm=norm, eps=EPS)
+    return y, yn, prod + res.double(), norm
+
+
+@pytest.mark.parametrize("n,k", TAIL_SHAPES)
+@pytest.mark.parametrize("m", (1, 3, 9, 16))
+@pytest.mark.parametrize("kind", KINDS)
+def test_rmsnorm_tail(gemv, weights, kind, m, n, k):
+    """y as without the tail; yn = TorchBackend.rms_norm of that y, rounded the same way (a
+    last-bit difference of the fp32 mean of squares may flip a rare element); three calls
+    in a row (the ticket is back at 0 after each: else yn stays NaN)."""
+    if not _fits(kind, n, k):
+        pytest.skip(f"{kind} kernel does not take K={k}, N={n}")
+    gen = torch.Generator("cuda").manual_seed(hash(("tail", kind, m, n, k)) % 2**31)
+    for _ in range(3):
+        y, yn, ref, norm = _tail_case(gemv, weights, kind, m, n, k, gen)
+        assert _rel_err(y, ref) <= TOL
+        yn_ref = act_ref(y, norm, False)
+        assert _rel_err(yn, yn_ref.double()) <= 1e-3
+        assert (yn == yn_ref).float().mean().item() >= 0.99
+
+
+def test_rmsnorm_tail_in_a_graph_and_through_fused(gemv, weights):
+    """Replays of a captured tail gemv (in place on the residual) give the eager results;
+    fused() returns (y, yn) with x's leading shape, None for N % 8 != 0."""
+    n, k, m = 4096, 4096, 2
+    w, dense = weights("bf16", n, k)
+    gen = torch.Generator("cuda").manual_seed(11)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+    norm = (1.0 + 0.2 * torch.randn(n, device="cuda", generator=gen)).bfloat16()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        gemv.bf16(x, w, residual=res.clone(), then_norm=norm, eps=EPS)  # compile, warm up
+    torch.cuda.current_stream().wait_stream(stream)
+    h = res.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, yn = gemv.bf16(x, w, out=h, residual=h, then_norm=norm, eps=EPS)
+    for _ in range(3):
+        start = h.clone()
+        graph.replay()
+        y_eager, yn_eager = gemv.bf16(x, w, out=_poisoned(m, n), residual=start,
+                                      then_norm=norm, eps=EPS)
+        torch.cuda.synchronize()
+        assert torch.equal(h, y_eager) and torch.equal(yn, yn_eager)
+    y2, yn2 = gemv.fused(x.view(1, m, k), w, residual=res.view(1, m, n), then_norm=norm,
+                         eps=EPS)
+    assert y2.shape == yn2.shape == (1, m, n)
+    assert _rel_err(yn2.view(m, n), act_ref(y2.view(m, n), norm, False).double()) <= 1e-3
+    odd, _ = weights("bf16", 12, 128)
+    assert gemv.fused(x[:, :128], odd, residual=torch.zeros(m, 12, device="cuda",
+                      dtype=torch.bfloat16), then_norm=norm[:12], eps=EPS) is None
