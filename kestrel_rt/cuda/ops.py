@@ -166,6 +166,31 @@ def moe_route(km: KernelModules, logits: torch.Tensor, top_k: int,
     return weights, experts
 
 
+# 16-byte vectors per lane and weight row of one chunk that kernels/moe.cu instantiates: the
+# largest fill 128 registers (2 blocks of MOE_THREADS per SM).
+MOE_THREADS = 256  # 8 warps: 8 output columns (gate_up) or elements (down) per block
+MOE_GATE_UP_U = (1, 2, 4, 8)
+MOE_DOWN_U = {torch.bfloat16: (1, 2, 3), torch.float32: (1, 2)}
+
+
+def _moe_u(n: int, vec: int, choices: tuple[int, ...]) -> int:
+    """The smallest U whose chunk (32 U vec elements) covers a row of n, else the largest
+    (the kernel then loops over chunks)."""
+    need = math.ceil(n / (32 * vec))
+    return next((u for u in choices if u >= need), choices[-1])
+
+
+def moe_launches(dtype: torch.dtype, N: int, H: int, inter: int, top_k: int
+                 ) -> list[tuple[str, tuple[int, int], tuple[int]]]:
+    """(kernel, grid, block) of moe_gate_up and moe_down for N tokens: one warp per output.
+    Qwen3-30B-A3B bf16 at N = 1: down is 256 blocks, one wave at 2 blocks per SM on 132 SMs."""
+    sfx, vec, warps = SUFFIX[dtype], _vec(dtype), MOE_THREADS // 32
+    gate_up = f"moe_gate_up_{sfx}_u{_moe_u(H, vec, MOE_GATE_UP_U)}"
+    down = f"moe_down_{sfx}_u{_moe_u(inter, vec, MOE_DOWN_U[dtype])}"
+    return [(gate_up, (N * top_k, math.ceil(inter / warps)), (MOE_THREADS,)),
+            (down, (N, math.ceil(H / warps)), (MOE_THREADS,))]
+
+
 def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
                 experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                 residual: torch.Tensor | None = None, out: torch.Tensor | None = None
@@ -174,7 +199,7 @@ def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
     -> [N, H]: each token's chosen experts' SwiGLU MLPs, weighted and summed
     (+ residual [N, H], rounded as torch's residual + moe_out, when given)."""
     tensors = (x, weights, gate_up, down) + (() if residual is None else (residual,))
-    sfx = _suffix(*tensors)
+    _suffix(*tensors)
     N, H = x.shape
     two_i = gate_up.shape[1]
     inter, top_k = two_i // 2, weights.shape[1]
@@ -185,13 +210,17 @@ def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
         raise Unsupported(f"residual {tuple(residual.shape)}, expected {(N, H)}")
     x, weights, experts = x.contiguous(), weights.contiguous(), experts.contiguous()
     residual = None if residual is None else residual.contiguous()
-    act = torch.empty((N, top_k, inter), dtype=x.dtype, device=x.device)
-    out = _dest(out, x.shape, x.dtype, x.device)
+    if not _aligned(x, gate_up, down):
+        raise Unsupported("x, gate_up and down must be 16-byte aligned")
+    act = torch.empty((N, top_k, inter), dtype=x.dtype, device=x.device)  # [N, k, I]
+    out = _dest(out, x.shape, x.dtype, x.device)  # [N, H]
     if N == 0:
         return out
-    km.launch("moe", f"moe_gate_up_{sfx}", (N * top_k, math.ceil(inter / 8)), (256,),
+    (gu_name, gu_grid, block), (down_name, down_grid, _) = moe_launches(x.dtype, N, H, inter,
+                                                                        top_k)
+    km.launch("moe", gu_name, gu_grid, block,
               (ptr(x), ptr(gate_up), ptr(experts), ptr(act), i32(top_k), i32(H), i32(inter)))
-    km.launch("moe", f"moe_down_{sfx}", (N, math.ceil(H / 8)), (256,),
+    km.launch("moe", down_name, down_grid, block,
               (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(residual), ptr(out),
                i32(top_k), i32(H), i32(inter)))
     return out
