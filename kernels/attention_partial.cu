@@ -13,8 +13,10 @@
 //               rows (m, g) of one kv head (G = Hq / Hkv), RB of them (RB * D <= 4096), and
 //               one split of the context, in tiles of TILE keys staged in shared memory;
 //               tpd (a power of two <= 32) threads share each query-key dot product.
-//               Writes unnormalised acc [.., D] and (max, sum) per (b, kvh, row, split),
-//               merged by attention_combine.cu's attn_combine.
+//               Writes unnormalised acc [.., D] and (max, sum) per (b, kvh, row, split)
+//               to the workspace; the last block of (b, kvh, row group) to finish merges
+//               them into out [B, M, Hq, D] (common.cuh's last_to_arrive, merge_rows).
+//               tickets [>= B*Hkv*row_groups] int32, zero before the launch (and after it).
 #include "common.cuh"
 
 #define ATTN_THREADS 256
@@ -53,6 +55,7 @@ __device__ void attn_partial_impl(const T* __restrict__ q, const T* __restrict__
                                   const long long* __restrict__ positions,
                                   long long stride_slot, long long stride_pos,
                                   float* __restrict__ part_acc, float* __restrict__ part_ml,
+                                  T* __restrict__ out, int* __restrict__ tickets,
                                   int m_tokens, int hq, int hkv, int d, int rb, int tile,
                                   int tpd, float scale) {
   extern __shared__ float smem[];
@@ -77,6 +80,8 @@ __device__ void attn_partial_impl(const T* __restrict__ q, const T* __restrict__
   const long long ctx = pos_b[m_tokens - 1] + 1;
   long long chunk = (ctx + splits - 1) / splits;
   chunk = (chunk + tile - 1) / tile * tile;
+  const int active = (int)((ctx + chunk - 1) / chunk);  // splits holding keys
+  if (split >= active) return;
   const long long k_begin = (long long)split * chunk;
   const long long k_end = ctx < k_begin + chunk ? ctx : k_begin + chunk;
   const long long base = slots[b] * stride_slot + (long long)kvh * d;
@@ -192,6 +197,9 @@ __device__ void attn_partial_impl(const T* __restrict__ q, const T* __restrict__
       part_ml[((row_base + gr) * splits + split) * 2 + 1] = s_l[r];
     }
   }
+  if (last_to_arrive(tickets + blockIdx.x * gridDim.y + blockIdx.y, active))
+    merge_rows<T>(part_acc, part_ml, out, b, kvh, row0, rows - row0 < rb ? rows - row0 : rb,
+                  m_tokens, hq, hkv, d, splits, active);
 }
 
 #define PARTIAL_ENTRY(SUFFIX, T)                                                                \
@@ -205,10 +213,11 @@ __device__ void attn_partial_impl(const T* __restrict__ q, const T* __restrict__
   extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_partial_##SUFFIX(            \
       const T* q, const T* k_cache, const T* v_cache, const long long* slots,                  \
       const long long* positions, long long stride_slot, long long stride_pos,                 \
-      float* part_acc, float* part_ml, int m_tokens, int hq, int hkv, int d, int rb, int tile, \
-      int tpd, float scale) {                                                                  \
+      float* part_acc, float* part_ml, T* out, int* tickets, int m_tokens, int hq, int hkv,    \
+      int d, int rb, int tile, int tpd, float scale) {                                         \
     attn_partial_impl<T>(q, k_cache, v_cache, slots, positions, stride_slot, stride_pos,       \
-                         part_acc, part_ml, m_tokens, hq, hkv, d, rb, tile, tpd, scale);       \
+                         part_acc, part_ml, out, tickets, m_tokens, hq, hkv, d, rb, tile, tpd, \
+                         scale);                                                               \
   }
 
 PARTIAL_ENTRY(bf16, bf16_t)

@@ -167,3 +167,112 @@ __device__ __forceinline__ void head_norm_rope(float (&x)[DL], const float (&w)[
     x[i] = Num<T>::round(first_half ? __fsub_rn(yc, os) : __fadd_rn(yc, os));
   }
 }
+
+// -- split-context attention: merging the splits ("last block merges") ----------------------
+// Partials of query row `row` (ordered (b, kvh, r), r = m * G + g of the R = M * G rows of a kv
+// head) and split s of S: unnormalised acc [D] at part_acc[(row * S + s) * D], (max, sum) of
+// its scores at part_ml[(row * S + s) * 2]; max = -inf where the split saw no key of the row.
+// Read through L2 (__ldcg): other blocks of the same grid wrote them.
+
+// Called by every block of a group of n (the splits of one (sequence, kv head[, row group]))
+// once it has written its partials. True, in every thread, in the block that arrives last:
+// it then sees all the group's partials, and it has reset the group's int32 ticket to 0 (zero
+// before the first launch, so zero before every launch). n == 1: true without the ticket.
+__device__ __forceinline__ bool last_to_arrive(int* ticket, int n) {
+  __shared__ int s_last;
+  __threadfence();  // release: this thread's partials before its block's arrival
+  __syncthreads();
+  if (n == 1) return true;
+  if (threadIdx.x == 0) {
+    s_last = atomicAdd(ticket, 1) == n - 1;
+    if (s_last) {
+      atomicExch(ticket, 0);
+      __threadfence();  // acquire: the other blocks' partials after their arrivals
+    }
+  }
+  __syncthreads();
+  return s_last;
+}
+
+// w[s] = exp(max_s - max) of a row's first n (<= 64) splits, 0 where max_s = -inf; returns
+// the denominator sum_s w[s] * sum_s. One whole warp: lane l takes splits l and l + 32.
+__device__ __forceinline__ float split_weights(const float* ml, int n, float* w) {
+  const int lane = threadIdx.x & 31;
+  float m[2], l[2], den[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m[h] = -inf_f();
+    l[h] = 0.f;
+    if (lane + 32 * h < n) {
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(ml) + lane + 32 * h);
+      m[h] = v.x;
+      l[h] = v.y;
+    }
+  }
+  const float mx = warp_max(fmaxf(m[0], m[1]));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float wgt = m[h] == -inf_f() ? 0.f : expf(m[h] - mx);
+    if (lane + 32 * h < n) w[lane + 32 * h] = wgt;
+    den[h] = warp_sum(wgt * l[h]);
+  }
+  return den[0] + den[1];
+}
+
+__device__ __forceinline__ void fma4(float (&a)[4], float4 x, float w) {
+  a[0] = fmaf(x.x, w, a[0]);
+  a[1] = fmaf(x.y, w, a[1]);
+  a[2] = fmaf(x.z, w, a[2]);
+  a[3] = fmaf(x.w, w, a[3]);
+}
+
+// o[0..4) = sum over splits s < n of w[s] * acc[s * d + 0..4) (acc 16-byte aligned): split s
+// adds into accumulator s % 4, then (a0 + a1) + (a2 + a3), so splits past n with w = 0 would
+// not change a bit. Eight splits' loads in flight (the last group's index clamped to n - 1).
+__device__ __forceinline__ void split_sum4(const float* acc, const float* w, int n, int d,
+                                           float (&o)[4]) {
+  float a[4][4] = {};  // [accumulator][column]
+  for (int s = 0; s < n; s += 8) {
+    float4 x[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int at = s + u < n ? s + u : n - 1;
+      x[u] = __ldcg(reinterpret_cast<const float4*>(acc + (long long)at * d));
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+      if (s + u < n) fma4(a[u & 3], x[u], w[s + u]);
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) o[c] = (a[0][c] + a[1][c]) + (a[2][c] + a[3][c]);
+}
+
+// Merge splits 0 .. n (n <= 64 of S = splits) of query rows r0 .. r0 + nrows of kv head kvh of
+// sequence b into out [B, M, Hq, D]. d % 4 == 0; the whole block calls it. Eight rows at a
+// time: a warp per row computes the weights, then each thread 4 columns of a row.
+template <typename T>
+__device__ void merge_rows(const float* part_acc, const float* part_ml, T* out, int b, int kvh,
+                           int r0, int nrows, int m_tokens, int hq, int hkv, int d, int splits,
+                           int n) {
+  __shared__ float s_w[8][64];
+  __shared__ float s_den[8];
+  const int g_size = hq / hkv, quads = d / 4;
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int c0 = 0; c0 < nrows; c0 += 8) {
+    const int rows = nrows - c0 < 8 ? nrows - c0 : 8;
+    const long long row0 = ((long long)b * hkv + kvh) * (m_tokens * g_size) + r0 + c0;
+    for (int r = warp; r < rows; r += warps)
+      s_den[r] = split_weights(part_ml + (row0 + r) * splits * 2, n, s_w[r]);
+    __syncthreads();
+    for (int e = threadIdx.x; e < rows * quads; e += blockDim.x) {
+      const int r = e / quads, c = e % quads * 4, gr = r0 + c0 + r;
+      float o[4];
+      split_sum4(part_acc + (row0 + r) * splits * d + c, s_w[r], n, d, o);
+      T* dst = out + (((long long)b * m_tokens + gr / g_size) * hq + kvh * g_size + gr % g_size)
+                         * d + c;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dst[i] = Num<T>::store(o[i] / s_den[r]);
+    }
+    __syncthreads();
+  }
+}

@@ -1,7 +1,8 @@
 // Decode / verify attention over the KV cache for few query rows: M new query tokens per
 // sequence, grouped-query heads, per-sequence lengths, causal within the new tokens, split
-// over the context (flash-decoding: partial softmax per split, then attn_combine). Optionally
-// with the q/k RMSNorm + RoPE of qk_norm_rope.cu fused in (attn_decode_rope_*).
+// over the context (flash-decoding: partial softmax per split; the last split block of a kv
+// head to finish merges them). Optionally with the q/k RMSNorm + RoPE of qk_norm_rope.cu fused
+// in (attn_decode_rope_*).
 //
 // Cache of one layer: k_cache, v_cache [slots, max_len, Hkv, D] (element (s, p, h, d) at
 // s * stride_slot + p * stride_pos + h * D + d). Step: slots [B] int64, positions [B, M] int64
@@ -10,12 +11,13 @@
 //
 // attn_decode:      R = M * G <= RB <= 8 query rows (G = Hq / Hkv) of one kv head, D = 32 * DL
 //                   in {64, 128, 256}: one warp per key, q rows and accumulators in registers.
-//                   Writes unnormalised acc [.., D] and (max, sum) per (b, kvh, row, split).
+//                   Writes unnormalised acc [.., D] and (max, sum) per (b, kvh, row, split)
+//                   to the workspace, then the last block of (b, kvh) to finish merges them
+//                   into out [B, M, Hq, D] (common.cuh's last_to_arrive, merge_rows).
 // attn_decode_rope: the same, with q and the step's new k given before RMSNorm and RoPE:
 //                   common.cuh's head_norm_rope (the helper qk_norm_rope.cu calls) applies
 //                   them in registers, so the result and the cache equal qk_norm_rope followed
 //                   by attn_decode, bit for bit.
-// attention_combine.cu merges the splits' partials.
 #include "common.cuh"
 #include "pdl.cuh"
 
@@ -82,14 +84,13 @@ __device__ __forceinline__ void rope_prologue(
 
 // Few query rows (R = M * G <= RB): one warp per key, no block barrier in the key loop. Lane l
 // holds elements [l * DL, l * DL + DL) of q rows, K, V and the accumulators (D = 32 * DL).
-// Grid (B * Hkv, splits), DECODE_WARPS warps.
+// Grid (B * Hkv, splits), DECODE_WARPS warps. tickets [>= B * Hkv] int32, zero before the
+// launch (and after it).
 //
 // q: [B*M, Hq*D] with token stride q_st. k_new / v_new (optional without ROPE): the step's new
 // K/V [B*M, Hkv*D] (token strides k_st, v_st). When given, keys at positions >= positions[b, 0]
 // are read from them rather than the cache, and the blocks of split 0 write them into the
 // cache (no other block reads those entries), so no separate kv_write launch is needed.
-// (Merging the splits in the last block to finish was tried: one block reading every split's
-// partials took longer than attn_combine's launch.)
 // ROPE: q and k_new are raw (before RMSNorm and RoPE); q_norm, k_norm [D], cos_t, sin_t
 // [max_pos, D] (16-byte aligned). A prologue (rope_prologue) spreads the block's q rows and
 // the new keys it reads over its warps; each is normalised and rotated once, into shared
@@ -100,6 +101,7 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
                                  const long long* __restrict__ positions,
                                  long long stride_slot, long long stride_pos,
                                  float* __restrict__ part_acc, float* __restrict__ part_ml,
+                                 T* __restrict__ out, int* __restrict__ tickets,
                                  int m_tokens, int hq, int hkv, float scale,
                                  const T* __restrict__ k_new, long long k_st,
                                  const T* __restrict__ v_new, long long v_st,
@@ -118,7 +120,12 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   const long long* pos_b = positions + (long long)b * m_tokens;
   const long long first_new = k_new ? pos_b[0] : (long long)1 << 62;
   const long long ctx = pos_b[m_tokens - 1] + 1;
-  const long long chunk = (ctx + splits - 1) / splits;
+  // Keys per split: at least one pass of the key loop (two keys per warp), so a short context
+  // leaves the last splits empty (they return at once) instead of a few keys in each.
+  long long chunk = (ctx + splits - 1) / splits;
+  chunk = chunk > 2 * DECODE_WARPS ? chunk : 2 * DECODE_WARPS;
+  const int active = (int)((ctx + chunk - 1) / chunk);  // splits holding keys
+  if (split >= active) return;
   const long long k_begin = (long long)split * chunk;
   const long long k_end = ctx < k_begin + chunk ? ctx : k_begin + chunk;
   const long long base = slots[b] * stride_slot + (long long)kvh * D + lane * DL;
@@ -251,6 +258,8 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
       part_ml[slot * 2 + 1] = den;
     }
   }
+  if (last_to_arrive(tickets + blockIdx.x, active))
+    merge_rows<T>(part_acc, part_ml, out, b, kvh, 0, rows, m_tokens, hq, hkv, D, splits, active);
 }
 
 // One entry point per (dtype, D / 32, RB), without and with the fused norm + RoPE; same
@@ -259,14 +268,14 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS) NAME(                        \
       const T* q, long long q_st, T* k_cache, T* v_cache, const long long* slots,              \
       const long long* positions, long long stride_slot, long long stride_pos,                 \
-      float* part_acc, float* part_ml, int m_tokens, int hq, int hkv, float scale,             \
-      const T* k_new, long long k_st, const T* v_new, long long v_st, const T* q_norm,         \
-      const T* k_norm, const T* cos_t, const T* sin_t, float eps) {                            \
+      float* part_acc, float* part_ml, T* out, int* tickets, int m_tokens, int hq, int hkv,    \
+      float scale, const T* k_new, long long k_st, const T* v_new, long long v_st,             \
+      const T* q_norm, const T* k_norm, const T* cos_t, const T* sin_t, float eps) {           \
     pdl_trigger();                                                                             \
     attn_decode_impl<T, DL, RB, ROPE>(q, q_st, k_cache, v_cache, slots, positions,             \
-                                      stride_slot, stride_pos, part_acc, part_ml, m_tokens,    \
-                                      hq, hkv, scale, k_new, k_st, v_new, v_st, q_norm,        \
-                                      k_norm, cos_t, sin_t, eps);                              \
+                                      stride_slot, stride_pos, part_acc, part_ml, out,         \
+                                      tickets, m_tokens, hq, hkv, scale, k_new, k_st, v_new,   \
+                                      v_st, q_norm, k_norm, cos_t, sin_t, eps);                \
   }
 
 #define DECODE_PAIR(SUFFIX, T, DL, RB)                                                         \

@@ -1,7 +1,9 @@
 """Attention wrappers: decode / verify attention over one layer's KV cache, on torch's stream.
 
-Two kernels compute per-split partial softmax results, merged by attn_combine
-(kernels/attention_combine.cu):
+Two kernels split the context over blocks (flash-decoding); each block writes its split's partial
+softmax results to a workspace, and the last block of a (sequence, kv head[, row group]) to
+finish merges them into the output (kernels/common.cuh: last_to_arrive, merge_rows), so
+attention is one launch:
   * attn_decode (kernels/decode_attention.cu): one warp per key, for at most DECODE_MAX_ROWS
     query rows (M * Hq / Hkv) and head_dim in DECODE_HEAD_DIMS. It reads the step's new K/V
     from the projections and writes them into the cache itself; its `rope` variant also does
@@ -26,7 +28,7 @@ ATTN_ELEMS = 4096  # rows-per-block * head_dim held in registers by one attn_par
 DECODE_WARPS = 4  # warps of the warp-per-key decode kernel
 DECODE_MAX_ROWS = 8  # query rows (M * Hq / Hkv) it takes; more go to attn_partial
 DECODE_HEAD_DIMS = (64, 128, 256)  # head_dim = 32 lanes * 2, 4 or 8 elements
-MAX_SPLITS = 64  # context splits (attn_combine holds one weight per split)
+MAX_SPLITS = 64  # context splits (the merge holds one weight per split)
 
 
 def kv_write(km: KernelModules, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -87,6 +89,19 @@ def _partials(rows: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
             torch.empty(rows * 2, dtype=torch.float32, device=device))
 
 
+def _tickets(km: KernelModules, n: int, device) -> torch.Tensor:
+    """int32 [>= n] arrival tickets of the last-block merge, one per group of split blocks.
+    Zero when made, and every launch leaves them zero; so they are made once per size (a power
+    of two) and kept in `km.workspaces`: a captured CUDA graph holds their address."""
+    key = ("attention_tickets", max(1024, 1 << (n - 1).bit_length()))
+    if key not in km.workspaces:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"attention tickets for {n} groups first needed inside a CUDA "
+                               "graph capture: run the same step once before capturing it")
+        km.workspaces[key] = torch.zeros(key[1], dtype=torch.int32, device=device)
+    return km.workspaces[key]
+
+
 def _warp_kernel_takes(M: int, Hq: int, Hkv: int, D: int, k_cache: torch.Tensor,
                        v_cache: torch.Tensor) -> bool:
     """True when attn_decode (one warp per key) takes these shapes."""
@@ -104,22 +119,11 @@ def _lane_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return x.clone(memory_format=torch.contiguous_format), x.shape[2] * x.shape[3]  # new: aligned
 
 
-def _combine(km: KernelModules, sfx: str, part_acc: torch.Tensor, part_ml: torch.Tensor,
-             out: torch.Tensor, Hkv: int, splits: int) -> None:
-    """attn_combine: merge the splits' partials into out [B, M, Hq, D]."""
-    B, M, Hq, D = out.shape
-    threads = max(_round_up(splits, 32), min(128, _round_up(D, 32)))
-    km.launch("attention_combine", f"attn_combine_{sfx}", (B * Hkv * M * (Hq // Hkv),),
-              (threads,),
-              (ptr(part_acc), ptr(part_ml), ptr(out), i32(M), i32(Hq), i32(Hkv), i32(D),
-               i32(splits)))
-
-
 def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                  num_sms: int, out: torch.Tensor, new: tuple | None = None,
                  rope: tuple | None = None) -> torch.Tensor:
-    """attn_decode (+ attn_combine): q [B, M, Hq, D] over the cache -> out.
+    """attn_decode: q [B, M, Hq, D] over the cache -> out.
 
     new = (k, v) [B, M, Hkv, D]: the step's K/V, read from there and written into the cache
     by the kernel. rope = (q_norm, k_norm, cos, sin, eps): q and k are raw, the kernel
@@ -147,9 +151,9 @@ def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Te
     km.launch("decode_attention", name, (B * Hkv, splits), (32 * DECODE_WARPS,),
               (ptr(q), i64(q_st), ptr(k_cache), ptr(v_cache), ptr(slots.contiguous()),
                ptr(positions.contiguous()), i64(k_cache.stride(0)), i64(k_cache.stride(1)),
-               ptr(part_acc), ptr(part_ml), i32(M), i32(Hq), i32(Hkv), f32(D ** -0.5))
+               ptr(part_acc), ptr(part_ml), ptr(out), ptr(_tickets(km, B * Hkv, q.device)),
+               i32(M), i32(Hq), i32(Hkv), f32(D ** -0.5))
               + new_args + rope_args)
-    _combine(km, sfx, part_acc, part_ml, out, Hkv, splits)
     return out
 
 
@@ -177,10 +181,10 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
               (ATTN_THREADS,),
               (ptr(q), ptr(k_cache), ptr(v_cache), ptr(slots.contiguous()),
                ptr(positions.contiguous()), i64(k_cache.stride(0)), i64(k_cache.stride(1)),
-               ptr(part_acc), ptr(part_ml), i32(M), i32(Hq), i32(Hkv), i32(D), i32(rb),
-               i32(tile), i32(tpd), f32(D ** -0.5)),
+               ptr(part_acc), ptr(part_ml), ptr(out),
+               ptr(_tickets(km, B * Hkv * groups, q.device)), i32(M), i32(Hq), i32(Hkv), i32(D),
+               i32(rb), i32(tile), i32(tpd), f32(D ** -0.5)),
               shared_mem=smem)
-    _combine(km, sfx, part_acc, part_ml, out, Hkv, splits)
     return out
 
 
@@ -191,8 +195,8 @@ def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """The attention op: write k, v [B, M, Hkv, D] into one layer's cache at (slots[b],
     positions[b, m]) and attend q [B, M, Hq, D] over it -> [B, M, Hq, D].
 
-    Where attn_decode takes the shapes it writes the cache itself (two launches: attention,
-    combine); otherwise kv_write + decode_attention (three)."""
+    Where attn_decode takes the shapes it writes the cache itself (one launch); otherwise
+    kv_write + decode_attention (two)."""
     sfx = _suffix(q, k, v, k_cache, v_cache)
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -209,7 +213,7 @@ def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch
                    sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    slots: torch.Tensor, positions: torch.Tensor, eps: float, num_sms: int,
                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """attention(*qk_norm_rope(q, k, ...), v, ...) in two launches (attention, combine).
+    """attention(*qk_norm_rope(q, k, ...), v, ...) in one launch.
 
     q [B, M, Hq, D], k, v [B, M, Hkv, D]: raw projections (strided views of the qkv output
     are fine); q_norm, k_norm [D]; cos, sin [max_len, D] RoPE tables (TorchBackend.allocate_kv);

@@ -111,6 +111,9 @@ class KernelModules:
         self._modules: dict[str, object] = {}
         self._functions: dict[tuple[str, str], object] = {}
         self._streams: dict[int, object] = {}
+        # device buffers kernels keep across launches (a captured graph holds their address),
+        # by the caller's key, e.g. attention's arrival tickets
+        self.workspaces: dict[object, torch.Tensor] = {}
         self.pdl = None
         self.pdl_enabled = True  # switch PDL off for a comparison (bench/ablation.py)
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):

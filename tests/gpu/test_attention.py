@@ -5,9 +5,11 @@ stand-in object that holds only what they read, and for rope_attention also the 
 composition ops.qk_norm_rope + attention.attention, which it must equal bit for bit (both
 normalise with common.cuh's head_norm_rope and attend with the same attn_decode). Fresh random
 inputs for every case; outputs go into a NaN-poisoned buffer (every element must be written);
-the kernels' KV caches are NaN past each sequence's length (never to be read, never written);
-relative error ||out - ref|| / ||ref|| <= 1e-5 in fp32 and <= 1e-2 with bf16 operands; NaN
-never passes.
+the kernels' KV caches are NaN past each sequence's length (never to be read, never written),
+and so is the partials workspace (nan_partials: the last-block merge reads only what the
+launch wrote); calling the same attention over and over with other lengths, eagerly and as
+graph replays, checks the merge's tickets; relative error ||out - ref|| / ||ref|| <= 1e-5 in
+fp32 and <= 1e-2 with bf16 operands; NaN never passes.
 """
 
 from __future__ import annotations
@@ -79,6 +81,16 @@ def _written_where_expected(kv, ref_kv, slots, lengths, M, exact=True, dtype=Non
     assert torch.isnan(kv.k[0, unused].float()).all() and torch.isnan(kv.v[0, unused].float()).all()
 
 
+@pytest.fixture
+def nan_partials(monkeypatch):
+    """Every launch's partials workspace NaN: the merge must read only what the launch wrote
+    (blocks of splits past a sequence's context write nothing)."""
+    def partials(rows, D, device):
+        return (torch.full((rows * D,), float("nan"), device=device),
+                torch.full((rows * 2,), float("nan"), device=device))
+    monkeypatch.setattr(attention, "_partials", partials)
+
+
 # -- attention over the cache (q, k already normalised and rotated) ---------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lengths,M,Hq,Hkv,D,max_len", [
@@ -92,9 +104,11 @@ def _written_where_expected(kv, ref_kv, slots, lengths, M, exact=True, dtype=Non
     ([5, 900], 3, 8, 4, 64, 1000),          # 6 rows: warp kernel, 8-row variant
     ([4000], 1, 32, 8, 128, 4096),          # long context: many keys per warp
     ([1, 0], 1, 8, 8, 256, 24),             # no GQA, head_dim 256, tiny contexts
+    ([2], 1, 32, 8, 128, 4096),            # short context, large cache: one split holds keys
+    ([0, 40, 9], 9, 32, 4, 128, 4096),     # the same on attn_partial, 3 row groups
 ])
 @pytest.mark.parametrize("fused", [False, True])
-def test_decode_attention(km, sms, dtype, lengths, M, Hq, Hkv, D, max_len, fused):
+def test_decode_attention(km, sms, nan_partials, dtype, lengths, M, Hq, Hkv, D, max_len, fused):
     B = len(lengths)
     slots = list(range(B))[::-1]  # sequence b lives in slot B-1-b; slot B stays unused
     kv, ref_kv = _caches(B, max_len, Hkv, D, dtype, lengths, slots)
@@ -115,6 +129,62 @@ def test_decode_attention(km, sms, dtype, lengths, M, Hq, Hkv, D, max_len, fused
     ref = TorchBackend.attention(types.SimpleNamespace(kv=ref_kv), q, k, v, 0, step)
     _written_where_expected(kv, ref_kv, slots, lengths, M)
     check(out, ref, dtype)
+
+
+# Lengths before the step, one call after another on the same tickets: contexts that one split
+# holds (no ticket taken), all splits, and in between, in one batch.
+REPEATS = [[3, 4000], [100, 7], [4000, 0], [1500, 60], [0, 2], [3990, 3990], [8, 700]]
+
+
+def _cached(kv, positions, slots):
+    """The cache's K/V at the step's positions, [B, M, Hkv, D] each (writing them back into
+    the cache changes nothing)."""
+    rows = slots[:, None].expand(positions.shape)
+    return kv.k[0][rows, positions], kv.v[0][rows, positions]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,Hq,Hkv", [(1, 32, 8), (2, 32, 8), (9, 32, 4)])  # last: attn_partial
+@pytest.mark.parametrize("graph", [False, True])
+def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph):
+    """The same attention op again and again with other lengths, eagerly or as replays of one
+    captured graph (inputs changed in place): each launch leaves the merge's tickets at zero
+    for the next."""
+    B, D, max_len, slots = 2, 128, 4096, [1, 0]
+    kv = KVCache(1, B, max_len, Hkv, D, torch.device("cuda"), dtype)
+    kv.k.copy_(rnd(*kv.k.shape, dtype=dtype))
+    kv.v.copy_(rnd(*kv.v.shape, dtype=dtype))
+    step = kv.step(slots, M, [M] * B)  # static inputs, lengths 0
+    q = rnd(B, M, Hq, D, dtype=dtype)
+    k, v = _cached(kv, step.positions, step.slots)
+    out = torch.empty(B, M, Hq, D, dtype=dtype, device="cuda")
+
+    def call():
+        attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
+                            out=out)
+
+    if graph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compile, make the tickets outside the capture
+            call()
+        torch.cuda.current_stream().wait_stream(side)
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            call()
+        call = captured.replay
+    for lengths in REPEATS:
+        for s, n in zip(slots, lengths):
+            kv.lengths[s] = n
+        now = kv.step(slots, M, [M] * B)
+        step.positions.copy_(now.positions)
+        q.copy_(rnd(B, M, Hq, D, dtype=dtype))
+        for x, y in zip((k, v), _cached(kv, now.positions, now.slots)):
+            x.copy_(y)
+        out.fill_(float("nan"))
+        call()
+        ref = TorchBackend.attention(types.SimpleNamespace(kv=kv), q, k, v, 0, now)
+        check(out, ref, dtype)
 
 
 def test_attention_plan_does_not_depend_on_lengths(sms):
