@@ -1,12 +1,14 @@
 """Batch-1 decode step with each runtime feature on / off, same model (H200 ablation).
 
     python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16] [--pdl all,gemv,small,none]
-                             [--tail 0,1] [--glu 0,1] [--late-trigger 0,1] [--breakdown]
+                             [--tail 0,1] [--glu 0,1] [--late-trigger 0,1]
+                             [--min-keys 8,32] [--breakdown]
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
 other kernels only, or of none), late trigger (a gemv lets the next kernel launch after its
 K loop, not at its top), tail (the RMSNorm after a residual gemv in that gemv's last block;
-off: its own kernel) and glu
+off: its own kernel), min keys (keys per context split of the decode attention, at least)
+and glu
 (the SwiGLU in the gate_up gemv's epilogue; off: its own kernel). Prints tok/s (overlapped
 loop, bench/measure.py) and the median device time of a step for each combination;
 --breakdown adds each model's per-kernel times with PDL off (with PDL the profiler's kernel
@@ -32,7 +34,7 @@ PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
              "none": (False, False)}
 
 
-def set_features(model, pdl: str, late: bool, tail: bool, glu: bool) -> None:
+def set_features(model, pdl: str, late: bool, tail: bool, glu: bool, min_keys: int = 8) -> None:
     """pdl: a key of PDL_MODES; late: the gemvs' late trigger (rebuilds the backend's Gemv)."""
     from kestrel_rt.cuda.linear import Gemv
 
@@ -45,6 +47,7 @@ def set_features(model, pdl: str, late: bool, tail: bool, glu: bool) -> None:
     be.kernels.pdl_enabled = small
     be.gemv().pdl_enabled = gemv
     be.norm_tail = tail
+    be.decode_min_keys = min_keys
     be.glu_epilogue = glu
     model.graphs.clear()
 
@@ -60,24 +63,26 @@ def main() -> None:
     ap.add_argument("--late-trigger", default="0")
     ap.add_argument("--tail", default="1,0")
     ap.add_argument("--glu", default="1,0")
+    ap.add_argument("--min-keys", default="8")
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     rows, breakdowns = [], []
     grid = list(itertools.product(args.pdl.split(","), flags(args.late_trigger),
-                                  flags(args.tail), flags(args.glu)))
+                                  flags(args.tail), flags(args.glu),
+                                  [int(v) for v in args.min_keys.split(",")]))
     for spec in args.models.split(","):
         name, quant = spec.split(":")
         model = build(name, quant)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, late, tail, glu in grid:
-            set_features(model, pdl, late, tail, glu)
+        for pdl, late, tail, glu, keys in grid:
+            set_features(model, pdl, late, tail, glu, keys)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            rows.append((name, quant, pdl, late, tail, glu, r["tok_s"], r["ms"]))
-            print(f"{name} {quant} pdl={pdl} late={late} tail={tail} glu={glu}: "
+            rows.append((name, quant, pdl, late, tail, glu, keys, r["tok_s"], r["ms"]))
+            print(f"{name} {quant} pdl={pdl} late={late} tail={tail} glu={glu} keys={keys}: "
                   f"{r['tok_s']:.1f} tok/s, step {r['ms']:.3f} ms", flush=True)
         if args.breakdown:
-            set_features(model, "none", True, True, True)
+            set_features(model, "none", True, False, True)
             breakdowns.append((spec, measure.kernel_breakdown(model, CONTEXT)))
         del model
         torch.cuda.empty_cache()
@@ -86,10 +91,10 @@ def main() -> None:
         print("| kernel | launches / step | us / step | us each |\n| --- | ---: | ---: | ---: |")
         for n, c, us in b["kernels"][:14]:
             print(f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |")
-    print("\n| model | quant | pdl | late trigger | tail | glu | tok/s | step ms |\n"
-          "| --- | --- | --- | --- | --- | --- | ---: | ---: |")
+    print("\n| model | quant | pdl | late trigger | tail | glu | min keys | tok/s | step ms |\n"
+          "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |")
     for r in rows:
-        print("| " + " | ".join(str(v) for v in r[:6]) + f" | {r[6]:.1f} | {r[7]:.3f} |")
+        print("| " + " | ".join(str(v) for v in r[:7]) + f" | {r[7]:.1f} | {r[8]:.3f} |")
 
 
 if __name__ == "__main__":

@@ -56,12 +56,16 @@ def backend_class():
     return CupyBackend
 
 
-def build(name: str, quant: str):
+def build(name: str, quant: str, min_keys: int | None = None):
+    """GraphModel of a preset with dummy weights on the cupy backend (min_keys: the decode
+    attention's keys per context split, at least; the backend's default when None)."""
     from kestrel_rt.cuda.graphs import GraphModel
 
     shape, weights = load_dummy(name, "cuda", torch.bfloat16, seed=0)
     quantize_weights(weights, None if quant == "bf16" else quant)
     model = GraphModel(shape, weights, backend_class()("cuda", torch.bfloat16))
+    if min_keys is not None:
+        model.backend.decode_min_keys = min_keys
     del weights
     return model
 
@@ -76,6 +80,7 @@ class Bench:
         self.steps = 16 if quick else 48
         self.models, self.quants, self.with_transformers = MODELS, QUANTS, True
         self.breakdown, self.breakdowns = False, []  # per-kernel time of a decode step
+        self.min_keys: int | None = None  # decode attention keys per split (None: default)
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -108,7 +113,7 @@ class Bench:
     # -- sections -------------------------------------------------------------------------
     def model_runs(self, name: str, quant: str, profile: list | None):
         self.log(f"build {name} {quant}")
-        model = build(name, quant)
+        model = build(name, quant, self.min_keys)
         max_batch = max(BATCHES) if profile is not None or name == "qwen3-8b" else 1
         model.allocate_kv(max_batch, 2048 + 64)
         r = measure.time_steps(model, 1, 1, CONTEXT, self.steps, self.gen)
@@ -167,9 +172,9 @@ class Bench:
     def quant_error(self, name: str):
         """Logits error of each quantized format against bf16, same dummy weights."""
         tokens = torch.randint(0, 32000, (4, 64), generator=self.gen)  # [B, M]
-        ref = build(name, "bf16")
+        ref = build(name, "bf16", self.min_keys)
         for quant in (q for q in self.quants if q != "bf16"):
-            model = build(name, quant)
+            model = build(name, quant, self.min_keys)
             row = {"model": name, "quant": quant, **logits_error(ref, model, tokens)}
             self.quant_rows.append(row)
             self.log(json.dumps(row))
@@ -236,6 +241,7 @@ class Bench:
                 "commit": commit, "torch": torch.__version__, "cuda": torch.version.cuda,
                 "copy_gbps": self.copy_bw / 1e9, "matmul_tflops": self.peak_flops / 1e12,
                 "quick": self.quick, "errors": self.errors, "rows": self.rows,
+                "decode_min_keys": self.min_keys,
                 "quant_error": self.quant_rows,
                 "breakdowns": [{"model": m, "quant": q, **b} for m, q, b in self.breakdowns]}
         (self.out / "h200_decode.json").write_text(json.dumps(meta, indent=1))
@@ -253,7 +259,8 @@ def render(meta: dict) -> str:
         f"bandwidth {meta['copy_gbps']:.0f} GB/s (read + write), bf16 matmul "
         f"{meta['matmul_tflops']:.0f} TFLOP/s. Dummy weights, real shapes; decode at "
         f"{CONTEXT} cached tokens; limit = bytes per step / copy bandwidth (MoE: experts hit; "
-        "prefill: the larger of that and FLOPs / matmul rate)."),
+        "prefill: the larger of that and FLOPs / matmul rate); decode attention keys per split "
+        f"at least {meta.get('decode_min_keys') or 'the default'}."),
         "",
         "| section | model | quant | batch | tokens | tok/s | step ms | limit tok/s | of limit |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -288,6 +295,9 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--quants", default=",".join(QUANTS))
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--min-keys", type=int, default=None,
+                    help="keys per context split of the decode attention, at least "
+                         "(default: the backend's)")
     ap.add_argument("--breakdown", action="store_true",
                     help="per-kernel time of a decode step (torch.profiler), bf16 and int4")
     args = ap.parse_args()
@@ -295,6 +305,7 @@ def main() -> None:
     bench.models, bench.quants = args.models.split(","), args.quants.split(",")
     bench.with_transformers = not args.no_transformers
     bench.breakdown = args.breakdown
+    bench.min_keys = args.min_keys
     bench.run(args.commit)
 
 

@@ -107,7 +107,7 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
                                  const T* __restrict__ v_new, long long v_st,
                                  const T* __restrict__ q_norm, const T* __restrict__ k_norm,
                                  const T* __restrict__ cos_t, const T* __restrict__ sin_t,
-                                 float eps) {
+                                 float eps, int min_keys) {
   constexpr int D = 32 * DL;
   __shared__ float s_acc[DECODE_WARPS][RB][D];
   __shared__ float s_ml[DECODE_WARPS][RB][2];
@@ -120,10 +120,12 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   const long long* pos_b = positions + (long long)b * m_tokens;
   const long long first_new = k_new ? pos_b[0] : (long long)1 << 62;
   const long long ctx = pos_b[m_tokens - 1] + 1;
-  // Keys per split: at least one pass of the key loop (two keys per warp), so a short context
-  // leaves the last splits empty (they return at once) instead of a few keys in each.
+  // Keys per split: at least min_keys (>= one pass of the key loop, two keys per warp), so a
+  // short context leaves the last splits empty (they return at once) and fewer partials to
+  // merge, instead of a few keys in each.
+  const long long least = min_keys > 2 * DECODE_WARPS ? min_keys : 2 * DECODE_WARPS;
   long long chunk = (ctx + splits - 1) / splits;
-  chunk = chunk > 2 * DECODE_WARPS ? chunk : 2 * DECODE_WARPS;
+  chunk = chunk > least ? chunk : least;
   const int active = (int)((ctx + chunk - 1) / chunk);  // splits holding keys
   if (split >= active) return;
   const long long k_begin = (long long)split * chunk;
@@ -270,12 +272,13 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
       const long long* positions, long long stride_slot, long long stride_pos,                 \
       float* part_acc, float* part_ml, T* out, int* tickets, int m_tokens, int hq, int hkv,    \
       float scale, const T* k_new, long long k_st, const T* v_new, long long v_st,             \
-      const T* q_norm, const T* k_norm, const T* cos_t, const T* sin_t, float eps) {           \
+      const T* q_norm, const T* k_norm, const T* cos_t, const T* sin_t, float eps,            \
+      int min_keys) {                                                                          \
     pdl_trigger();                                                                             \
     attn_decode_impl<T, DL, RB, ROPE>(q, q_st, k_cache, v_cache, slots, positions,             \
                                       stride_slot, stride_pos, part_acc, part_ml, out,         \
                                       tickets, m_tokens, hq, hkv, scale, k_new, k_st, v_new,   \
-                                      v_st, q_norm, k_norm, cos_t, sin_t, eps);                \
+                                      v_st, q_norm, k_norm, cos_t, sin_t, eps, min_keys);      \
   }
 
 #define DECODE_PAIR(SUFFIX, T, DL, RB)                                                         \

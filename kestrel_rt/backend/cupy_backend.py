@@ -59,8 +59,12 @@ class CupyBackend(GemvLinear, TorchBackend):
         self._quant_experts_ok: bool | None = None  # gemv_moe takes the stored experts
         self.bf16_experts = "kernel"  # bf16 MoE experts: "kernel" (moe.cu) or "gemv"
         # The next RMSNorm in the residual gemv's last block (linear_add_norm): one launch
-        # fewer per norm
-        self.norm_tail = True
+        # fewer per norm, but slower on the H200 (bench/ablation.py: qwen3-8b bf16 4.89 vs
+        # 4.52 ms per step, int4 2.75 vs 2.53, qwen3-0.6b 0.883 vs 0.844; each residual gemv
+        # ~3 us longer than the rmsnorm kernel it saves: the last block's serial norm). Off
+        self.norm_tail = False
+        # keys per context split of the decode attention kernel, at least (attn_ops.attention)
+        self.decode_min_keys = attn_ops.DECODE_MIN_KEYS
         # SwiGLU in the gate_up gemv's epilogue (one launch fewer per dense layer; exact
         # rounding): faster everywhere on the H200 (bench/ablation.py: qwen3-8b bf16 4.98 vs
         # 5.04 ms, int4 2.70 vs 2.75, qwen3-0.6b 0.877 vs 0.909 ms per step)
@@ -128,7 +132,8 @@ class CupyBackend(GemvLinear, TorchBackend):
         kc, vc = self.kv.k[layer], self.kv.v[layer]  # [slots, max_len, Hkv, D]
         try:
             return attn_ops.attention(self.kernels, q, k, v, kc, vc, step.slots,
-                                      step.positions, self.num_sms)
+                                      step.positions, self.num_sms,
+                                      min_keys=self.decode_min_keys)
         except Unsupported:
             return super().attention(q, k, v, layer, step)
 
@@ -140,7 +145,7 @@ class CupyBackend(GemvLinear, TorchBackend):
                     self.kernels, q, k, v, self.weight(f"layers.{layer}.q_norm"),
                     self.weight(f"layers.{layer}.k_norm"), self._cos, self._sin,
                     self.kv.k[layer], self.kv.v[layer], step.slots, step.positions,
-                    self.shape.rms_norm_eps, self.num_sms)
+                    self.shape.rms_norm_eps, self.num_sms, min_keys=self.decode_min_keys)
             except Unsupported:
                 pass
         return super().rope_attention(q, k, v, layer, step)

@@ -29,6 +29,7 @@ DECODE_WARPS = 4  # warps of the warp-per-key decode kernel
 DECODE_MAX_ROWS = 8  # query rows (M * Hq / Hkv) it takes; more go to attn_partial
 DECODE_HEAD_DIMS = (64, 128, 256)  # head_dim = 32 lanes * 2, 4 or 8 elements
 MAX_SPLITS = 64  # context splits (the merge holds one weight per split)
+DECODE_MIN_KEYS = 8  # keys per split of the warp-per-key kernel, at least (short contexts)
 
 
 def kv_write(km: KernelModules, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -122,7 +123,7 @@ def _lane_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                  num_sms: int, out: torch.Tensor, new: tuple | None = None,
-                 rope: tuple | None = None) -> torch.Tensor:
+                 rope: tuple | None = None, min_keys: int = DECODE_MIN_KEYS) -> torch.Tensor:
     """attn_decode: q [B, M, Hq, D] over the cache -> out.
 
     new = (k, v) [B, M, Hkv, D]: the step's K/V, read from there and written into the cache
@@ -148,6 +149,7 @@ def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Te
         name = f"attn_decode_rope_{sfx}_d{D // 32}_r{rb}"
         q_norm, k_norm, cos, sin, eps = rope
         rope_args = (ptr(q_norm), ptr(k_norm), ptr(cos), ptr(sin), f32(eps))
+    rope_args += (i32(min_keys),)
     km.launch("decode_attention", name, (B * Hkv, splits), (32 * DECODE_WARPS,),
               (ptr(q), i64(q_st), ptr(k_cache), ptr(v_cache), ptr(slots.contiguous()),
                ptr(positions.contiguous()), i64(k_cache.stride(0)), i64(k_cache.stride(1)),
@@ -190,13 +192,13 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
 
 def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-              positions: torch.Tensor, num_sms: int, out: torch.Tensor | None = None
-              ) -> torch.Tensor:
+              positions: torch.Tensor, num_sms: int, out: torch.Tensor | None = None,
+              min_keys: int = DECODE_MIN_KEYS) -> torch.Tensor:
     """The attention op: write k, v [B, M, Hkv, D] into one layer's cache at (slots[b],
     positions[b, m]) and attend q [B, M, Hq, D] over it -> [B, M, Hq, D].
 
-    Where attn_decode takes the shapes it writes the cache itself (one launch); otherwise
-    kv_write + decode_attention (two)."""
+    Where attn_decode takes the shapes it writes the cache itself (one launch; each context
+    split holds at least min_keys keys); otherwise kv_write + decode_attention (two)."""
     sfx = _suffix(q, k, v, k_cache, v_cache)
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -205,15 +207,16 @@ def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return decode_attention(km, q, k_cache, v_cache, slots, positions, num_sms, out=out)
     out = _dest(out, q.shape, q.dtype, q.device)
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
-                        new=(k, v))
+                        new=(k, v), min_keys=min_keys)
 
 
 def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    slots: torch.Tensor, positions: torch.Tensor, eps: float, num_sms: int,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
-    """attention(*qk_norm_rope(q, k, ...), v, ...) in one launch.
+                   out: torch.Tensor | None = None, min_keys: int = DECODE_MIN_KEYS
+                   ) -> torch.Tensor:
+    """attention(*qk_norm_rope(q, k, ...), v, ...) in one launch (min_keys: see attention).
 
     q [B, M, Hq, D], k, v [B, M, Hkv, D]: raw projections (strided views of the qkv output
     are fine); q_norm, k_norm [D]; cos, sin [max_len, D] RoPE tables (TorchBackend.allocate_kv);
@@ -241,4 +244,4 @@ def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch
     if B * M == 0:
         return out
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
-                        new=(k, v), rope=(q_norm, k_norm, cos, sin, eps))
+                        new=(k, v), rope=(q_norm, k_norm, cos, sin, eps), min_keys=min_keys)
