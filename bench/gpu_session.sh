@@ -6,7 +6,8 @@
 #
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
-# STEPS: a comma list of tests, gemv, decode, ablation (default all four).
+# STEPS: a comma list of tests, gemv, decode, ablation (default all four). The tests step
+# compiles every kernel module first, in parallel (tests/conftest.py, kestrel_rt/cuda/precompile.py).
 # (The device's copy of .git may be older than the working tree: pass the commit from here.)
 set -u
 COMMIT=${1:?usage: bash bench/gpu_session.sh COMMIT [OUT] [STEPS]}

@@ -25,3 +25,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """With xdist workers on a CUDA machine with cupy: compile every kernel module once, in
+    parallel, before the workers start (kestrel_rt/cuda/precompile.py), so each worker loads
+    them from cupy's disk cache instead of all compiling the same modules at once."""
+    config = session.config
+    if hasattr(config, "workerinput") or not (config.getoption("numprocesses", None) or 0):
+        return
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return
+    if not _cuda_available():
+        return
+    from kestrel_rt.cuda.precompile import precompile
+
+    results = precompile()
+    failed = [f"{'/'.join(map(str, job))}: {err}" for job, _, err in results if err]
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"precompiled {len(results) - len(failed)} of {len(results)} kernel "
+                            "modules" + "".join(f"\n  failed {f}" for f in failed))

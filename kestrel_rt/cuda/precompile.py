@@ -1,0 +1,80 @@
+"""Compile every kernel module once, in parallel processes, to fill cupy's on-disk cache.
+
+    python -m kestrel_rt.cuda.precompile [--workers N]
+
+cupy keys its kernel cache (~/.cupy/kernel_cache, or CUPY_CACHE_DIR) by source, options and
+architecture, so a module compiled here is loaded, not compiled, by every later process
+that asks for it with the same options: the GPU tests' xdist workers (tests/gpu/conftest.py
+calls `precompile()` before they start: else each of them compiles the same ~35 modules
+with NVRTC at once), a benchmark, a server's first request. Each job runs in a fresh
+("spawn") process; a job that fails is reported, not raised: the process that needs the
+module compiles it itself and shows the real error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from kernels import KERNEL_DIR
+from kestrel_rt.cuda.gemv_variants import GLU, KERNELS, NORM, PLAIN, RESIDUAL, RMSNORM, SWIGLU
+
+# The gemv prologue / epilogue combinations the runtime and the tests compile.
+GEMV_PROS = (PLAIN, RMSNORM, SWIGLU, PLAIN | RESIDUAL, RMSNORM | RESIDUAL, SWIGLU | RESIDUAL,
+             GLU, GLU | RMSNORM, NORM | RESIDUAL)
+
+
+def jobs() -> list[tuple]:
+    """("kernels", file) for each kernels/*.cu that KernelModules compiles whole, and
+    ("gemv", file, pro) for each gemv module (Gemv's default options)."""
+    whole = sorted(p.stem for p in KERNEL_DIR.glob("*.cu") if p.stem not in KERNELS)
+    return ([("kernels", f) for f in whole]
+            + [("gemv", f, pro) for f in sorted(KERNELS) for pro in GEMV_PROS])
+
+
+def compile_job(job: tuple) -> tuple[tuple, float, str | None]:
+    """Compile one module on CUDA device 0: (job, seconds, error or None)."""
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        if job[0] == "kernels":
+            from kestrel_rt.cuda.module import KernelModules
+
+            KernelModules(torch.device("cuda")).compile_all((job[1],))
+        else:
+            from kestrel_rt.cuda.linear import Gemv
+
+            Gemv("cuda")._module(job[1], job[2])
+        return job, time.perf_counter() - t0, None
+    except Exception as e:  # reported by the caller; the module's user raises it again
+        return job, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
+
+
+def precompile(workers: int | None = None) -> list[tuple[tuple, float, str | None]]:
+    """Every job of jobs(), `workers` processes at a time (default: the CPUs, at most 16)."""
+    todo = jobs()
+    workers = workers or min(16, os.cpu_count() or 1, len(todo))
+    ctx = multiprocessing.get_context("spawn")  # no CUDA state inherited from the caller
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return list(pool.map(compile_job, todo))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=None)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    results = precompile(args.workers)
+    for job, seconds, error in results:
+        print(f"{'/'.join(map(str, job)):32s} {seconds:6.1f} s  {error or 'ok'}")
+    failed = sum(error is not None for _, _, error in results)
+    print(f"{len(results)} modules in {time.perf_counter() - t0:.1f} s, {failed} failed")
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

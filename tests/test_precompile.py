@@ -1,0 +1,24 @@
+"""kestrel_rt/cuda/precompile.py: the module list, and a failing job is reported, not raised."""
+
+from __future__ import annotations
+
+from kernels import KERNEL_DIR
+from kestrel_rt.cuda import precompile
+from kestrel_rt.cuda.gemv_variants import KERNELS
+
+
+def test_jobs_cover_every_kernel_file_once_per_options():
+    jobs = precompile.jobs()
+    assert len(jobs) == len(set(jobs))
+    whole = {j[1] for j in jobs if j[0] == "kernels"}
+    gemv = {j[1] for j in jobs if j[0] == "gemv"}
+    assert whole | gemv == {p.stem for p in KERNEL_DIR.glob("*.cu")}
+    assert gemv == set(KERNELS) and not whole & gemv
+    for file in KERNELS:  # every prologue / epilogue the runtime and tests ask for
+        assert {j[2] for j in jobs if j[:2] == ("gemv", file)} == set(precompile.GEMV_PROS)
+
+
+def test_a_failing_job_returns_its_error():
+    job, seconds, error = precompile.compile_job(("kernels", "no_such_file"))
+    assert job == ("kernels", "no_such_file") and seconds >= 0
+    assert error  # no CUDA here, or no such file on a GPU machine: reported either way
