@@ -1,12 +1,13 @@
 """Batch-1 decode step with each runtime feature on / off, same model (H200 ablation).
 
     python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16] [--pdl all,gemv,small,none]
-                             [--tail 0,1] [--glu 0,1] [--late-trigger 0,1]
+                             [--tail 0,1] [--glu 0,1] [--late-trigger 0,1] [--prefetch 0,1]
                              [--min-keys 8,32] [--breakdown]
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
 other kernels only, or of none), late trigger (a gemv lets the next kernel launch after its
-K loop, not at its top), tail (the RMSNorm after a residual gemv in that gemv's last block;
+K loop, not at its top), prefetch (a gemv asks L2 for its first weights before its PDL
+wait), tail (the RMSNorm after a residual gemv in that gemv's last block;
 off: its own kernel), min keys (keys per context split of the decode attention, at least)
 and glu
 (the SwiGLU in the gate_up gemv's epilogue; off: its own kernel). Prints tok/s (overlapped
@@ -34,14 +35,17 @@ PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
              "none": (False, False)}
 
 
-def set_features(model, pdl: str, late: bool, tail: bool, glu: bool, min_keys: int = 8) -> None:
-    """pdl: a key of PDL_MODES; late: the gemvs' late trigger (rebuilds the backend's Gemv)."""
+def set_features(model, pdl: str, late: bool, tail: bool, glu: bool, min_keys: int = 8,
+                 prefetch: bool = False) -> None:
+    """pdl: a key of PDL_MODES; late, prefetch: the gemvs' compile options (a new Gemv for the
+    backend when they change)."""
     from kestrel_rt.cuda.linear import Gemv
 
     be = model.backend
     small, gemv = PDL_MODES[pdl]
-    if be.gemv().options.count("-DGEMV_LATE_TRIGGER") != late:
-        be._gemv = Gemv(be.device, pdl=True, late_trigger=late)
+    opts = be.gemv().options
+    if ("-DGEMV_LATE_TRIGGER" in opts, "-DGEMV_EARLY_PREFETCH" in opts) != (late, prefetch):
+        be._gemv = Gemv(be.device, pdl=True, late_trigger=late, early_prefetch=prefetch)
     if (small and be.kernels.pdl is None) or (gemv and be.gemv()._pdl is None):
         raise RuntimeError("this backend was built without PDL")
     be.kernels.pdl_enabled = small
@@ -60,7 +64,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="qwen3-8b:bf16,qwen3-0.6b:bf16,qwen3-8b:int4")
     ap.add_argument("--pdl", default="all,none", help="of " + ",".join(PDL_MODES))
-    ap.add_argument("--late-trigger", default="0")
+    ap.add_argument("--late-trigger", default="1")
+    ap.add_argument("--prefetch", default="0")
     ap.add_argument("--tail", default="1,0")
     ap.add_argument("--glu", default="1,0")
     ap.add_argument("--min-keys", default="8")
@@ -69,17 +74,19 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     rows, breakdowns = [], []
     grid = list(itertools.product(args.pdl.split(","), flags(args.late_trigger),
+                                  flags(args.prefetch),
                                   flags(args.tail), flags(args.glu),
                                   [int(v) for v in args.min_keys.split(",")]))
     for spec in args.models.split(","):
         name, quant = spec.split(":")
         model = build(name, quant)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, late, tail, glu, keys in grid:
-            set_features(model, pdl, late, tail, glu, keys)
+        for pdl, late, pre, tail, glu, keys in grid:
+            set_features(model, pdl, late, tail, glu, keys, pre)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            rows.append((name, quant, pdl, late, tail, glu, keys, r["tok_s"], r["ms"]))
-            print(f"{name} {quant} pdl={pdl} late={late} tail={tail} glu={glu} keys={keys}: "
+            rows.append((name, quant, pdl, late, pre, tail, glu, keys, r["tok_s"], r["ms"]))
+            print(f"{name} {quant} pdl={pdl} late={late} prefetch={pre} tail={tail} glu={glu} "
+                  f"keys={keys}: "
                   f"{r['tok_s']:.1f} tok/s, step {r['ms']:.3f} ms", flush=True)
         if args.breakdown:
             set_features(model, "none", True, False, True)
@@ -91,10 +98,10 @@ def main() -> None:
         print("| kernel | launches / step | us / step | us each |\n| --- | ---: | ---: | ---: |")
         for n, c, us in b["kernels"][:14]:
             print(f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |")
-    print("\n| model | quant | pdl | late trigger | tail | glu | min keys | tok/s | step ms |\n"
-          "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |")
+    print("\n| model | quant | pdl | late trigger | prefetch | tail | glu | min keys | tok/s | "
+          "step ms |\n| --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |")
     for r in rows:
-        print("| " + " | ".join(str(v) for v in r[:7]) + f" | {r[7]:.1f} | {r[8]:.3f} |")
+        print("| " + " | ".join(str(v) for v in r[:8]) + f" | {r[8]:.1f} | {r[9]:.3f} |")
 
 
 if __name__ == "__main__":

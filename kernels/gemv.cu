@@ -22,7 +22,7 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
   float acc[2][MT][4] = {};
   const int nsub = (kv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT][1];
-  pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
+  prefetch_then_wait<U>(wa, wb, ks * U, t, kv);  // then nothing but weights before the wait
   XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
   load_stage<MT, U, 1, PF>(A, B, X, wa, wb, xl, ks * U, t, kv);

@@ -69,7 +69,7 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   uint4 A[U], B[U];
   u32 nz[U][2];
   float sc[U][2];
-  pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
+  prefetch_then_wait<U>(qa, qb, ks * U, t, qv);  // then nothing but weights before the wait
   XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
   int4_load<U, PF>(A, B, nz, sc, qa, qb, zeros, scales, ra, rb, za_shift, zb_shift, ks * U, t,

@@ -48,6 +48,27 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 // kernel before their first load. (Issuing the first weight loads, or L2 prefetches of them,
 // before the wait cost 8-12 registers, a block per SM at the tuned geometries: ptxas, sm_90.)
 
+// The wait of a dense gemv (kernels/pdl.cuh). Compiled with -DGEMV_EARLY_PREFETCH, it first
+// asks L2 for the first stage's weight vectors (rows a and b, U sub-steps from s0; weights are
+// immutable, so they may be read before the wait): they stream in while the previous kernel
+// finishes, instead of the first loads paying the DRAM latency after it. A prefetch holds
+// no register past its issue.
+template <int U>
+__device__ __forceinline__ void prefetch_then_wait(const uint4* wa, const uint4* wb, int s0, int t,
+                                                   int nvec) {
+#ifdef GEMV_EARLY_PREFETCH
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int v = (s0 + u) * 4 + t;
+    if (v < nvec) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wa + v));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + v));
+    }
+  }
+#endif
+  pdl_wait();
+}
+
 // Activations are re-read by every block: keep them cached.
 __device__ __forceinline__ uint4 ld_cached(const uint4* p) { return __ldg(p); }
 

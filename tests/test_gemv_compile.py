@@ -56,16 +56,22 @@ def test_fused_declines_what_no_kernel_takes_on_the_cpu():
         gemv.fused(x, w, norm=torch.ones(256, dtype=torch.bfloat16), swiglu=True)
 
 
+# Gemv's compile options: the default (late trigger), and with the early L2 prefetch
+OPTIONS = {"late": ("-DGEMV_LATE_TRIGGER",),
+           "late+prefetch": ("-DGEMV_LATE_TRIGGER", "-DGEMV_EARLY_PREFETCH")}
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("options", sorted(OPTIONS))
 @pytest.mark.parametrize("file", sorted(V.KERNELS))
-def test_every_prologue_instantiates_for_sm90(file, tmp_path):
+def test_every_prologue_instantiates_for_sm90(file, options, tmp_path):
     names = _names(file)
     keep = ",\n".join(f"  (void*)&{n}" for n in names)
     src = tmp_path / f"{file}_inst.cu"
     src.write_text(L._source(file) + f"\nstatic void* keep_kernels[] = {{\n{keep}\n}};\n")
     ptx = tmp_path / f"{file}.ptx"
-    result = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90", "-ptx", str(src), "-o", str(ptx)],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90", *OPTIONS[options], "-ptx",
+                             str(src), "-o", str(ptx)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     entries = re.findall(r"^\.visible \.entry (\w+)\(", ptx.read_text(), flags=re.MULTILINE)
     templated = [e for e in entries if not e.startswith("dequant_")]
