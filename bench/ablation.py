@@ -1,16 +1,15 @@
 """Batch-1 decode step with each runtime feature on / off, same model (H200 ablation).
 
     python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16] [--pdl all,gemv,small,none]
-                             [--tail 0,1] [--glu 0,1] [--late-trigger 0,1] [--prefetch 0,1]
+                             [--fuse 0,1] [--glu 0,1] [--late-trigger 0,1] [--prefetch 0,1]
                              [--min-keys 8,32] [--breakdown]
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
 other kernels only, or of none), late trigger (a gemv lets the next kernel launch after its
 K loop, not at its top), prefetch (a gemv asks L2 for its first weights before its PDL
-wait), tail (the RMSNorm after a residual gemv in that gemv's last block;
-off: its own kernel), min keys (keys per context split of the decode attention, at least)
-and glu
-(the SwiGLU in the gate_up gemv's epilogue; off: its own kernel). Prints tok/s (overlapped
+wait), fuse (RMSNorm in the gemv prologue; off: its own kernel), min keys (keys per context
+split of the decode attention, at least) and glu (the SwiGLU in the gate_up gemv's epilogue;
+off: its own kernel). Prints tok/s (overlapped
 loop, bench/measure.py) and the median device time of a step for each combination;
 --breakdown adds each model's per-kernel times with PDL off (with PDL the profiler's kernel
 times include the waits of kernels launched early).
@@ -35,7 +34,7 @@ PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
              "none": (False, False)}
 
 
-def set_features(model, pdl: str, late: bool, tail: bool, glu: bool, min_keys: int = 8,
+def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool, min_keys: int = 8,
                  prefetch: bool = False) -> None:
     """pdl: a key of PDL_MODES; late, prefetch: the gemvs' compile options (a new Gemv for the
     backend when they change)."""
@@ -50,7 +49,7 @@ def set_features(model, pdl: str, late: bool, tail: bool, glu: bool, min_keys: i
         raise RuntimeError("this backend was built without PDL")
     be.kernels.pdl_enabled = small
     be.gemv().pdl_enabled = gemv
-    be.norm_tail = tail
+    be.fuse_prologues = fuse
     be.decode_min_keys = min_keys
     be.glu_epilogue = glu
     model.graphs.clear()
@@ -66,7 +65,7 @@ def main() -> None:
     ap.add_argument("--pdl", default="all,none", help="of " + ",".join(PDL_MODES))
     ap.add_argument("--late-trigger", default="1")
     ap.add_argument("--prefetch", default="0")
-    ap.add_argument("--tail", default="1,0")
+    ap.add_argument("--fuse", default="0")
     ap.add_argument("--glu", default="1,0")
     ap.add_argument("--min-keys", default="8")
     ap.add_argument("--breakdown", action="store_true")
@@ -75,17 +74,17 @@ def main() -> None:
     rows, breakdowns = [], []
     grid = list(itertools.product(args.pdl.split(","), flags(args.late_trigger),
                                   flags(args.prefetch),
-                                  flags(args.tail), flags(args.glu),
+                                  flags(args.fuse), flags(args.glu),
                                   [int(v) for v in args.min_keys.split(",")]))
     for spec in args.models.split(","):
         name, quant = spec.split(":")
         model = build(name, quant)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, late, pre, tail, glu, keys in grid:
-            set_features(model, pdl, late, tail, glu, keys, pre)
+        for pdl, late, pre, fuse, glu, keys in grid:
+            set_features(model, pdl, late, fuse, glu, keys, pre)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            rows.append((name, quant, pdl, late, pre, tail, glu, keys, r["tok_s"], r["ms"]))
-            print(f"{name} {quant} pdl={pdl} late={late} prefetch={pre} tail={tail} glu={glu} "
+            rows.append((name, quant, pdl, late, pre, fuse, glu, keys, r["tok_s"], r["ms"]))
+            print(f"{name} {quant} pdl={pdl} late={late} prefetch={pre} fuse={fuse} glu={glu} "
                   f"keys={keys}: "
                   f"{r['tok_s']:.1f} tok/s, step {r['ms']:.3f} ms", flush=True)
         if args.breakdown:
@@ -98,7 +97,7 @@ def main() -> None:
         print("| kernel | launches / step | us / step | us each |\n| --- | ---: | ---: | ---: |")
         for n, c, us in b["kernels"][:14]:
             print(f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |")
-    print("\n| model | quant | pdl | late trigger | prefetch | tail | glu | min keys | tok/s | "
+    print("\n| model | quant | pdl | late trigger | prefetch | fuse | glu | min keys | tok/s | "
           "step ms |\n| --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |")
     for r in rows:
         print("| " + " | ".join(str(v) for v in r[:8]) + f" | {r[8]:.1f} | {r[9]:.3f} |")

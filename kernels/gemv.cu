@@ -53,20 +53,15 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
   if (ks == 0) store_out<MT, PRO>(y, res, acc[0], th.tile, g, t, M, N, 1.f, 1.f);
 }
 
-// y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res);
-// PRO + 16: then yn = RMSNorm(y) * nw (norm_tail, gemv_mma.cuh).
+// y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res).
 template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N, int K,
-          const uint4* __restrict__ nw, float eps, const u16* res, u16* yn,
-          int* ticket) {
-  static_assert(!GEMV_NORM(PRO) || (GEMV_ACT(PRO) != 1 && !GEMV_GLU(PRO)),
-                "the RMSNorm tail takes nw: no RMSNorm prologue, no SwiGLU epilogue");
+          const uint4* __restrict__ nw, float eps, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
   __shared__ float part[ProShared<GEMV_ACT(PRO), KSPLIT * TPB>::N];
   GEMV_TRIGGER_TOP();
   gemv_bf16_body<MT, KSPLIT, TPB, U, PF, PRO>(w, x, y, nw, eps, res, M, N, K, red, part);
-  if constexpr (GEMV_NORM(PRO)) norm_tail<KSPLIT * TPB>(y, yn, nw, eps, ticket, M, N);
 }
 
 // Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = act(x[p / x_div]) . W[ids[p]]^T,

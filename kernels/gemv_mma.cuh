@@ -178,12 +178,10 @@ __device__ __forceinline__ u32 swiglu2(u32 g, u32 u) {
 // Shared floats the RMSNorm prologue needs in a block of WARPS warps (1 for other PROs).
 // PRO, the kernels' template parameter: bits 0-1 the activation prologue (0 plain, 1 RMSNorm,
 // 2 SwiGLU), bit 2 (+4) the residual epilogue, bit 3 (+8) the SwiGLU epilogue (GLU: W is
-// [gate; up], 2I rows, and y = silu(x.gate) * (x.up) [M, I]), bit 4 (+16) the RMSNorm tail
-// (norm_tail: the last block also writes RMSNorm(y) * nw). Helpers take the parts.
+// [gate; up], 2I rows, and y = silu(x.gate) * (x.up) [M, I]). Helpers take the parts.
 #define GEMV_ACT(PRO) ((PRO) & 3)
 #define GEMV_RES(PRO) (((PRO) & 4) != 0)
 #define GEMV_GLU(PRO) (((PRO) & 8) != 0)
-#define GEMV_NORM(PRO) (((PRO) & 16) != 0)
 
 // The two weight rows thread (g, .) of tile `tile` streams (the mma's rows g and g + 8).
 // Plain: rows 16 tile + g and + 8 of W [N, K]. GLU: gate row i = 8 tile + g and its up row
@@ -246,16 +244,15 @@ struct ProShared { static constexpr int N = PRO == 1 ? (WARPS + 1) * GEMV_TILE :
 // PRO 1: rstd of each of the M rows of x [M, K], into part[WARPS * 16 + m]. Every thread sums
 // the squares of chunks tid, tid + 32 WARPS, ... in order (fp32), warps reduce with the same
 // shuffle tree, thread m adds the WARPS partials in order: deterministic, and the same value
-// in every block. All threads of the block must call it (two __syncthreads). FRESH: x was
-// written during this kernel (by other blocks): read it through L2, not the read-only path.
-template <int WARPS, bool FRESH = false>
+// in every block. All threads of the block must call it (two __syncthreads).
+template <int WARPS>
 __device__ __forceinline__ void row_rstd(const uint4* x, float* part, int M, int K,
                                          float eps) {
   const int kv = K >> 3, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int m = 0; m < M; ++m) {
     float ss = 0.f;
     for (int v = threadIdx.x; v < kv; v += WARPS * 32) {
-      const uint4 c = FRESH ? __ldcg(x + (size_t)m * kv + v) : ld_cached(x + (size_t)m * kv + v);
+      const uint4 c = ld_cached(x + (size_t)m * kv + v);
       const u32 w[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -408,33 +405,4 @@ __device__ __forceinline__ void store_out(u16* y, const u16* res, const float (*
     store_glu<MT>(y, acc, tile, g, t, M, N, sa, sb);
   else
     store_tile<MT, GEMV_RES(PRO)>(y, res, acc, tile * GEMV_TILE, g, t, M, N, sa, sb);
-}
-
-// PRO + 16, the RMSNorm tail: once every block has stored its part of y [M, N], the block
-// that finishes last writes yn [M, N] = RMSNorm(y) * nw (nw [N]; rmsnorm.cu's rounding: fp32
-// mean of squares, then bf16(bf16(y * rstd) * w)), so the next linear needs no norm kernel.
-// ticket: an int the blocks count on, 0 before the launch and reset to 0 by the last block
-// (kernels on one stream run in order, so one ticket serves every launch of a Gemv). Every
-// thread of the block calls it, after its stores. N % 8 == 0.
-template <int WARPS>
-__device__ __forceinline__ void norm_tail(const u16* y, u16* yn, const uint4* nw, float eps,
-                                          int* ticket, int M, int N) {
-  __shared__ float part[(WARPS + 1) * GEMV_TILE];
-  __shared__ int last;
-  __threadfence();  // this block's part of y is visible before its ticket
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const uint4* yv = reinterpret_cast<const uint4*>(y);
-  row_rstd<WARPS, true>(yv, part, M, N, eps);
-  const int nv = N >> 3;
-  for (int i = threadIdx.x; i < M * nv; i += WARPS * 32) {
-    const float rstd = part[WARPS * GEMV_TILE + i / nv];
-    const uint4 c = __ldcg(yv + i), w = __ldg(nw + i % nv);
-    reinterpret_cast<uint4*>(yn)[i] = make_uint4(rmsnorm2(c.x, w.x, rstd), rmsnorm2(c.y, w.y, rstd),
-                                                 rmsnorm2(c.z, w.z, rstd), rmsnorm2(c.w, w.w, rstd));
-  }
-  if (threadIdx.x == 0) *ticket = 0;
 }

@@ -77,25 +77,23 @@ class Qwen3Model:
         D, Hq, Hkv = s.head_dim, s.num_attention_heads, s.num_key_value_heads
 
         x = be.embed(tokens)  # [B, M, H]: the residual stream
-        xn = be.rms_norm(x, "layers.0.input_norm")  # [B, M, H]: the next linear's input
         for i in range(s.num_hidden_layers):
-            nxt = f"layers.{i + 1}.input_norm" if i + 1 < s.num_hidden_layers else "norm"
-            qkv = be.linear(xn, f"layers.{i}.qkv")
+            qkv = be.norm_linear(x, f"layers.{i}.input_norm", f"layers.{i}.qkv")
             q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)  # [B, M, (Hq+2Hkv) D]
             o = be.rope_attention(q.view(B, M, Hq, D), k.view(B, M, Hkv, D),
                                   v.view(B, M, Hkv, D), i, step)  # [B, M, Hq, D]
-            x, xn = be.linear_add_norm(o.reshape(B, M, Hq * D), f"layers.{i}.o", x,
-                                       f"layers.{i}.post_norm")
+            x = be.linear_add(o.reshape(B, M, Hq * D), f"layers.{i}.o", x)
             if s.is_moe_layer(i):
-                x = be.moe_add(xn.reshape(B * M, -1), i, x.reshape(B * M, -1)).view(B, M, -1)
-                xn = be.rms_norm(x, nxt)
+                h = be.rms_norm(x, f"layers.{i}.post_norm").reshape(B * M, -1)  # [N, H]
+                x = be.moe_add(h, i, x.reshape(B * M, -1)).view(B, M, -1)
             else:
-                act = be.linear_swiglu(xn, f"layers.{i}.gate_up")  # [B, M, I]
-                x, xn = be.linear_add_norm(act, f"layers.{i}.down", x, nxt)
+                act = be.norm_linear_swiglu(x, f"layers.{i}.post_norm",
+                                            f"layers.{i}.gate_up")  # [B, M, I]
+                x = be.linear_add(act, f"layers.{i}.down", x)
         if last_only:
-            last = (step.n_new - 1)[:, None, None].expand(B, 1, xn.shape[-1])  # [B, 1, H]
-            xn = xn.gather(1, last)
-        return be.lm_head(xn)  # [B, M or 1, V]
+            last = (step.n_new - 1)[:, None, None].expand(B, 1, x.shape[-1])  # [B, 1, H]
+            x = x.gather(1, last)
+        return be.logits(x)  # [B, M or 1, V]
 
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         """Append each prompt to its (typically empty) slot in one padded batch.

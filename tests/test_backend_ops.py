@@ -57,7 +57,7 @@ def test_embed_norms_linear_swiglu(pair):
     _close(be.linear(x, "layers.0.qkv"), qkv)
     gu = _x(2, 3, 2 * 24, seed=2)
     _close(be.swiglu(gu), F.silu(gu[..., :24]) * gu[..., 24:])
-    _close(be.lm_head(be.rms_norm(x + r, "norm")), ref.lm_head(ref.model.norm(x + r)))
+    _close(be.logits(x + r), ref.lm_head(ref.model.norm(x + r)))
 
 
 def test_qk_norm_rope(pair):
@@ -126,24 +126,20 @@ def test_fused_ops_compose_the_primitives(pair):
     x = _x(2, 3, H, seed=4)
     layer = ref.model.layers[0]
     attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    qkv = torch.cat([attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)], dim=-1)
+    _close(be.norm_linear(x, "layers.0.input_norm", "layers.0.qkv"), qkv)
     o = _x(2, 3, Hq * D, seed=5)
     _close(be.linear_add(o, "layers.0.o", x), x + attn.o_proj(o))
-    h, hn = be.linear_add_norm(o, "layers.0.o", x, "layers.0.post_norm")
-    _close(h, x + attn.o_proj(o))
-    _close(hn, layer.post_attention_layernorm(x + attn.o_proj(o)))
-    _close(be.lm_head(x), ref.lm_head(x))
+    _close(be.logits(x), ref.lm_head(ref.model.norm(x)))
     dense = [i for i in range(c.num_hidden_layers) if not tm.shape_of(c).is_moe_layer(i)]
     for i in dense:
         layer_i = ref.model.layers[i]
+        act = be.norm_linear_swiglu(x, f"layers.{i}.post_norm", f"layers.{i}.gate_up")
+        h = layer_i.post_attention_layernorm(x)
         mlp = layer_i.mlp
-        act = be.linear_swiglu(x, f"layers.{i}.gate_up")
-        _close(act, F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
-        nxt = ref.model.norm if i + 1 == c.num_hidden_layers else (
-            ref.model.layers[i + 1].input_layernorm)
-        name = "norm" if i + 1 == c.num_hidden_layers else f"layers.{i + 1}.input_norm"
-        h, hn = be.linear_add_norm(act, f"layers.{i}.down", x, name)
-        _close(h, x + mlp.down_proj(act))
-        _close(hn, nxt(x + mlp.down_proj(act)))
+        _close(act, F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+        _close(be.linear_add(act, f"layers.{i}.down", x), x + mlp(h))
     for i in range(c.num_hidden_layers):
         if tm.shape_of(c).is_moe_layer(i):
             xs = _x(5, H, seed=7)

@@ -18,7 +18,7 @@ from kestrel_rt.cuda import linear as L
 
 NVCC = shutil.which("nvcc")
 PROS = (tuple(act | res for res in (0, V.RESIDUAL) for act in (V.PLAIN, V.RMSNORM, V.SWIGLU))
-        + (V.GLU, V.GLU | V.RMSNORM, V.NORM | V.RESIDUAL, V.NORM))
+        + (V.GLU, V.GLU | V.RMSNORM))
 
 
 def _names(file: str) -> list[str]:

@@ -45,7 +45,7 @@ def _recording_gemv():
     from kestrel_rt.cuda.linear import Gemv
 
     gemv = Gemv.__new__(Gemv)  # no device: only the launch logic runs
-    gemv.tuned, gemv.sms, gemv.sweep, gemv._ticket = {}, 132, False, None
+    gemv.tuned, gemv.sms, gemv.sweep = {}, 132, False
     calls = []
 
     class Module:
@@ -73,9 +73,8 @@ def _weight(kind: str, n: int, k: int):
 
 
 def test_each_call_picks_its_prologue_and_epilogue_kernel():
-    """PRO = prologue (0 plain, 1 RMSNorm, 2 SwiGLU) + 4 residual + 8 SwiGLU epilogue + 16
-    RMSNorm tail; the SwiGLU epilogue halves the output and keeps the grid of the plain
-    kernel; the tail returns (y, yn)."""
+    """PRO = prologue (0 plain, 1 RMSNorm, 2 SwiGLU) + 4 residual + 8 SwiGLU epilogue; the
+    SwiGLU epilogue halves the output and keeps the grid of the plain kernel."""
     import torch
 
     gemv, calls = _recording_gemv()
@@ -88,20 +87,16 @@ def test_each_call_picks_its_prologue_and_epilogue_kernel():
         run = getattr(gemv, kind)
         cases = [({}, 0, n), ({"residual": res}, 4, n), ({"norm": norm}, 1, n),
                  ({"norm": norm, "residual": res}, 5, n), ({"glu": True}, 8, n // 2),
-                 ({"glu": True, "norm": norm}, 9, n // 2),
-                 ({"residual": res, "then_norm": torch.ones(n).bfloat16()}, 20, n)]
+                 ({"glu": True, "norm": norm}, 9, n // 2)]
         for kw, pro, width in cases:
             calls.clear()
             y = run(x, w, **kw)
-            if "then_norm" in kw:
-                y, yn = y
-                assert yn.shape == (m, width)
             assert y.shape == (m, width)
             (name, grid, block, nargs), = calls
             assert name.startswith(V.KERNELS[file] + "<1, ") and name.endswith(f", {pro}>")
             ks, tpb, _, _ = V.default_variant(file, n, k, 132)
             assert grid == (-(-n // (16 * tpb)),) and block == (32 * ks * tpb,)
-            assert nargs == {"bf16": 11, "int8": 12, "int4": 13}[kind]
+            assert nargs == {"bf16": 9, "int8": 10, "int4": 11}[kind]
         gu = torch.randn(m, 2 * k).bfloat16()
         calls.clear()
         assert run(gu, w, swiglu=True, residual=res).shape == (m, n)
@@ -122,22 +117,4 @@ def test_swiglu_epilogue_refusals():
     with pytest.raises(ValueError):
         gemv.bf16(torch.randn(1, 256).bfloat16(), _weight("bf16", 32, 128), glu=True,
                   swiglu=True)
-    assert not calls
-
-
-def test_rmsnorm_tail_refusals():
-    """The tail's weight must be bf16 [N] with N % 8 == 0; it takes no RMSNorm prologue and
-    no SwiGLU epilogue (one norm weight argument): ValueError, nothing launched."""
-    import pytest
-    import torch
-
-    gemv, calls = _recording_gemv()
-    x = torch.randn(1, 128).bfloat16()
-    w = _weight("bf16", 32, 128)
-    with pytest.raises(ValueError, match="then_norm must be"):
-        gemv.bf16(x, w, then_norm=torch.ones(32))  # fp32
-    with pytest.raises(ValueError, match="then_norm must be"):
-        gemv.bf16(x, _weight("bf16", 12, 128), then_norm=torch.ones(12).bfloat16())
-    with pytest.raises(ValueError, match="no RMSNorm prologue"):
-        gemv.bf16(x, w, norm=torch.ones(128).bfloat16(), then_norm=torch.ones(32).bfloat16())
     assert not calls

@@ -11,21 +11,20 @@ The model (kestrel_rt/model.py) calls only the ops below, per layer, on the resi
 stream x:
 
     x = embed(tokens)                                   # [B, M, H]
-    xn = rms_norm(x, "layers.0.input_norm")             # the next linear's input
-    for layer i (next: "layers.{i+1}.input_norm", after the last layer "norm"):
-        qkv = linear(xn, "layers.{i}.qkv")              # [B, M, (Hq+2Hkv) D]
+    for layer i:
+        qkv = norm_linear(x, "layers.{i}.input_norm", "layers.{i}.qkv")  # [B, M, (Hq+2Hkv) D]
         o = rope_attention(q, k, v, i, step)            # [B, M, Hq, D]; writes k, v to cache
-        x, xn = linear_add_norm(o, "layers.{i}.o", x, "layers.{i}.post_norm")
-        dense: a = linear_swiglu(xn, "layers.{i}.gate_up")            # [B, M, I]
-               x, xn = linear_add_norm(a, "layers.{i}.down", x, next)
-        MoE:   x = moe_add(xn, i, x); xn = rms_norm(x, next)         # [N, H] rows
-    logits = lm_head(xn)                                # [B, M, V] fp32
+        x = linear_add(o, "layers.{i}.o", x)            # x + o @ W_o.T
+        dense: a = norm_linear_swiglu(x, "layers.{i}.post_norm", "layers.{i}.gate_up")
+               x = linear_add(a, "layers.{i}.down", x)
+        MoE:   x = moe_add(rms_norm(x, "layers.{i}.post_norm"), i, x)   # [N, H] rows
+    logits = logits(x)                                  # norm + lm_head, fp32
 
-The fused ops (linear_add_norm, linear_swiglu, rope_attention, moe_add) are compositions of
-the primitive ops (rms_norm, linear, qk_norm_rope, attention, swiglu, moe) with the same
-rounding: the defaults here compose them, so the torch reference only implements the
-primitives; a GPU backend runs each fused op as one kernel where it can and falls back to
-the composition where it cannot.
+The fused ops (norm_linear, norm_linear_swiglu, rope_attention, linear_add, moe_add,
+logits) are compositions of the primitive ops (rms_norm, linear, qk_norm_rope, attention,
+swiglu, moe) with the same rounding: the defaults here compose them, so the torch reference
+only implements the primitives; a GPU backend runs each fused op as one kernel where it can
+and falls back to the composition where it cannot.
 
 HOW TO WRITE A SUBCLASS (e.g. the cupy backend): subclass `TorchBackend` (the reference)
 and override any op with a kernel; un-overridden ops keep the torch reference, so each
@@ -151,21 +150,18 @@ class Backend(ABC):
         those weights."""
 
     # -- fused ops: compositions of the ops above (same rounding); override with kernels ---
+    def norm_linear(self, x: torch.Tensor, norm: str, name: str) -> torch.Tensor:
+        """linear(rms_norm(x, norm), name): x [..., H] -> [..., out]."""
+        return self.linear(self.rms_norm(x, norm), name)
+
     def linear_add(self, x: torch.Tensor, name: str, residual: torch.Tensor) -> torch.Tensor:
         """residual + linear(x, name) (the linear's output rounded to the dtype first)."""
         return residual + self.linear(x, name)
 
-    def linear_add_norm(self, x: torch.Tensor, name: str, residual: torch.Tensor,
-                        norm: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h, rms_norm(h, norm)) with h = linear_add(x, name, residual): the residual stream
-        and the next linear's input."""
-        h = self.linear_add(x, name, residual)
-        return h, self.rms_norm(h, norm)
-
-    def linear_swiglu(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """swiglu(linear(x, name)): x [..., H] -> [..., I] (weight [2I, H], the gate rows then
-        the up rows)."""
-        return self.swiglu(self.linear(x, name))
+    def norm_linear_swiglu(self, x: torch.Tensor, norm: str, name: str) -> torch.Tensor:
+        """swiglu(norm_linear(x, norm, name)): x [..., H] -> [..., I] (weight [2I, H], the gate
+        rows then the up rows)."""
+        return self.swiglu(self.norm_linear(x, norm, name))
 
     def rope_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                        step: Step) -> torch.Tensor:
@@ -178,7 +174,7 @@ class Backend(ABC):
         """residual + moe(x, layer): x, residual [N, H]."""
         return residual + self.moe(x, layer)
 
-    def lm_head(self, xn: torch.Tensor) -> torch.Tensor:
-        """Logits of the final-normalised stream (rms_norm(x, "norm")): xn [B, M, H] ->
-        [B, M, V] fp32."""
-        return self.linear(xn, "lm_head").float()
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final RMSNorm ("norm") + lm_head of the residual stream: x [B, M, H] -> [B, M, V]
+        fp32."""
+        return self.norm_linear(x, "norm", "lm_head").float()

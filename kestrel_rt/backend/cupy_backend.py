@@ -14,12 +14,13 @@ gemv cannot read) fall back to the TorchBackend op: same function, same shapes. 
 `linear` comes from GemvLinear (the skinny bf16 / int8 / int4 matmul kernels, falling back
 to torch for other dtypes and wide inputs).
 
-The model's fused ops (kestrel_rt/backend/base.py) run as: `linear_add_norm` with the
-residual added in the gemv's epilogue and the next RMSNorm written by the gemv's last block
-(`norm_tail`; off: the rmsnorm kernel after it), `linear_swiglu` with the SwiGLU in the
-gate_up gemv's epilogue (`glu_epilogue`), `rope_attention` with q/k norm + RoPE inside the
-attention kernel, `moe_add` with the residual inside moe_down. `pdl` launches every kernel
-of the forward but the MoE expert gemvs with programmatic dependent launch.
+The model's fused ops (kestrel_rt/backend/base.py) run as: `linear_add` with the residual
+added in the gemv's epilogue, `rope_attention` with q/k norm + RoPE inside the attention
+kernel, `moe_add` with the residual inside moe_down, `norm_linear_swiglu` with the SwiGLU in
+the gate_up gemv's epilogue (`glu_epilogue`, on); `norm_linear` and `norm_linear_swiglu` fold
+the RMSNorm into the gemv prologue when `fuse_prologues` is on (off: measured slower). `pdl`
+launches every kernel of the forward but the MoE expert gemvs with programmatic dependent
+launch.
 """
 
 from __future__ import annotations
@@ -58,11 +59,10 @@ class CupyBackend(GemvLinear, TorchBackend):
         self.graph_pool = None  # torch.cuda.graph_pool_handle(), made on first capture
         self._quant_experts_ok: bool | None = None  # gemv_moe takes the stored experts
         self.bf16_experts = "kernel"  # bf16 MoE experts: "kernel" (moe.cu) or "gemv"
-        # The next RMSNorm in the residual gemv's last block (linear_add_norm): one launch
-        # fewer per norm, but slower on the H200 (bench/ablation.py: qwen3-8b bf16 4.89 vs
-        # 4.52 ms per step, int4 2.75 vs 2.53, qwen3-0.6b 0.883 vs 0.844; each residual gemv
-        # ~3 us longer than the rmsnorm kernel it saves: the last block's serial norm). Off
-        self.norm_tail = False
+        # RMSNorm inside the gemv prologue (norm_linear). With the SwiGLU prologue in the down
+        # gemv as well it measured slower on the H200 (bench/ablation.py: qwen3-8b bf16 5.24 vs
+        # 5.04 ms, int4 3.93 vs 2.75 ms per step): off by default
+        self.fuse_prologues = False
         # keys per context split of the decode attention kernel, at least (attn_ops.attention)
         self.decode_min_keys = attn_ops.DECODE_MIN_KEYS
         # SwiGLU in the gate_up gemv's epilogue (one launch fewer per dense layer; exact
@@ -150,25 +150,28 @@ class CupyBackend(GemvLinear, TorchBackend):
                 pass
         return super().rope_attention(q, k, v, layer, step)
 
-    # -- fused gemv ops: residual + RMSNorm tail, SwiGLU epilogue ----------------------------
+    # -- fused gemv ops: prologue (RMSNorm / SwiGLU) and residual epilogue in the kernel ----
+    def norm_linear(self, x, norm, name):
+        if not self.fuse_prologues:
+            return super().norm_linear(x, norm, name)
+        y = self.gemv().fused(x, self.weight(name), norm=self.weight(norm),
+                              eps=self.shape.rms_norm_eps)
+        return super().norm_linear(x, norm, name) if y is None else y
+
     def linear_add(self, x, name, residual):
         y = self.gemv().fused(x, self.weight(name), residual=residual)
         return super().linear_add(x, name, residual) if y is None else y
 
-    def linear_add_norm(self, x, name, residual, norm):
-        if self.norm_tail:
-            out = self.gemv().fused(x, self.weight(name), residual=residual,
-                                    then_norm=self.weight(norm), eps=self.shape.rms_norm_eps)
-            if out is not None:
-                return out
-        return super().linear_add_norm(x, name, residual, norm)
-
-    def linear_swiglu(self, x, name):
+    def norm_linear_swiglu(self, x, norm, name):
         if self.glu_epilogue:  # the SwiGLU in the gate_up gemv's epilogue
-            y = self.gemv().fused(x, self.weight(name), glu=True)
+            w, eps = self.weight(name), self.shape.rms_norm_eps
+            if self.fuse_prologues:
+                y = self.gemv().fused(x, w, norm=self.weight(norm), eps=eps, glu=True)
+            else:
+                y = self.gemv().fused(self.rms_norm(x, norm), w, glu=True)
             if y is not None:
                 return y
-        return super().linear_swiglu(x, name)
+        return super().norm_linear_swiglu(x, norm, name)
 
     def swiglu(self, gate_up):
         try:

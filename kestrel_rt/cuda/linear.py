@@ -12,13 +12,10 @@
 `Gemv(device).fused(x, w, norm=..., swiglu=..., residual=...)` is the same kernel with the
 op before it and the residual add after it folded in (kernels/gemv_mma.cuh, PRO):
 residual + act(x) @ W.T with act an RMSNorm or a SwiGLU of x, or None when no kernel takes
-the inputs (the caller then composes the unfused ops). `then_norm=w` adds the RMSNorm tail:
-the kernel also returns RMSNorm(y) * w, the next linear's input (kernels/gemv_mma.cuh,
-norm_tail).
+the inputs (the caller then composes the unfused ops).
 
 One `Gemv` per backend instance: it owns the compiled modules (cupy RawModule, one per
-(file, prologue), compiled on first use) and the RMSNorm tail's ticket (one int32 that the
-kernels leave at 0); it keeps no other tensors between calls.
+(file, prologue), compiled on first use) and nothing else; it keeps no tensors between calls.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from kestrel_rt.cuda.gemv_variants import (
     BF16_MAX_ROWS,
     GLU,
     KERNELS,
-    NORM,
     MAX_ROWS,
     PLAIN,
     RESIDUAL,
@@ -84,7 +80,6 @@ class Gemv:
         self.sweep = sweep
         self.options = ("-std=c++17",) + (("-DGEMV_LATE_TRIGGER",) if late_trigger else ()) + (
             ("-DGEMV_EARLY_PREFETCH",) if early_prefetch else ())
-        self._ticket = torch.zeros(1, dtype=torch.int32, device=device)  # norm_tail's counter
         self._pdl = None
         self.pdl_enabled = True  # switch PDL off for a comparison (bench/ablation.py)
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
@@ -127,15 +122,12 @@ class Gemv:
         return self.tuned.get((file, n, k, mt)) or default_variant(file, n, k, self.sms)
 
     def _launch(self, file: str, x: torch.Tensor, w, out, geom, norm, eps, residual,
-                swiglu: bool, glu: bool = False, then_norm: torch.Tensor | None = None):
+                swiglu: bool, glu: bool = False) -> torch.Tensor:
         """y [M, N] = residual + act(x) @ W.T through kernels/FILE.cu; x [M, K] ([M, 2K] with
         swiglu), the weight's arguments from _weight_args. glu: W is [gate; up] (N = 2I) and
-        y [M, I] = silu(act(x) @ gate.T) * (act(x) @ up.T), no residual. then_norm [N] bf16
-        (with eps): returns (y, RMSNorm(y) * then_norm), no RMSNorm prologue, no glu."""
+        y [M, I] = silu(act(x) @ gate.T) * (act(x) @ up.T), no residual."""
         if norm is not None and swiglu:
             raise ValueError("a gemv prologue is an RMSNorm or a SwiGLU, not both")
-        if then_norm is not None and (norm is not None or glu):
-            raise ValueError("the RMSNorm tail (then_norm) takes no RMSNorm prologue and no glu")
         m, n, k = x.shape[0], w.shape[0], w.shape[1]
         if x.shape[1] != (2 * k if swiglu else k):
             raise ValueError(f"x {list(x.shape)} does not fit a weight [{n}, {k}]"
@@ -150,15 +142,6 @@ class Gemv:
         pro = RMSNORM if norm is not None else SWIGLU if swiglu else PLAIN
         pro |= RESIDUAL if residual is not None else 0
         pro |= GLU if glu else 0
-        yn = None
-        if then_norm is not None:
-            if not (then_norm.dtype == torch.bfloat16 and then_norm.shape == (n,) and n % 8 == 0
-                    and then_norm.is_contiguous() and then_norm.data_ptr() % 16 == 0):
-                raise ValueError(f"then_norm must be a contiguous, 16-byte aligned bf16 [{n}] "
-                                 f"with {n} % 8 == 0, got {then_norm.dtype} "
-                                 f"{list(then_norm.shape)}")
-            pro |= NORM
-            norm, yn = then_norm, torch.empty_like(y)
         mt = 1 if m <= 8 else 2
         variant = self.variant(file, n, k, mt)
         if geom is not None:  # (ks, tpb) or a full (ks, tpb, u, pf)
@@ -166,38 +149,34 @@ class Gemv:
         ks, tpb = variant[:2]
         fn = self._module(file, pro).get_function(kernel_name(file, mt, variant, pro))
         args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(norm),
-                np.float32(eps), _p(residual), _p(yn), _p(self._ticket))
+                np.float32(eps), _p(residual))
         self._run(fn, (math.ceil(n / (16 * tpb)),), (32 * ks * tpb,), args)
-        return y if yn is None else (y, yn)
+        return y
 
     # -- the three kernels on 2-D activations x [M, K] (contiguous, bf16) -----------------
     # Keywords (all kernels): norm [K] bf16 + eps: RMSNorm x first; swiglu: x [M, 2K] is
     # gate|up, SwiGLU it first; residual [M, N] bf16: added to the result (out may be it);
-    # glu: W is [gate; up] and the result silu(gate) * up [M, N / 2]; then_norm [N] bf16 +
-    # eps: return (y, RMSNorm(y) * then_norm) (see _launch).
+    # glu: W is [gate; up] and the result silu(gate) * up [M, N / 2] (see _launch).
     def bf16(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
-             glu: bool = False, then_norm: torch.Tensor | None = None):
+             glu: bool = False) -> torch.Tensor:
         """x [M, K] @ w[N, K].T -> [M, N] bf16, M <= 16, K % 8 == 0."""
-        return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu, glu,
-                            then_norm)
+        return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu, glu)
 
     def int8(self, x: torch.Tensor, w: Int8Weight, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
-             glu: bool = False, then_norm: torch.Tensor | None = None):
+             glu: bool = False) -> torch.Tensor:
         """x [M, K] @ (q * scales).T -> [M, N] bf16, M <= 16, K % 16 == 0."""
-        return self._launch("gemv_int8", x, w, out, geom, norm, eps, residual, swiglu, glu,
-                            then_norm)
+        return self._launch("gemv_int8", x, w, out, geom, norm, eps, residual, swiglu, glu)
 
     def int4(self, x: torch.Tensor, w: Int4Weight, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
-             glu: bool = False, then_norm: torch.Tensor | None = None):
+             glu: bool = False) -> torch.Tensor:
         """x [M, K] @ dequant(w).T -> [M, N] bf16, M <= 16, int4_fits(N, K)."""
-        return self._launch("gemv_int4", x, w, out, geom, norm, eps, residual, swiglu, glu,
-                            then_norm)
+        return self._launch("gemv_int4", x, w, out, geom, norm, eps, residual, swiglu, glu)
 
     def dequantize(self, w: Int8Weight | Int4Weight) -> torch.Tensor:
         """The bf16 [N, K] weight of a quantized one, in one pass on the GPU (for prefill,
@@ -254,7 +233,7 @@ class Gemv:
 
     def fused(self, x: torch.Tensor, w, *, norm: torch.Tensor | None = None, eps: float = 0.0,
               swiglu: bool = False, residual: torch.Tensor | None = None,
-              glu: bool = False, then_norm: torch.Tensor | None = None):
+              glu: bool = False) -> torch.Tensor | None:
         """residual + act(x) @ W.T -> [..., N] bf16 in one kernel launch, or None when no
         kernel takes these inputs (rows, dtypes, alignment, K: see supports), so the caller
         composes the unfused ops.
@@ -264,14 +243,12 @@ class Gemv:
         rounding); swiglu: act = silu(gate) * up (TorchBackend.swiglu's); residual [..., N]
         bf16 added as torch's `residual + y` rounds; glu: w is [gate; up] (2I rows, I % 8 ==
         0) and the result silu(gate) * up [..., I], rounded as TorchBackend.swiglu of the
-        linear (no residual); then_norm [N] bf16 (with eps): returns (y, RMSNorm(y) *
-        then_norm) (None also when N % 8 != 0). Wrong shapes raise ValueError.
+        linear (no residual). Wrong shapes raise ValueError.
         """
         if norm is not None and swiglu:
             raise ValueError("fused takes an RMSNorm (norm) or a SwiGLU (swiglu), not both")
         lead, n, k = x.shape[:-1], w.shape[0], w.shape[-1]
-        if (glu and n % 16) or (then_norm is not None
-                                and (n % 8 or not _is_bf16_vector(then_norm, n))):
+        if glu and n % 16:
             return None
         x2 = x.reshape(-1, x.shape[-1])  # [M, K] or [M, 2K]; the kernel call checks widths
         if not self.supports(x2, w, k) or (norm is not None and not _is_bf16_vector(norm, k)):
@@ -284,16 +261,13 @@ class Gemv:
                     and residual.is_contiguous()):
                 return None
             res2 = residual.reshape(-1, n)  # [M, N]
-        kw = {"norm": norm, "eps": eps, "swiglu": swiglu, "residual": res2, "glu": glu,
-              "then_norm": then_norm}
+        kw = {"norm": norm, "eps": eps, "swiglu": swiglu, "residual": res2, "glu": glu}
         if isinstance(w, Int8Weight):
             y = self.int8(x2, w, **kw)
         elif isinstance(w, Int4Weight):
             y = self.int4(x2, w, **kw)
         else:
             y = self.bf16(x2, w, **kw)
-        if then_norm is not None:
-            return tuple(t.reshape(*lead, n) for t in y)
         return y.reshape(*lead, y.shape[-1])
 
     def linear(self, x: torch.Tensor, w) -> torch.Tensor:

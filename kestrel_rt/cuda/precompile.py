@@ -20,11 +20,11 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from kernels import KERNEL_DIR
-from kestrel_rt.cuda.gemv_variants import GLU, KERNELS, NORM, PLAIN, RESIDUAL, RMSNORM, SWIGLU
+from kestrel_rt.cuda.gemv_variants import GLU, KERNELS, PLAIN, RESIDUAL, RMSNORM, SWIGLU
 
 # The gemv prologue / epilogue combinations the runtime and the tests compile.
 GEMV_PROS = (PLAIN, RMSNORM, SWIGLU, PLAIN | RESIDUAL, RMSNORM | RESIDUAL, SWIGLU | RESIDUAL,
-             GLU, GLU | RMSNORM, NORM | RESIDUAL)
+             GLU, GLU | RMSNORM)
 
 
 def jobs() -> list[tuple]:

@@ -142,16 +142,16 @@ def test_speculative_greedy_cpu_draft_gpu_target_equals_plain_greedy():
     assert out[: n_tokens + 1] == plain
 
 
-@pytest.mark.parametrize("tail", [False, True], ids=["norm-kernel", "norm-tail"])
-def test_glu_epilogue_and_norm_tail_as_accurate(tail):
-    """The fusions (SwiGLU in the gate_up gemv's epilogue, the RMSNorm in the residual gemv's
-    last block) keep a bf16 model as close to fp32 as the unfused kernels are."""
+@pytest.mark.parametrize("fuse", [False, True], ids=["norm-kernel", "norm-prologue"])
+def test_glu_epilogue_and_prologues_as_accurate(fuse):
+    """The optional fusions (SwiGLU in the gate_up gemv's epilogue, RMSNorm in the gemvs'
+    prologue) keep a bf16 model as close to fp32 as the default kernels are."""
     exact = gm.run_script(gm.model("wide", TorchBackend("cuda", torch.float32)), LENGTHS, 6)
     plain = CupyBackend("cuda", torch.bfloat16)
-    plain.glu_epilogue = plain.norm_tail = False
+    plain.glu_epilogue = False
     ref = gm.run_script(gm.model("wide", plain), LENGTHS, 6)
     be = CupyBackend("cuda", torch.bfloat16)
-    be.glu_epilogue, be.norm_tail = True, tail
+    be.glu_epilogue, be.fuse_prologues = True, fuse
     got = gm.run_script(gm.model("wide", be), LENGTHS, 6)
     for g, r, e in zip(got, ref, exact):
         assert gm.rel_err(g, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
