@@ -2,14 +2,15 @@
 
     python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16] [--pdl all,gemv,small,none]
                              [--fuse 0,1] [--glu 0,1] [--late-trigger 0,1] [--prefetch 0,1]
-                             [--min-keys 8,32] [--breakdown]
+                             [--min-keys 8,32] [--fold 0,1] [--breakdown]
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
 other kernels only, or of none), late trigger (a gemv lets the next kernel launch after its
 K loop, not at its top), prefetch (a gemv asks L2 for its first weights before its PDL
 wait), fuse (RMSNorm in the gemv prologue; off: its own kernel), min keys (keys per context
-split of the decode attention, at least) and glu (the SwiGLU in the gate_up gemv's epilogue;
-off: its own kernel). Prints tok/s (overlapped
+split of the decode attention, at least), glu (the SwiGLU in the gate_up gemv's epilogue;
+off: its own kernel) and fold (the RMSNorm weights folded into the next linears at load,
+kestrel_rt/fold.py, the norms then a row scale in the bf16 gemvs' epilogue; a model per value). Prints tok/s (overlapped
 loop, bench/measure.py) and the median device time of a step for each combination;
 --breakdown adds each model's per-kernel times with PDL off (with PDL the profiler's kernel
 times include the waits of kernels launched early).
@@ -68,6 +69,7 @@ def main() -> None:
     ap.add_argument("--fuse", default="0")
     ap.add_argument("--glu", default="1,0")
     ap.add_argument("--min-keys", default="8")
+    ap.add_argument("--fold", default="0")
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
@@ -76,20 +78,20 @@ def main() -> None:
                                   flags(args.prefetch),
                                   flags(args.fuse), flags(args.glu),
                                   [int(v) for v in args.min_keys.split(",")]))
-    for spec in args.models.split(","):
+    for spec, fold in itertools.product(args.models.split(","), flags(args.fold)):
         name, quant = spec.split(":")
-        model = build(name, quant)
+        model = build(name, quant, fold=fold)
         model.allocate_kv(1, 2048 + 64)
         for pdl, late, pre, fuse, glu, keys in grid:
             set_features(model, pdl, late, fuse, glu, keys, pre)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            rows.append((name, quant, pdl, late, pre, fuse, glu, keys, r["tok_s"], r["ms"]))
-            print(f"{name} {quant} pdl={pdl} late={late} prefetch={pre} fuse={fuse} glu={glu} "
-                  f"keys={keys}: "
-                  f"{r['tok_s']:.1f} tok/s, step {r['ms']:.3f} ms", flush=True)
+            rows.append((name, quant, fold, pdl, late, pre, fuse, glu, keys, r["tok_s"], r["ms"]))
+            print(f"{name} {quant} fold={fold} pdl={pdl} late={late} prefetch={pre} fuse={fuse} "
+                  f"glu={glu} keys={keys}: {r['tok_s']:.1f} tok/s, step {r['ms']:.3f} ms",
+                  flush=True)
         if args.breakdown:
             set_features(model, "none", True, False, True)
-            breakdowns.append((spec, measure.kernel_breakdown(model, CONTEXT)))
+            breakdowns.append((f"{spec} fold={fold}", measure.kernel_breakdown(model, CONTEXT)))
         del model
         torch.cuda.empty_cache()
     for spec, b in breakdowns:
@@ -97,10 +99,10 @@ def main() -> None:
         print("| kernel | launches / step | us / step | us each |\n| --- | ---: | ---: | ---: |")
         for n, c, us in b["kernels"][:14]:
             print(f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |")
-    print("\n| model | quant | pdl | late trigger | prefetch | fuse | glu | min keys | tok/s | "
-          "step ms |\n| --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |")
+    print("\n| model | quant | fold | pdl | late trigger | prefetch | fuse | glu | min keys | "
+          "tok/s | step ms |\n| --- | --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |")
     for r in rows:
-        print("| " + " | ".join(str(v) for v in r[:8]) + f" | {r[8]:.1f} | {r[9]:.3f} |")
+        print("| " + " | ".join(str(v) for v in r[:9]) + f" | {r[9]:.1f} | {r[10]:.3f} |")
 
 
 if __name__ == "__main__":

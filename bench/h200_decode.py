@@ -56,14 +56,20 @@ def backend_class():
     return CupyBackend
 
 
-def build(name: str, quant: str, min_keys: int | None = None):
+def build(name: str, quant: str, min_keys: int | None = None, fold: bool = False):
     """GraphModel of a preset with dummy weights on the cupy backend (min_keys: the decode
-    attention's keys per context split, at least; the backend's default when None)."""
+    attention's keys per context split, at least; the backend's default when None; fold:
+    the RMSNorm weights folded into the next linears, kestrel_rt/fold.py, and the backend's
+    rstd_epilogue on)."""
     from kestrel_rt.cuda.graphs import GraphModel
+    from kestrel_rt.fold import fold_norms
 
     shape, weights = load_dummy(name, "cuda", torch.bfloat16, seed=0)
+    if fold:
+        shape, weights = fold_norms(shape, weights)
     quantize_weights(weights, None if quant == "bf16" else quant)
     model = GraphModel(shape, weights, backend_class()("cuda", torch.bfloat16))
+    model.backend.rstd_epilogue = fold
     if min_keys is not None:
         model.backend.decode_min_keys = min_keys
     del weights

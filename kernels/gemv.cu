@@ -7,8 +7,8 @@
 // the current one, and the mmas alternate between two accumulators (shorter chains).
 #include "gemv_mma.cuh"
 
-// x: [M, K] (PRO 2: [M, 2K]); nw, eps: PRO 1; res: residual [M, N] or nullptr; red: the
-// K-split shared floats; part: ProShared floats.
+// x: [M, K] (PRO 2: [M, 2K]); nw: PRO 1; eps: PRO 1 and RSTD; res: residual [M, N] or
+// nullptr; red: the K-split shared floats; part: ProShared floats.
 template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
                                                const uint4* __restrict__ x, u16* y,
@@ -19,7 +19,9 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
   const int kv = K >> 3;  // 16-byte vectors per row
   const uint4* wa = w + (size_t)th.ra * kv;
   const uint4* wb = w + (size_t)th.rb * kv;
+  static_assert(!GEMV_RSTD(PRO) || GEMV_ACT(PRO) == 0, "the row-scale RMSNorm takes plain x");
   float acc[2][MT][4] = {};
+  float ss[MT] = {};  // RSTD: sums of squares of the activation rows' chunks this lane loads
   const int nsub = (kv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT][1];
   prefetch_then_wait<U>(wa, wb, ks * U, t, kv);  // then nothing but weights before the wait
@@ -35,6 +37,7 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
       for (int j = 0; j < MT; ++j) {
         mma_bf16(acc[0][j], A[u].x, B[u].x, A[u].y, B[u].y, X[u][j][0].x, X[u][j][0].y);
         mma_bf16(acc[1][j], A[u].z, B[u].z, A[u].w, B[u].w, X[u][j][0].z, X[u][j][0].w);
+        if constexpr (GEMV_RSTD(PRO)) ss[j] = sum_squares(X[u][j][0], ss[j]);
       }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -49,8 +52,23 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[0][j][c] += acc[1][j][c];
   GEMV_TRIGGER_END();
-  reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0][0], red, th.tib, ks, th.lane);
-  if (ks == 0) store_out<MT, PRO>(y, res, acc[0], th.tile, g, t, M, N, 1.f, 1.f);
+  if constexpr (GEMV_RSTD(PRO)) {
+    float tot[MT][5];
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) tot[j][c] = acc[0][j][c];
+      tot[j][4] = ss[j];
+    }
+    reduce_ksplit<KSPLIT, MT * 5>(&tot[0][0], red, th.tib, ks, th.lane);
+    if (ks == 0) {
+      scale_by_rstd<MT>(tot, acc[0], t, K, eps);
+      store_out<MT, PRO>(y, res, acc[0], th.tile, g, t, M, N, 1.f, 1.f);
+    }
+  } else {
+    reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0][0], red, th.tib, ks, th.lane);
+    if (ks == 0) store_out<MT, PRO>(y, res, acc[0], th.tile, g, t, M, N, 1.f, 1.f);
+  }
 }
 
 // y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res).
@@ -58,7 +76,7 @@ template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N, int K,
           const uint4* __restrict__ nw, float eps, const u16* res) {
-  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
+  __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * (GEMV_RSTD(PRO) ? 5 : 4) * 32 : 1];
   __shared__ float part[ProShared<GEMV_ACT(PRO), KSPLIT * TPB>::N];
   GEMV_TRIGGER_TOP();
   gemv_bf16_body<MT, KSPLIT, TPB, U, PF, PRO>(w, x, y, nw, eps, res, M, N, K, red, part);

@@ -19,6 +19,7 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
                                                const uint4* __restrict__ x, u16* y,
                                                const uint4* nw, float eps, const u16* res,
                                                int M, int N, int K, float* red, float* part) {
+  static_assert(!GEMV_RSTD(PRO), "the row-scale RMSNorm is in the bf16 kernel only");
   const TileThread<KSPLIT, TPB, GEMV_GLU(PRO)> th(N);
   const int g = th.g, t = th.t, ks = th.ks;
   const int qv = K >> 4;  // 16-byte vectors (16 k) per weight row

@@ -178,10 +178,12 @@ __device__ __forceinline__ u32 swiglu2(u32 g, u32 u) {
 // Shared floats the RMSNorm prologue needs in a block of WARPS warps (1 for other PROs).
 // PRO, the kernels' template parameter: bits 0-1 the activation prologue (0 plain, 1 RMSNorm,
 // 2 SwiGLU), bit 2 (+4) the residual epilogue, bit 3 (+8) the SwiGLU epilogue (GLU: W is
-// [gate; up], 2I rows, and y = silu(x.gate) * (x.up) [M, I]). Helpers take the parts.
+// [gate; up], 2I rows, and y = silu(x.gate) * (x.up) [M, I]), bit 4 (+16) the row-scale
+// RMSNorm (RSTD: below; bf16 kernel). Helpers take the parts.
 #define GEMV_ACT(PRO) ((PRO) & 3)
 #define GEMV_RES(PRO) (((PRO) & 4) != 0)
 #define GEMV_GLU(PRO) (((PRO) & 8) != 0)
+#define GEMV_RSTD(PRO) (((PRO) & 16) != 0)
 
 // The two weight rows thread (g, .) of tile `tile` streams (the mma's rows g and g + 8).
 // Plain: rows 16 tile + g and + 8 of W [N, K]. GLU: gate row i = 8 tile + g and its up row
@@ -405,4 +407,40 @@ __device__ __forceinline__ void store_out(u16* y, const u16* res, const float (*
     store_glu<MT>(y, acc, tile, g, t, M, N, sa, sb);
   else
     store_tile<MT, GEMV_RES(PRO)>(y, res, acc, tile * GEMV_TILE, g, t, M, N, sa, sb);
+}
+
+// PRO + 16 (RSTD, bf16 kernel): an RMSNorm of x whose weight is folded into W at load
+// (kestrel_rt/fold.py), applied as a per-row scale of the result: y[m] = rstd[m] (x[m] . W)
+// with rstd[m] = rsqrt(mean(x[m]^2) + eps). The sums of squares come from the x chunks each
+// thread loads anyway (sum_squares), so x is used as loaded: no transform in the pipelined
+// loads (what made the RMSNorm prologue slow) and no block-wide pass before the K loop.
+__device__ __forceinline__ float sum_squares(uint4 c, float ss) {
+  const u32 w[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    ss = fmaf(bf16_lo(w[i]), bf16_lo(w[i]), ss);
+    ss = fmaf(bf16_hi(w[i]), bf16_hi(w[i]), ss);
+  }
+  return ss;
+}
+
+// tot[j]: acc[j][0..3] then the lane's sum of squares of activation row g + 8j over its
+// chunks (t, all K-split warps: after reduce_ksplit). Sums over the row group's 4 lanes, then
+// acc[j][c] = tot[j][c] * rstd of its activation row 8j + 2t + (c & 1) (lanes 8t, 8t + 4 hold
+// rows 2t, 2t + 1). The whole warp calls it.
+template <int MT>
+__device__ __forceinline__ void scale_by_rstd(const float (*tot)[5], float (*acc)[4], int t,
+                                              int K, float eps) {
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    float ss = tot[j][4];
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+    const float r0 = rsqrtf(__shfl_sync(0xffffffffu, ss, 8 * t) / (float)K + eps);
+    const float r1 = rsqrtf(__shfl_sync(0xffffffffu, ss, 8 * t + 4) / (float)K + eps);
+    acc[j][0] = tot[j][0] * r0;
+    acc[j][1] = tot[j][1] * r1;
+    acc[j][2] = tot[j][2] * r0;
+    acc[j][3] = tot[j][3] * r1;
+  }
 }

@@ -97,10 +97,32 @@ def test_each_call_picks_its_prologue_and_epilogue_kernel():
             ks, tpb, _, _ = V.default_variant(file, n, k, 132)
             assert grid == (-(-n // (16 * tpb)),) and block == (32 * ks * tpb,)
             assert nargs == {"bf16": 9, "int8": 10, "int4": 11}[kind]
+        if kind == "bf16":  # the row-scale RMSNorm (+ 16), alone and with the SwiGLU epilogue
+            for kw, pro, width in (({"rstd": True}, 16, n), ({"rstd": True, "glu": True}, 24,
+                                                            n // 2)):
+                calls.clear()
+                assert run(x, w, eps=1e-6, **kw).shape == (m, width)
+                assert calls[0][0].endswith(f", {pro}>")
         gu = torch.randn(m, 2 * k).bfloat16()
         calls.clear()
         assert run(gu, w, swiglu=True, residual=res).shape == (m, n)
         assert calls[0][0].endswith(", 6>")
+
+
+def test_rstd_refusals():
+    """The row-scale RMSNorm takes plain x (int8 / int4 have no rstd keyword): ValueError,
+    nothing launched."""
+    import pytest
+    import torch
+
+    gemv, calls = _recording_gemv()
+    x = torch.randn(1, 128).bfloat16()
+    with pytest.raises(ValueError, match="row-scale RMSNorm"):
+        gemv.bf16(torch.randn(1, 256).bfloat16(), _weight("bf16", 32, 128), rstd=True,
+                  swiglu=True)
+    with pytest.raises(ValueError, match="row-scale RMSNorm"):
+        gemv.bf16(x, _weight("bf16", 32, 128), rstd=True, norm=torch.ones(128).bfloat16())
+    assert not calls
 
 
 def test_swiglu_epilogue_refusals():

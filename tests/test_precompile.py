@@ -15,7 +15,8 @@ def test_jobs_cover_every_kernel_file_once_per_options():
     assert whole | gemv == {p.stem for p in KERNEL_DIR.glob("*.cu")}
     assert gemv == set(KERNELS) and not whole & gemv
     for file in KERNELS:  # every prologue / epilogue the runtime and tests ask for
-        assert {j[2] for j in jobs if j[:2] == ("gemv", file)} == set(precompile.GEMV_PROS)
+        assert {j[2] for j in jobs if j[:2] == ("gemv", file)} == set(precompile.gemv_pros(file))
+    assert set(precompile.gemv_pros("gemv")) > set(precompile.gemv_pros("gemv_int4"))
 
 
 def test_a_failing_job_returns_its_error():

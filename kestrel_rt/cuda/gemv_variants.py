@@ -28,6 +28,7 @@ DEQUANT = {"gemv_int8": ("dequant_int8",), "gemv_int4": ("dequant_int4",)}  # ex
 PLAIN, RMSNORM, SWIGLU = 0, 1, 2
 RESIDUAL = 4
 GLU = 8  # + the SwiGLU epilogue: W is [gate; up], the result silu(gate) * up (no residual)
+RSTD = 16  # + the row-scale RMSNorm: y[m] = rstd(x[m]) * (x[m] . W), norm weight folded in W
 EXPERT_PROS = (PLAIN, SWIGLU)  # the expert-indexed kernels take no RMSNorm, no residual
 # A launch variant: (KSPLIT warps splitting K per tile, TPB tiles per block, U sub-steps per
 # loop iteration, PF L2 prefetch hint); blockDim = 32 * KSPLIT * TPB.

@@ -12,7 +12,9 @@
 `Gemv(device).fused(x, w, norm=..., swiglu=..., residual=...)` is the same kernel with the
 op before it and the residual add after it folded in (kernels/gemv_mma.cuh, PRO):
 residual + act(x) @ W.T with act an RMSNorm or a SwiGLU of x, or None when no kernel takes
-the inputs (the caller then composes the unfused ops).
+the inputs (the caller then composes the unfused ops). `rstd=True` (bf16 weights) is the
+RMSNorm of x with a unit weight, the real one folded into W at load (kestrel_rt/fold.py),
+applied as a per-row scale of the result in the epilogue.
 
 One `Gemv` per backend instance: it owns the compiled modules (cupy RawModule, one per
 (file, prologue), compiled on first use) and nothing else; it keeps no tensors between calls.
@@ -35,6 +37,7 @@ from kestrel_rt.cuda.gemv_variants import (
     PLAIN,
     RESIDUAL,
     RMSNORM,
+    RSTD,
     SWIGLU,
     TUNED_FILE,
     default_variant,
@@ -122,12 +125,16 @@ class Gemv:
         return self.tuned.get((file, n, k, mt)) or default_variant(file, n, k, self.sms)
 
     def _launch(self, file: str, x: torch.Tensor, w, out, geom, norm, eps, residual,
-                swiglu: bool, glu: bool = False) -> torch.Tensor:
+                swiglu: bool, glu: bool = False, rstd: bool = False) -> torch.Tensor:
         """y [M, N] = residual + act(x) @ W.T through kernels/FILE.cu; x [M, K] ([M, 2K] with
         swiglu), the weight's arguments from _weight_args. glu: W is [gate; up] (N = 2I) and
-        y [M, I] = silu(act(x) @ gate.T) * (act(x) @ up.T), no residual."""
+        y [M, I] = silu(act(x) @ gate.T) * (act(x) @ up.T), no residual. rstd (bf16 kernel,
+        plain x, with eps): y[m] scaled by rsqrt(mean(x[m]^2) + eps)."""
         if norm is not None and swiglu:
             raise ValueError("a gemv prologue is an RMSNorm or a SwiGLU, not both")
+        if rstd and (file != "gemv" or norm is not None or swiglu):
+            raise ValueError("the row-scale RMSNorm (rstd) takes a bf16 weight and plain x "
+                             "(no RMSNorm or SwiGLU prologue)")
         m, n, k = x.shape[0], w.shape[0], w.shape[1]
         if x.shape[1] != (2 * k if swiglu else k):
             raise ValueError(f"x {list(x.shape)} does not fit a weight [{n}, {k}]"
@@ -142,6 +149,7 @@ class Gemv:
         pro = RMSNORM if norm is not None else SWIGLU if swiglu else PLAIN
         pro |= RESIDUAL if residual is not None else 0
         pro |= GLU if glu else 0
+        pro |= RSTD if rstd else 0
         mt = 1 if m <= 8 else 2
         variant = self.variant(file, n, k, mt)
         if geom is not None:  # (ks, tpb) or a full (ks, tpb, u, pf)
@@ -160,9 +168,9 @@ class Gemv:
     def bf16(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
-             glu: bool = False) -> torch.Tensor:
+             glu: bool = False, rstd: bool = False) -> torch.Tensor:
         """x [M, K] @ w[N, K].T -> [M, N] bf16, M <= 16, K % 8 == 0."""
-        return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu, glu)
+        return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu, glu, rstd)
 
     def int8(self, x: torch.Tensor, w: Int8Weight, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
@@ -233,7 +241,7 @@ class Gemv:
 
     def fused(self, x: torch.Tensor, w, *, norm: torch.Tensor | None = None, eps: float = 0.0,
               swiglu: bool = False, residual: torch.Tensor | None = None,
-              glu: bool = False) -> torch.Tensor | None:
+              glu: bool = False, rstd: bool = False) -> torch.Tensor | None:
         """residual + act(x) @ W.T -> [..., N] bf16 in one kernel launch, or None when no
         kernel takes these inputs (rows, dtypes, alignment, K: see supports), so the caller
         composes the unfused ops.
@@ -243,12 +251,14 @@ class Gemv:
         rounding); swiglu: act = silu(gate) * up (TorchBackend.swiglu's); residual [..., N]
         bf16 added as torch's `residual + y` rounds; glu: w is [gate; up] (2I rows, I % 8 ==
         0) and the result silu(gate) * up [..., I], rounded as TorchBackend.swiglu of the
-        linear (no residual). Wrong shapes raise ValueError.
+        linear (no residual); rstd: act = RMSNorm(x) with a unit weight (eps), applied as a
+        per-row scale of the result (bf16 weights only: None for int8 / int4). Wrong shapes
+        raise ValueError.
         """
         if norm is not None and swiglu:
             raise ValueError("fused takes an RMSNorm (norm) or a SwiGLU (swiglu), not both")
         lead, n, k = x.shape[:-1], w.shape[0], w.shape[-1]
-        if glu and n % 16:
+        if (glu and n % 16) or (rstd and isinstance(w, QuantizedWeight)):
             return None
         x2 = x.reshape(-1, x.shape[-1])  # [M, K] or [M, 2K]; the kernel call checks widths
         if not self.supports(x2, w, k) or (norm is not None and not _is_bf16_vector(norm, k)):
@@ -267,7 +277,7 @@ class Gemv:
         elif isinstance(w, Int4Weight):
             y = self.int4(x2, w, **kw)
         else:
-            y = self.bf16(x2, w, **kw)
+            y = self.bf16(x2, w, rstd=rstd, **kw)
         return y.reshape(*lead, y.shape[-1])
 
     def linear(self, x: torch.Tensor, w) -> torch.Tensor:

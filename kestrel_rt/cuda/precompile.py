@@ -20,11 +20,16 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from kernels import KERNEL_DIR
-from kestrel_rt.cuda.gemv_variants import GLU, KERNELS, PLAIN, RESIDUAL, RMSNORM, SWIGLU
+from kestrel_rt.cuda.gemv_variants import GLU, KERNELS, PLAIN, RESIDUAL, RMSNORM, RSTD, SWIGLU
 
 # The gemv prologue / epilogue combinations the runtime and the tests compile.
 GEMV_PROS = (PLAIN, RMSNORM, SWIGLU, PLAIN | RESIDUAL, RMSNORM | RESIDUAL, SWIGLU | RESIDUAL,
              GLU, GLU | RMSNORM)
+BF16_PROS = (RSTD, RSTD | GLU)  # the row-scale RMSNorm: bf16 kernel only
+
+
+def gemv_pros(file: str) -> tuple[int, ...]:
+    return GEMV_PROS + (BF16_PROS if file == "gemv" else ())
 
 
 def jobs() -> list[tuple]:
@@ -32,7 +37,7 @@ def jobs() -> list[tuple]:
     ("gemv", file, pro) for each gemv module (Gemv's default options)."""
     whole = sorted(p.stem for p in KERNEL_DIR.glob("*.cu") if p.stem not in KERNELS)
     return ([("kernels", f) for f in whole]
-            + [("gemv", f, pro) for f in sorted(KERNELS) for pro in GEMV_PROS])
+            + [("gemv", f, pro) for f in sorted(KERNELS) for pro in gemv_pros(f)])
 
 
 def compile_job(job: tuple) -> tuple[tuple, float, str | None]:
@@ -50,7 +55,7 @@ def compile_job(job: tuple) -> tuple[tuple, float, str | None]:
 
             Gemv("cuda")._module(job[1], job[2])
         return job, time.perf_counter() - t0, None
-    except Exception as e:  # reported by the caller; the module's user raises it again
+    except Exception as e:  # noqa: BLE001 (reported; the module's user raises it again)
         return job, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
 
 

@@ -18,6 +18,7 @@ import gpu_models as gm
 from kestrel_rt.backend import BackendInUseError, TorchBackend
 from kestrel_rt.backend.cupy_backend import CupyBackend
 from kestrel_rt.cuda import reference
+from kestrel_rt.model import Qwen3Model
 
 NAMES = ["tied", "untied", "odd_head_dim", "sharded", "moe", "moe_norm", "wide", "wide128",
          "wide_moe"]
@@ -153,5 +154,24 @@ def test_glu_epilogue_and_prologues_as_accurate(fuse):
     be = CupyBackend("cuda", torch.bfloat16)
     be.glu_epilogue, be.fuse_prologues = True, fuse
     got = gm.run_script(gm.model("wide", be), LENGTHS, 6)
+    for g, r, e in zip(got, ref, exact):
+        assert gm.rel_err(g, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
+
+
+def test_folded_norms_as_row_scale_as_accurate():
+    """Norm weights folded into the next linears (kestrel_rt/fold.py) and applied as the bf16
+    gemvs' row scale (rstd_epilogue): as close to the fp32 model as the default kernels."""
+    from kestrel_rt.fold import fold_norms
+
+    exact = gm.run_script(gm.model("wide", TorchBackend("cuda", torch.float32)), LENGTHS, 6)
+    ref = gm.run_script(gm.model("wide", CupyBackend("cuda", torch.bfloat16)), LENGTHS, 6)
+    shape, w = gm.weights("wide")
+    shape, w = fold_norms(shape, w)
+    be = CupyBackend("cuda", torch.bfloat16)
+    be.rstd_epilogue = True
+    model = Qwen3Model(shape, w, be)
+    model.allocate_kv(4, 128)
+    assert {"norm", "layers.0.input_norm", "layers.0.post_norm"} <= be._unit_norms
+    got = gm.run_script(model, LENGTHS, 6)
     for g, r, e in zip(got, ref, exact):
         assert gm.rel_err(g, e) <= 1.5 * gm.rel_err(r, e) + 1e-3

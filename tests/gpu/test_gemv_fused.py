@@ -322,3 +322,40 @@ def test_swiglu_epilogue_through_fused(gemv, weights, kind):
     with pytest.raises(ValueError):
         gemv.bf16(x.view(6, k)[:1], weights("bf16", n, k)[0], glu=True,
                   residual=torch.zeros(1, n, device="cuda", dtype=torch.bfloat16))
+
+
+# -- the row-scale RMSNorm (rstd): y[m] = rstd(x[m]) * (x[m] . W), bf16 weights --------------
+RSTD_SHAPES = [(6144, 4096), (151936 // 16, 4096), (1000, 1152), (8, 128)]
+
+
+def unit_norm(x: torch.Tensor) -> torch.Tensor:
+    """TorchBackend.rms_norm of bf16 x with a unit weight: bf16(x * rstd)."""
+    return act_ref(x, torch.ones(x.shape[-1], device=x.device, dtype=x.dtype), False)
+
+
+@pytest.mark.parametrize("n,k", RSTD_SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+def test_rstd_row_scale(gemv, weights, m, n, k):
+    """Against the unit-weight RMSNorm then the matmul (folded weights: kestrel_rt/fold.py);
+    rows of very different scale, so a wrong row's rstd shows."""
+    gen = torch.Generator("cuda").manual_seed(hash(("rstd", m, n, k)) % 2**31)
+    w, dense = weights("bf16", n, k)
+    x = torch.randn(m, k, device="cuda", generator=gen) * torch.linspace(
+        0.1, 8.0, m, device="cuda")[:, None]
+    x = x.bfloat16()
+    y = gemv.bf16(x, w, out=_poisoned(m, n), rstd=True, eps=EPS)
+    assert _rel_err(y, unit_norm(x).double() @ dense.T) <= TOL
+
+
+@pytest.mark.parametrize("m", (1, 5, 16))
+def test_rstd_with_swiglu_epilogue_and_through_fused(gemv, weights, m):
+    n, k = 6144, 1024
+    w, dense = weights("bf16", n, k)
+    gen = torch.Generator("cuda").manual_seed(m)
+    x = (torch.randn(m, k, device="cuda", generator=gen) * 3.0 + 0.5).bfloat16()
+    y = gemv.bf16(x, w, out=_poisoned(m, n // 2), rstd=True, eps=EPS, glu=True)
+    assert _rel_err(y, glu_ref(unit_norm(x), None, dense).double()) <= TOL
+    got = gemv.fused(x.view(1, m, k), w, rstd=True, eps=EPS)
+    assert _rel_err(got.view(m, n), unit_norm(x).double() @ dense.T) <= TOL
+    q, _ = weights("int8", n, k)
+    assert gemv.fused(x, q, rstd=True, eps=EPS) is None  # bf16 kernel only

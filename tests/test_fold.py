@@ -1,0 +1,56 @@
+"""kestrel_rt/fold.py: the folded checkpoint is the same model (logits of the reference
+backend, fp32), its norms are unit, a tied lm_head is untied, MoE post-norms stay."""
+
+from __future__ import annotations
+
+import pytest
+import tiny_models as tm
+import torch
+
+from kestrel_rt.backend.torch_backend import TorchBackend
+from kestrel_rt.fold import fold_norms
+from kestrel_rt.model import Qwen3Model
+from kestrel_sim.errors import KestrelError
+
+
+def _logits(shape, hf, tokens):
+    model = Qwen3Model(shape, {k: v.clone() for k, v in hf.items()},
+                       TorchBackend("cpu", torch.float32))
+    model.allocate_kv(1, 32)
+    slot = model.kv.allocate()
+    return model.forward(tokens, [slot])  # [1, M, V]
+
+
+@pytest.mark.parametrize("name", ["tied", "untied", "moe_norm"])
+def test_folded_model_gives_the_same_logits(name):
+    ref = tm.in_memory(name)
+    shape, hf = tm.shape_of(ref.config), tm.weights_of(ref)
+    tokens = torch.tensor([[3, 17, 5, 60, 2, 9]])
+    want = _logits(shape, hf, tokens)
+    fshape, folded = fold_norms(shape, {k: v.clone() for k, v in hf.items()})
+    got = _logits(fshape, folded, tokens)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert not fshape.tie_word_embeddings
+    assert torch.equal(folded["model.embed_tokens.weight"], hf["model.embed_tokens.weight"])
+    for i in range(shape.num_hidden_layers):
+        p = f"model.layers.{i}"
+        assert torch.equal(folded[f"{p}.input_layernorm.weight"],
+                           torch.ones_like(hf[f"{p}.input_layernorm.weight"]))
+        post = folded[f"{p}.post_attention_layernorm.weight"]
+        if shape.is_moe_layer(i):  # the MoE path reads the norm's output: kept
+            assert torch.equal(post, hf[f"{p}.post_attention_layernorm.weight"])
+        else:
+            assert torch.equal(post, torch.ones_like(post))
+    assert torch.equal(folded["model.norm.weight"], torch.ones_like(hf["model.norm.weight"]))
+
+
+def test_fold_refuses_quantized_or_missing_weights():
+    from kestrel_rt.quant_weights import quantize_weights
+
+    ref = tm.in_memory("untied")
+    shape, hf = tm.shape_of(ref.config), tm.weights_of(ref)
+    with pytest.raises(KestrelError, match="fold before quantizing"):
+        fold_norms(shape, quantize_weights({k: v.clone() for k, v in hf.items()}, "int8"))
+    del hf["lm_head.weight"]
+    with pytest.raises(KestrelError, match="'lm_head.weight'"):
+        fold_norms(shape, hf)
