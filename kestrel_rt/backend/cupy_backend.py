@@ -18,7 +18,9 @@ The model's fused ops (kestrel_rt/backend/base.py) run as: `linear_add` with the
 added in the gemv's epilogue, `rope_attention` with q/k norm + RoPE inside the attention
 kernel, `moe_add` with the residual inside moe_down, `norm_linear_swiglu` with the SwiGLU in
 the gate_up gemv's epilogue (`glu_epilogue`, on); `norm_linear` and `norm_linear_swiglu` fold
-the RMSNorm into the gemv prologue when `fuse_prologues` is on (off: measured slower). `pdl`
+the RMSNorm into the gemv prologue when `fuse_prologues` is on (off: measured slower), or,
+when its weight is all ones (folded into the linear: kestrel_rt/fold.py) and `rstd_epilogue`
+is on (off: not yet measured), apply it as a row scale in the bf16 gemv's epilogue. `pdl`
 launches every kernel of the forward but the MoE expert gemvs with programmatic dependent
 launch.
 """
