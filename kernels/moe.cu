@@ -5,7 +5,9 @@
 //               over E <= 256 experts, top K by probability (ties: lower index), renormalised
 //               to sum 1 when renorm != 0, then rounded to T. One warp per token.
 // moe_gate_up:  x [N, H], gate_up [E, 2I, H] -> act [N, K, I] = T(T(silu(T(x.g))) * T(x.u)).
-//               Grid (N*K, ceil(I / 8)), 8 warps, one output column n per warp.
+//               Grid (N*K, ceil(I / 8)), 8 warps, one output column n per warp. eps >= 0:
+//               x's RMSNorm with a unit weight (folded into gate_up: kestrel_rt/fold.py) as
+//               a row scale, T(rstd x.g) and T(rstd x.u), rstd = rsqrt(mean(x^2) + eps).
 // moe_down:     act [N, K, I], down [E, H, I], weights (+ res [N, H]) -> out [N, H] =
 //               T(res + T(sum_k w[n, k] * T(act[n, k] . down[e_k, h]))) (no res: without it).
 //               Grid (N, ceil(H / 8)), 8 warps, one output element per warp, the experts'
@@ -200,7 +202,7 @@ __device__ __forceinline__ float warp_sum_rows(float (&s)[R]) {
 template <typename T, int U>
 __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ gate_up,
                                  const long long* __restrict__ experts, T* __restrict__ act,
-                                 int top_k, int hidden, int inter) {
+                                 int top_k, int hidden, int inter, float eps) {
   constexpr int W = 32 * U * Vec<T>::N;
   __shared__ __align__(16) T xs[W];  // x[tok, c0 : c0 + W]
   const int lane = threadIdx.x & 31;
@@ -211,7 +213,7 @@ __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ 
   const long long e = experts[pair];
   const T* wg = gate_up + (e * 2 * inter + (live ? n : 0)) * (long long)hidden;
   const T* const w[2] = {wg, wg + (long long)inter * hidden};
-  float s[2] = {0.f, 0.f};
+  float s[2] = {0.f, 0.f}, ss = 0.f;  // ss: the lane's sum of x^2 (eps >= 0)
   for (int c0 = 0; c0 < hidden; c0 += W) {
     uint4 wv[2][U];
     load_rows<T, 2, U>(wv, w, live ? 2 : 0, c0, hidden);
@@ -219,10 +221,20 @@ __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ 
     stage_rows<T, 1, U>(xs, x + tok * hidden, 0, 1, c0, hidden);
     __syncthreads();
     dot_rows<T, 2, 1, U>(wv, xs, s);
+    if (eps >= 0.f) {  // columns past H were staged as zeros
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint4 xv = reinterpret_cast<const uint4*>(xs)[32 * u + lane];
+        const T* a = reinterpret_cast<const T*>(&xv);
+#pragma unroll
+        for (int i = 0; i < Vec<T>::N; ++i) ss = fmaf(Num<T>::load(a[i]), Num<T>::load(a[i]), ss);
+      }
+    }
   }
+  const float scale = eps >= 0.f ? rsqrtf(warp_sum(ss) / (float)hidden + eps) : 1.f;
   const float gu = warp_sum_rows<2>(s);  // lanes 0-15: x.g, 16-31: x.u
-  const float g = Num<T>::round(__shfl_sync(0xffffffffu, gu, 0));
-  const float u = Num<T>::round(__shfl_sync(0xffffffffu, gu, 16));
+  const float g = Num<T>::round(scale * __shfl_sync(0xffffffffu, gu, 0));
+  const float u = Num<T>::round(scale * __shfl_sync(0xffffffffu, gu, 16));
   if (live && lane == 0)
     act[pair * inter + n] = Num<T>::store(Num<T>::round(g / (1.f + expf(-g))) * u);
 }
@@ -291,10 +303,10 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
 #define MOE_GATE_UP_ENTRY(SUFFIX, T, U)                                                         \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2)                                  \
       moe_gate_up_##SUFFIX##_u##U(const T* x, const T* gate_up, const long long* experts,      \
-                                  T* act, int top_k, int hidden, int inter) {                   \
+                                  T* act, int top_k, int hidden, int inter, float eps) {        \
     pdl_trigger();                                                                               \
     pdl_wait();                                                                                  \
-    moe_gate_up_impl<T, U>(x, gate_up, experts, act, top_k, hidden, inter);                     \
+    moe_gate_up_impl<T, U>(x, gate_up, experts, act, top_k, hidden, inter, eps);                \
   }
 
 #define MOE_DOWN_ENTRY(SUFFIX, T, U)                                                            \

@@ -2,14 +2,13 @@
 
     shape, hf = fold_norms(shape, hf)   # HF-named float weights, before quantize_weights
 
-(W @ (w * x_hat) = (W diag(w)) @ x_hat.) After folding, the input norms, the dense layers'
-post-attention norms and the final norm have unit weights, and q/k/v, gate/up and lm_head
-carry them, so a backend may apply such a norm as a per-row scale inside its matmul
-(kernels/gemv_mma.cuh, RSTD; CupyBackend.rstd_epilogue) instead of a norm kernel before it.
-W diag(w) is rounded once to the weights' dtype, where the reference rounds w * x_hat: the
-same model to within that rounding. MoE layers keep their post-attention norm (the router and
-the experts read its output through the MoE kernels). A tied lm_head is untied: it becomes
-the folded copy of the embedding, and the returned shape says untied.
+(W @ (w * x_hat) = (W diag(w)) @ x_hat.) After folding, every input, post-attention and final
+norm has a unit weight, and q/k/v, gate/up (a MoE layer's router and experts' gate/up) and
+lm_head carry them, so a backend may apply such a norm as a per-row scale inside its matmul
+(kernels/gemv_mma.cuh and moe.cu, RSTD; CupyBackend.rstd_epilogue) instead of a norm kernel
+before it. W diag(w) is rounded once to the weights' dtype, where the reference rounds
+w * x_hat: the same model to within that rounding. A tied lm_head is untied: it becomes the
+folded copy of the embedding, and the returned shape says untied.
 """
 
 from __future__ import annotations
@@ -26,9 +25,15 @@ def fold_norms(shape: ModelShape, hf: dict) -> tuple[ModelShape, dict]:
         p = f"model.layers.{i}"
         _fold(hf, f"{p}.input_layernorm.weight",
               [f"{p}.self_attn.{n}_proj.weight" for n in ("q", "k", "v")])
+        post = f"{p}.post_attention_layernorm.weight"
         if not shape.is_moe_layer(i):
-            _fold(hf, f"{p}.post_attention_layernorm.weight",
-                  [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"])
+            _fold(hf, post, [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"])
+        elif f"{p}.mlp.experts.gate_up_proj" in hf:  # fused in-memory form [E, 2I, H]
+            _fold(hf, post, [f"{p}.mlp.gate.weight", f"{p}.mlp.experts.gate_up_proj"])
+        else:
+            _fold(hf, post, [f"{p}.mlp.gate.weight"] + [
+                f"{p}.mlp.experts.{e}.{n}_proj.weight" for e in range(shape.num_experts)
+                for n in ("gate", "up")])
     if shape.tie_word_embeddings:
         hf["lm_head.weight"] = _tensor(hf, "model.embed_tokens.weight").clone()
         shape = shape.model_copy(update={"tie_word_embeddings": False})
@@ -47,7 +52,7 @@ def _tensor(hf: dict, name: str) -> torch.Tensor:
 
 
 def _fold(hf: dict, norm: str, linears: list[str]) -> None:
-    """linears[j] [out, in] <- linears[j] * norm weight [in]; the norm weight <- ones."""
+    """linears[j] [..., out, in] <- linears[j] * norm weight [in]; the norm weight <- ones."""
     w = _tensor(hf, norm).float()  # [in]
     for name in linears:
         lin = _tensor(hf, name)

@@ -84,8 +84,8 @@ class Qwen3Model:
                                   v.view(B, M, Hkv, D), i, step)  # [B, M, Hq, D]
             x = be.linear_add(o.reshape(B, M, Hq * D), f"layers.{i}.o", x)
             if s.is_moe_layer(i):
-                h = be.rms_norm(x, f"layers.{i}.post_norm").reshape(B * M, -1)  # [N, H]
-                x = be.moe_add(h, i, x.reshape(B * M, -1)).view(B, M, -1)
+                x = be.norm_moe_add(x.reshape(B * M, -1), f"layers.{i}.post_norm",
+                                    i).view(B, M, -1)  # [N, H] rows
             else:
                 act = be.norm_linear_swiglu(x, f"layers.{i}.post_norm",
                                             f"layers.{i}.gate_up")  # [B, M, I]

@@ -144,6 +144,9 @@ def test_fused_ops_compose_the_primitives(pair):
         if tm.shape_of(c).is_moe_layer(i):
             xs = _x(5, H, seed=7)
             _close(be.moe_add(xs, i, xs * 3), xs * 3 + ref.model.layers[i].mlp(xs[None])[0])
+            layer_i = ref.model.layers[i]
+            _close(be.norm_moe_add(xs, f"layers.{i}.post_norm", i),
+                   xs + layer_i.mlp(layer_i.post_attention_layernorm(xs)[None])[0])
 
 
 def test_rope_attention_is_norm_rope_then_attention(pair):

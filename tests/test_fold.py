@@ -1,5 +1,5 @@
 """kestrel_rt/fold.py: the folded checkpoint is the same model (logits of the reference
-backend, fp32), its norms are unit, a tied lm_head is untied, MoE post-norms stay."""
+backend, fp32), its norms are unit, a tied lm_head is untied."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _logits(shape, hf, tokens):
     return model.forward(tokens, [slot])  # [1, M, V]
 
 
-@pytest.mark.parametrize("name", ["tied", "untied", "moe_norm"])
+@pytest.mark.parametrize("name", ["tied", "untied", "moe", "moe_norm"])
 def test_folded_model_gives_the_same_logits(name):
     ref = tm.in_memory(name)
     shape, hf = tm.shape_of(ref.config), tm.weights_of(ref)
@@ -37,10 +37,7 @@ def test_folded_model_gives_the_same_logits(name):
         assert torch.equal(folded[f"{p}.input_layernorm.weight"],
                            torch.ones_like(hf[f"{p}.input_layernorm.weight"]))
         post = folded[f"{p}.post_attention_layernorm.weight"]
-        if shape.is_moe_layer(i):  # the MoE path reads the norm's output: kept
-            assert torch.equal(post, hf[f"{p}.post_attention_layernorm.weight"])
-        else:
-            assert torch.equal(post, torch.ones_like(post))
+        assert torch.equal(post, torch.ones_like(post))
     assert torch.equal(folded["model.norm.weight"], torch.ones_like(hf["model.norm.weight"]))
 
 
@@ -54,3 +51,26 @@ def test_fold_refuses_quantized_or_missing_weights():
     del hf["lm_head.weight"]
     with pytest.raises(KestrelError, match="'lm_head.weight'"):
         fold_norms(shape, hf)
+
+
+def test_per_expert_checkpoint_form_folds_the_same():
+    """Experts stored one tensor per projection (the on-disk form) fold like the fused form."""
+    ref = tm.in_memory("moe")
+    shape, hf = tm.shape_of(ref.config), tm.weights_of(ref)
+    split = {}
+    for k, v in hf.items():
+        if k.endswith("experts.gate_up_proj"):  # [E, 2I, H]
+            p, n = k[: -len("gate_up_proj")], v.shape[1] // 2
+            for e in range(v.shape[0]):
+                split[f"{p}{e}.gate_proj.weight"] = v[e, :n].clone()
+                split[f"{p}{e}.up_proj.weight"] = v[e, n:].clone()
+        elif k.endswith("experts.down_proj"):  # [E, H, I]
+            p = k[: -len("down_proj")]
+            for e in range(v.shape[0]):
+                split[f"{p}{e}.down_proj.weight"] = v[e].clone()
+        else:
+            split[k] = v.clone()
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    want = _logits(*fold_norms(shape, {k: v.clone() for k, v in hf.items()}), tokens)
+    got = _logits(*fold_norms(shape, split), tokens)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -17,11 +17,11 @@ stream x:
         x = linear_add(o, "layers.{i}.o", x)            # x + o @ W_o.T
         dense: a = norm_linear_swiglu(x, "layers.{i}.post_norm", "layers.{i}.gate_up")
                x = linear_add(a, "layers.{i}.down", x)
-        MoE:   x = moe_add(rms_norm(x, "layers.{i}.post_norm"), i, x)   # [N, H] rows
+        MoE:   x = norm_moe_add(x, "layers.{i}.post_norm", i)   # [N, H] rows
     logits = logits(x)                                  # norm + lm_head, fp32
 
 The fused ops (norm_linear, norm_linear_swiglu, rope_attention, linear_add, moe_add,
-logits) are compositions of the primitive ops (rms_norm, linear, qk_norm_rope, attention,
+norm_moe_add, logits) are compositions of the primitive ops (rms_norm, linear, qk_norm_rope, attention,
 swiglu, moe) with the same rounding: the defaults here compose them, so the torch reference
 only implements the primitives; a GPU backend runs each fused op as one kernel where it can
 and falls back to the composition where it cannot.
@@ -173,6 +173,10 @@ class Backend(ABC):
     def moe_add(self, x: torch.Tensor, layer: int, residual: torch.Tensor) -> torch.Tensor:
         """residual + moe(x, layer): x, residual [N, H]."""
         return residual + self.moe(x, layer)
+
+    def norm_moe_add(self, x: torch.Tensor, norm: str, layer: int) -> torch.Tensor:
+        """moe_add(rms_norm(x, norm), layer, x): the MoE block on the residual stream x [N, H]."""
+        return self.moe_add(self.rms_norm(x, norm), layer, x)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final RMSNorm ("norm") + lm_head of the residual stream: x [B, M, H] -> [B, M, V]

@@ -213,11 +213,20 @@ class CupyBackend(GemvLinear, TorchBackend):
         y = self._moe_kernels(x, layer, residual)
         return residual + super().moe(x, layer) if y is None else y
 
-    def _moe_kernels(self, x, layer, residual):
+    def norm_moe_add(self, x, norm, layer):
+        if self.rstd_epilogue and norm in self._unit_norms:  # the norm as a row scale
+            y = self._moe_kernels(x, layer, x, row_norm=True)
+            if y is not None:
+                return y
+        return super().norm_moe_add(x, norm, layer)
+
+    def _moe_kernels(self, x, layer, residual, row_norm: bool = False):
         """Routing kernel, then the experts: bf16 experts through kernels/moe.cu (or the
         expert-indexed gemv when self.bf16_experts == "gemv"), int8 / int4 experts through
-        kestrel_rt/cuda/gemv_moe.py; + residual when given. None when the kernels cannot
-        take it (the caller runs the torch reference)."""
+        kestrel_rt/cuda/gemv_moe.py; + residual when given. row_norm: x is not normalised
+        yet, its RMSNorm has a unit weight (folded: kestrel_rt/fold.py) and becomes a row
+        scale in the router gemv and in moe_gate_up (bf16 kernel experts only). None when the
+        kernels cannot take it (the caller runs the torch reference)."""
         s = self.shape
         if not (self.kernel_dtype() and self._moe_kernel_ok(x.shape[0])):
             return None  # (quantized experts pass only when gemv_moe reads them)
@@ -225,15 +234,24 @@ class CupyBackend(GemvLinear, TorchBackend):
         down = self.weight(f"layers.{layer}.experts.down")  # [E, H, I]
         use_gemv = (isinstance(gate_up, QuantizedWeight) or isinstance(down, QuantizedWeight)
                     or (self.bf16_experts == "gemv" and gemv_moe.supports(x, gate_up, down)))
+        eps = self.shape.rms_norm_eps if row_norm else None
+        if row_norm:
+            if use_gemv:
+                return None
+            logits = self.gemv().fused(x, self.weight(f"layers.{layer}.router"), rstd=True,
+                                       eps=eps)  # [N, E]
+            if logits is None:
+                return None
         try:
-            logits = self.linear(x, f"layers.{layer}.router")  # [N, E]
+            if not row_norm:
+                logits = self.linear(x, f"layers.{layer}.router")  # [N, E]
             weights, experts = ops.moe_route(self.kernels, logits, s.num_experts_per_tok,
                                              s.norm_topk_prob)  # [N, k] each
             if use_gemv:
                 return gemv_moe.moe(self.gemv(), x, weights, experts, gate_up, down,
                                     residual=residual)  # [N, H]
             return ops.moe_experts(self.kernels, x, weights, experts, gate_up, down,
-                                   residual=residual)
+                                   residual=residual, row_eps=eps)
         except Unsupported:
             return None
 

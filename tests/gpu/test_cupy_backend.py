@@ -158,14 +158,16 @@ def test_glu_epilogue_and_prologues_as_accurate(fuse):
         assert gm.rel_err(g, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
 
 
-def test_folded_norms_as_row_scale_as_accurate():
+@pytest.mark.parametrize("name", ["wide", "wide_moe"])
+def test_folded_norms_as_row_scale_as_accurate(name):
     """Norm weights folded into the next linears (kestrel_rt/fold.py) and applied as the bf16
-    gemvs' row scale (rstd_epilogue): as close to the fp32 model as the default kernels."""
+    gemvs' (and moe_gate_up's) row scale (rstd_epilogue): as close to the fp32 model as the
+    default kernels."""
     from kestrel_rt.fold import fold_norms
 
-    exact = gm.run_script(gm.model("wide", TorchBackend("cuda", torch.float32)), LENGTHS, 6)
-    ref = gm.run_script(gm.model("wide", CupyBackend("cuda", torch.bfloat16)), LENGTHS, 6)
-    shape, w = gm.weights("wide")
+    exact = gm.run_script(gm.model(name, TorchBackend("cuda", torch.float32)), LENGTHS, 6)
+    ref = gm.run_script(gm.model(name, CupyBackend("cuda", torch.bfloat16)), LENGTHS, 6)
+    shape, w = gm.weights(name)
     shape, w = fold_norms(shape, w)
     be = CupyBackend("cuda", torch.bfloat16)
     be.rstd_epilogue = True

@@ -138,6 +138,23 @@ def test_moe_experts(km, dtype, N, E, k, H, I, renorm):
     check(out, residual + expect, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,E,k,H,I", [(1, 128, 8, 2048, 768), (5, 16, 3, 776, 200),
+                                       (3, 6, 2, 40, 24)])
+def test_moe_experts_row_scale(km, dtype, N, E, k, H, I):
+    """row_eps: x is the raw residual stream and its RMSNorm with a unit weight (the weight
+    folded into gate_up, kestrel_rt/fold.py) is a row scale inside moe_gate_up; against the
+    reference on the normalised x, + x as the residual."""
+    x = (rnd(N, H) * 3.0 + 0.5).to(dtype)
+    xf = x.float()
+    xn = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(dtype)
+    gate_up, down, router = _moe_weights(E, H, I, dtype)
+    weights, experts = moe_ref.route(xn, router, k, True)
+    out = poisoned(N, H, dtype=dtype)
+    ops.moe_experts(km, x, weights, experts, gate_up, down, residual=x, out=out, row_eps=EPS)
+    check(out, x + moe_ref.experts_forward(xn, weights, experts, gate_up, down), dtype)
+
+
 @pytest.fixture(scope="module")
 def km_pdl():
     from kestrel_rt.cuda.module import KernelModules
