@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checks and measures the GPU runtime: the GPU tests, the gemv stream, the decode benchmark
 # and the feature ablation, each under its own time limit (all four take up to 12 minutes:
-# on a device with a 10-minute call, run STEPS tests,gemv then decode,ablation); logs and tables under OUT/session (and packed into OUT/session.tgz,
-# since the device hands back at most 8 files).
+# on a device with a 10-minute call, run STEPS tests,gemv then decode,ablation); logs and
+# tables under OUT/session, packed into OUT/session.tgz (the device hands back <= 8 files).
 #
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
