@@ -324,18 +324,12 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
 // are the most that fit 128 registers (2 blocks of 256 threads per SM; ptxas -v, sm_90):
 // bf16 without spilling (gate_up u8: 96 registers, down u3: 128); f32 down u2 spills a few
 // bytes (u3: more), and gate_up at 3 blocks per SM (80 registers) spills from u8 on.
-MOE_ROUTE_ENTRY(bf16, bf16_t)
-MOE_GATE_UP_ENTRY(bf16, bf16_t, 1)
-MOE_GATE_UP_ENTRY(bf16, bf16_t, 2)
-MOE_GATE_UP_ENTRY(bf16, bf16_t, 4)
-MOE_GATE_UP_ENTRY(bf16, bf16_t, 8)
-MOE_DOWN_ENTRY(bf16, bf16_t, 1)
-MOE_DOWN_ENTRY(bf16, bf16_t, 2)
+#define MOE_ENTRIES(SUFFIX, T)                                                                  \
+  MOE_ROUTE_ENTRY(SUFFIX, T)                                                                    \
+  MOE_GATE_UP_ENTRY(SUFFIX, T, 1) MOE_GATE_UP_ENTRY(SUFFIX, T, 2)                               \
+  MOE_GATE_UP_ENTRY(SUFFIX, T, 4) MOE_GATE_UP_ENTRY(SUFFIX, T, 8)                               \
+  MOE_DOWN_ENTRY(SUFFIX, T, 1) MOE_DOWN_ENTRY(SUFFIX, T, 2)
+
+MOE_ENTRIES(bf16, bf16_t)
 MOE_DOWN_ENTRY(bf16, bf16_t, 3)
-MOE_ROUTE_ENTRY(f32, float)
-MOE_GATE_UP_ENTRY(f32, float, 1)
-MOE_GATE_UP_ENTRY(f32, float, 2)
-MOE_GATE_UP_ENTRY(f32, float, 4)
-MOE_GATE_UP_ENTRY(f32, float, 8)
-MOE_DOWN_ENTRY(f32, float, 1)
-MOE_DOWN_ENTRY(f32, float, 2)
+MOE_ENTRIES(f32, float)

@@ -17,19 +17,10 @@ from kestrel_rt.cuda import gemv_variants as V
 from kestrel_rt.cuda import linear as L
 
 NVCC = shutil.which("nvcc")
-PROS = (tuple(act | res for res in (0, V.RESIDUAL) for act in (V.PLAIN, V.RMSNORM, V.SWIGLU))
-        + (V.GLU, V.GLU | V.RMSNORM))
-BF16_PROS = (V.RSTD, V.RSTD | V.GLU)  # the row-scale RMSNorm: the bf16 kernel only
-
-
-def _pros(file: str) -> tuple[int, ...]:
-    return PROS + (BF16_PROS if file == "gemv" else ())
-
-
 def _names(file: str) -> list[str]:
     """Every template-id Gemv compiles for `file` (not sweep mode), all prologues."""
     tuned = V.load_tuned()
-    return sorted({n for pro in _pros(file) for n in V.module_names(file, pro, tuned)
+    return sorted({n for pro in V.pros_of(file) for n in V.module_names(file, pro, tuned)
                    if not n.startswith("dequant_")})
 
 
@@ -81,6 +72,6 @@ def test_every_prologue_instantiates_for_sm90(file, options, tmp_path):
     entries = re.findall(r"^\.visible \.entry (\w+)\(", ptx.read_text(), flags=re.MULTILINE)
     templated = [e for e in entries if not e.startswith("dequant_")]
     assert len(templated) == len(names), (len(templated), len(names))
-    for pro in _pros(file):  # the prologue is the last template argument (...Li<pro>EEv)
+    for pro in V.pros_of(file):  # the prologue is the last template argument (...Li<pro>EEv)
         want = sum(n.endswith(f", {pro}>") for n in names)
         assert want and sum(f"Li{pro}EEv" in e for e in templated) == want, pro

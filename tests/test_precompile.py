@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kernels import KERNEL_DIR
 from kestrel_rt.cuda import precompile
-from kestrel_rt.cuda.gemv_variants import KERNELS
+from kestrel_rt.cuda.gemv_variants import KERNELS, pros_of
 
 
 def test_jobs_cover_every_kernel_file_once_per_options():
@@ -15,8 +15,8 @@ def test_jobs_cover_every_kernel_file_once_per_options():
     assert whole | gemv == {p.stem for p in KERNEL_DIR.glob("*.cu")}
     assert gemv == set(KERNELS) and not whole & gemv
     for file in KERNELS:  # every prologue / epilogue the runtime and tests ask for
-        assert {j[2] for j in jobs if j[:2] == ("gemv", file)} == set(precompile.gemv_pros(file))
-    assert set(precompile.gemv_pros("gemv")) > set(precompile.gemv_pros("gemv_int4"))
+        assert {j[2] for j in jobs if j[:2] == ("gemv", file)} == set(pros_of(file))
+    assert set(pros_of("gemv")) > set(pros_of("gemv_int4"))
 
 
 def test_a_failing_job_returns_its_error():

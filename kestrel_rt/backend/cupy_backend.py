@@ -234,17 +234,15 @@ class CupyBackend(GemvLinear, TorchBackend):
         down = self.weight(f"layers.{layer}.experts.down")  # [E, H, I]
         use_gemv = (isinstance(gate_up, QuantizedWeight) or isinstance(down, QuantizedWeight)
                     or (self.bf16_experts == "gemv" and gemv_moe.supports(x, gate_up, down)))
-        eps = self.shape.rms_norm_eps if row_norm else None
-        if row_norm:
-            if use_gemv:
-                return None
-            logits = self.gemv().fused(x, self.weight(f"layers.{layer}.router"), rstd=True,
-                                       eps=eps)  # [N, E]
+        if row_norm and use_gemv:
+            return None
+        eps = s.rms_norm_eps if row_norm else None
+        router = f"layers.{layer}.router"
+        try:
+            logits = (self.gemv().fused(x, self.weight(router), rstd=True, eps=eps) if row_norm
+                      else self.linear(x, router))  # [N, E]
             if logits is None:
                 return None
-        try:
-            if not row_norm:
-                logits = self.linear(x, f"layers.{layer}.router")  # [N, E]
             weights, experts = ops.moe_route(self.kernels, logits, s.num_experts_per_tok,
                                              s.norm_topk_prob)  # [N, k] each
             if use_gemv:

@@ -30,6 +30,17 @@ RESIDUAL = 4
 GLU = 8  # + the SwiGLU epilogue: W is [gate; up], the result silu(gate) * up (no residual)
 RSTD = 16  # + the row-scale RMSNorm: y[m] = rstd(x[m]) * (x[m] . W), norm weight folded in W
 EXPERT_PROS = (PLAIN, SWIGLU)  # the expert-indexed kernels take no RMSNorm, no residual
+# The PROs the runtime and the tests compile: every prologue with and without the residual,
+# the SwiGLU epilogue (plain or after the RMSNorm prologue), and for the bf16 kernel the
+# row-scale RMSNorm (alone or with the SwiGLU epilogue).
+DENSE_PROS = (tuple(act | res for res in (0, RESIDUAL) for act in (PLAIN, RMSNORM, SWIGLU))
+              + (GLU, GLU | RMSNORM))
+BF16_PROS = (RSTD, RSTD | GLU)
+
+
+def pros_of(file: str) -> tuple[int, ...]:
+    """The PROs compiled for kernels/FILE.cu (see DENSE_PROS)."""
+    return DENSE_PROS + (BF16_PROS if file == "gemv" else ())
 # A launch variant: (KSPLIT warps splitting K per tile, TPB tiles per block, U sub-steps per
 # loop iteration, PF L2 prefetch hint); blockDim = 32 * KSPLIT * TPB.
 GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))

@@ -132,9 +132,9 @@ class Gemv:
         plain x, with eps): y[m] scaled by rsqrt(mean(x[m]^2) + eps)."""
         if norm is not None and swiglu:
             raise ValueError("a gemv prologue is an RMSNorm or a SwiGLU, not both")
-        if rstd and (file != "gemv" or norm is not None or swiglu):
-            raise ValueError("the row-scale RMSNorm (rstd) takes a bf16 weight and plain x "
-                             "(no RMSNorm or SwiGLU prologue)")
+        if rstd and (norm is not None or swiglu):
+            raise ValueError("the row-scale RMSNorm (rstd) takes plain x (no RMSNorm or "
+                             "SwiGLU prologue)")
         m, n, k = x.shape[0], w.shape[0], w.shape[1]
         if x.shape[1] != (2 * k if swiglu else k):
             raise ValueError(f"x {list(x.shape)} does not fit a weight [{n}, {k}]"

@@ -20,24 +20,15 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from kernels import KERNEL_DIR
-from kestrel_rt.cuda.gemv_variants import GLU, KERNELS, PLAIN, RESIDUAL, RMSNORM, RSTD, SWIGLU
-
-# The gemv prologue / epilogue combinations the runtime and the tests compile.
-GEMV_PROS = (PLAIN, RMSNORM, SWIGLU, PLAIN | RESIDUAL, RMSNORM | RESIDUAL, SWIGLU | RESIDUAL,
-             GLU, GLU | RMSNORM)
-BF16_PROS = (RSTD, RSTD | GLU)  # the row-scale RMSNorm: bf16 kernel only
-
-
-def gemv_pros(file: str) -> tuple[int, ...]:
-    return GEMV_PROS + (BF16_PROS if file == "gemv" else ())
+from kestrel_rt.cuda.gemv_variants import KERNELS, pros_of
 
 
 def jobs() -> list[tuple]:
     """("kernels", file) for each kernels/*.cu that KernelModules compiles whole, and
-    ("gemv", file, pro) for each gemv module (Gemv's default options)."""
+    ("gemv", file, pro) for each gemv module (Gemv's default options; gemv_variants.pros_of)."""
     whole = sorted(p.stem for p in KERNEL_DIR.glob("*.cu") if p.stem not in KERNELS)
     return ([("kernels", f) for f in whole]
-            + [("gemv", f, pro) for f in sorted(KERNELS) for pro in gemv_pros(f)])
+            + [("gemv", f, pro) for f in sorted(KERNELS) for pro in pros_of(f)])
 
 
 def compile_job(job: tuple) -> tuple[tuple, float, str | None]:
