@@ -5,43 +5,120 @@
 // w, w>>4, w>>8, w>>12 give the bf16 pairs (k0,k1), (k2,k3), (k4,k5), (k6,k7).
 // zeros: AWQ qzeros int32 [K / 128, N / 8]; scales: fp16 [K / 128, N]. K % 128 == 0, N % 8 == 0.
 //
-// Dequantization in registers, exact: (128 + q) by OR into the bf16 pattern of 128, then one
-// bf16x2 add of -(128 + zero) gives the integer q - zero in bf16. Each thread's 16-byte load
-// is 32 k of one row, so the 4 threads of a row group cover one group of 128: the mma sums
-// (q - z) x over the group into fp32, and the group's scale multiplies that partial sum once.
-// Software pipelined like gemv.cu: the next iteration's weight loads go out before this
-// iteration's math; two mma chains per group. PRO (RMSNorm / SwiGLU of x as it loads) and
-// the optional residual: gemv_mma.cuh.
+// Dequantization in registers, exact: one lop3 ORs q into the bf16 pattern of 128, giving
+// 128 + q, which the mma takes as it is. The zero point comes in through more mmas of the
+// same x chunks with the constant A = -(128 + zero) (per row, exact in bf16) into the same
+// fp32 chain: sum (128 + q) x - (128 + z) x = sum (q - z) x. Two mmas per 16 k (and n-tile)
+// instead of a bf16x2 add per weight pair; the partial sums are ~30x the result, far inside
+// fp32. Each thread's 16-byte load is 32 k of one row, so the 4 threads of a row group cover
+// one group of 128, and the group's scale multiplies the chain once.
+// A thread streams two adjacent rows (tile rows 2g, 2g + 1 as the mma's rows g, g + 8): they
+// share a zeros word and a 4-byte scale load; a shuffle after the K loop gives store_out its
+// order. Software pipelined: the next group's loads (weights, zeros, scales) go out before
+// this group's math, the first ones before pdl_wait (weights are immutable). PRO (RMSNorm /
+// SwiGLU of x as it loads) and the optional residual: gemv_mma.cuh.
 #include "gemv_mma.cuh"
 
-// Loads of U groups: weight vectors of rows a / b and each group's zero points (as
-// -(128 + z) in both bf16 halves) and scales. (Activations are loaded where they are used:
-// they hit L1, and prefetching them too would spill registers.)
+// p itself, but opaque to the compiler, which then keeps it in registers rather than
+// recomputing it from the kernel's parameters at every use in the loop (ptxas, sm_90).
+template <class T>
+__device__ __forceinline__ const T* kept(const T* p) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(p));
+  return p;
+}
+
+// Chunk c (8 k) of act(x) for n-tile j: XLoad::load, except that PRO 0 reads row 0 again for
+// absent rows (row >= M) instead of zeros: an mma's column of B only reaches the same column
+// of C, never stored for those rows, and an unpredicated load needs no zeroing.
+template <int PRO, int MT>
+__device__ __forceinline__ uint4 x_chunk(const XLoad<PRO, MT>& xl, int j, int c) {
+  if constexpr (PRO == 0)
+    return ld_cached(xl.row[j] + c);
+  else
+    return xl.load(j, c);
+}
+
+// Where a thread reads (32-bit offsets from the arrays' starts: fewer registers than
+// pointers, ptxas sm_90): group grp of its rows a, a + 1 is the 16-byte vector wo + 4 grp of
+// q and that + wrow, their zeros word zo + grp zstep, their two fp16 scales (one u32) so +
+// grp sstep.
+struct Int4Src {
+  const uint4* q;
+  const u32 *zeros, *scales;
+  u32 wo, wrow, zo, zstep, so, sstep;
+};
+
+// One pipeline stage: U groups of the thread's two rows (a, b: 32 k of each), the zeros word
+// and the scales.
+template <int U>
+struct Int4Stage {
+  uint4 a[U], b[U];
+  u32 zw[U], sw[U];
+};
+
+// Loads groups s0 .. s0 + U - 1 (past the end: nothing, never used).
 template <int U, bool PF>
-__device__ __forceinline__ void int4_load(uint4 (&A)[U], uint4 (&B)[U], u32 (&nz)[U][2],
-                                          float (&sc)[U][2], const uint4* qa, const uint4* qb,
-                                          const u32* zeros, const u16* scales, int ra, int rb,
-                                          int za_shift, int zb_shift, int s0, int t, int groups,
-                                          int N) {
+__device__ __forceinline__ void int4_load(Int4Stage<U>& s, const Int4Src& src, u32 s0,
+                                          u32 groups) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const int grp = s0 + u;
-    const bool ok = grp < groups;
-    const int v = grp * 4 + t;
-    A[u] = ok ? ld_stream<PF>(qa + v) : zero4();
-    B[u] = ok ? ld_stream<PF>(qb + v) : zero4();
-    u32 za = 0u, zb = 0u;
-    float sa = 0.f, sb = 0.f;
-    if (ok) {
-      za = (__ldg(zeros + (size_t)grp * (N >> 3) + (ra >> 3)) >> za_shift) & 0xFu;
-      zb = (__ldg(zeros + (size_t)grp * (N >> 3) + (rb >> 3)) >> zb_shift) & 0xFu;
-      sa = f16_to_f32(__ldg(scales + (size_t)grp * N + ra));
-      sb = f16_to_f32(__ldg(scales + (size_t)grp * N + rb));
+    const u32 grp = s0 + u;
+    if (grp < groups) {
+      const u32 w = src.wo + 4 * grp;
+      s.a[u] = ld_stream<PF>(src.q + w);
+      s.b[u] = ld_stream<PF>(src.q + (w + src.wrow));
+      s.zw[u] = __ldg(src.zeros + (src.zo + grp * src.zstep));
+      s.sw[u] = __ldg(src.scales + (src.so + grp * src.sstep));
     }
-    nz[u][0] = (0xC300u | za) * 0x00010001u;
-    nz[u][1] = (0xC300u | zb) * 0x00010001u;
-    sc[u][0] = sa;
-    sc[u][1] = sb;
+  }
+}
+
+// acc += groups s0 .. s0 + U - 1 (those < groups) of the thread's rows (the mma's rows g,
+// g + 8) times act(x) (n-tile j: rows 8j + g of thread (g, t)).
+template <int MT, int U, int PRO>
+__device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U>& s,
+                                          const XLoad<PRO, MT>& xl, u32 s0, u32 groups, int t,
+                                          u32 zsh) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const u32 grp = s0 + u;
+    if (u > 0 && grp >= groups) break;  // the same in the whole warp
+    const int c0 = 16 * (int)grp + 4 * t;  // the thread's first x chunk of the group
+    const u32 wa[4] = {s.a[u].x, s.a[u].y, s.a[u].z, s.a[u].w};
+    const u32 wb[4] = {s.b[u].x, s.b[u].y, s.b[u].z, s.b[u].w};
+    // -(128 + zero) of rows a, b, each in both bf16 halves
+    const u32 z2 = and_or(s.zw[u] >> zsh, 0x000F000Fu, 0xC300C300u);
+    const u32 nza = __byte_perm(z2, 0u, 0x1010), nzb = __byte_perm(z2, 0u, 0x3232);
+    float cg[MT][4] = {};  // the group's sum of -(128 + z) x + (128 + q) x, one chain
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint4 xv[MT];  // k 8i..8i+7 of this thread's 32
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        xv[j] = x_chunk(xl, j, c0 + i);
+        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].x, xv[j].y);
+        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].z, xv[j].w);
+      }
+      u32 pa[4], pb[4];  // 128 + q of k pairs (2p, 2p + 1) of word i, rows a and b
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        pa[p] = and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+        pb[p] = and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+      }
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        mma_bf16(cg[j], pa[0], pb[0], pa[1], pb[1], xv[j].x, xv[j].y);
+        mma_bf16(cg[j], pa[2], pb[2], pa[3], pb[3], xv[j].z, xv[j].w);
+      }
+    }
+    const float sa = f16_to_f32((u16)s.sw[u]), sb = f16_to_f32((u16)(s.sw[u] >> 16));
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      acc[j][0] = fmaf(sa, cg[j][0], acc[j][0]);
+      acc[j][1] = fmaf(sa, cg[j][1], acc[j][1]);
+      acc[j][2] = fmaf(sb, cg[j][2], acc[j][2]);
+      acc[j][3] = fmaf(sb, cg[j][3], acc[j][3]);
+    }
   }
 }
 
@@ -57,69 +134,58 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   static_assert(!GEMV_RSTD(PRO), "the row-scale RMSNorm is in the bf16 kernel only");
   const TileThread<KSPLIT, TPB, GEMV_GLU(PRO)> th(N);
   const int g = th.g, t = th.t, ks = th.ks;
-  const int qv = K >> 5;      // 16-byte vectors (32 k) per weight row
-  const int groups = K >> 7;  // = number of sub-steps: 4 threads x 32 k
-  const int ra = th.ra, rb = th.rb;
-  const uint4* qa = q + (size_t)ra * qv;
-  const uint4* qb = q + (size_t)rb * qv;
-  // nibble of column c in an AWQ zeros word: index (c / 2) + 4 (c % 2)
-  const int za_shift = 4 * (((ra & 7) >> 1) + 4 * (ra & 1));
-  const int zb_shift = 4 * (((rb & 7) >> 1) + 4 * (rb & 1));
+  const u32 groups = K >> 7;  // = number of sub-steps: 4 threads x 32 k
+  // Rows a, b = a + 1: the tile's rows 2g, 2g + 1 in tile_rows' order (its ra of g = 0..7,
+  // then its rb); past the end the last pair again (read, never stored).
+  int a;
+  if (GEMV_GLU(PRO)) {
+    const int half = N >> 1;
+    a = min(8 * th.tile + 2 * (g & 3), half - 2) + (g >= 4 ? half : 0);
+  } else {
+    a = min(16 * th.tile + 2 * g, N - 2);
+  }
+  Int4Src src;
+  src.q = q;
+  src.zeros = zeros;
+  src.scales = reinterpret_cast<const u32*>(scales);
+  src.wrow = (u32)K >> 5;  // 16-byte vectors per row
+  src.wo = a * src.wrow + t;
+  src.zo = a >> 3;
+  src.zstep = (u32)N >> 3;
+  src.so = a >> 1;
+  src.sstep = (u32)N >> 1;
+  // AWQ puts column c's zero point in nibble (c % 8) / 2 + 4 (c % 2) of its word: rows a, b
+  // (a even) at bits zsh.. of the word's two 16-bit halves
+  const u32 zsh = 2 * (a & 7);
   float acc[MT][4] = {};
-  const int stride = KSPLIT * U;
-  uint4 A[U], B[U];
-  u32 nz[U][2];
-  float sc[U][2];
-  prefetch_then_wait<U>(qa, qb, ks * U, t, qv);  // then nothing but weights before the wait
+  constexpr u32 stride = KSPLIT * U;
+  Int4Stage<U> cur, nxt;
+  u32 grp = ks * U;
+  int4_load<U, PF>(cur, src, grp, groups);  // weights only: before the wait is allowed
+  pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
-  int4_load<U, PF>(A, B, nz, sc, qa, qb, zeros, scales, ra, rb, za_shift, zb_shift, ks * U, t,
-                   groups, N);
-  for (int s0 = ks * U; s0 < groups; s0 += stride) {
-    uint4 An[U], Bn[U];
-    u32 nzn[U][2];
-    float scn[U][2];
-    int4_load<U, PF>(An, Bn, nzn, scn, qa, qb, zeros, scales, ra, rb, za_shift, zb_shift,
-                     s0 + stride, t, groups, N);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = (s0 + u) * 4 + t;
-      const bool ok = s0 + u < groups;
-      const u32 wa[4] = {A[u].x, A[u].y, A[u].z, A[u].w};
-      const u32 wb[4] = {B[u].x, B[u].y, B[u].z, B[u].w};
-      float cg[2][MT][4] = {};  // the group's (q - z).x, two mma chains
+  for (int j = 0; j < MT; ++j) xl.row[j] = kept(xl.row[j]);
+  for (; grp < groups; grp += stride) {
+    int4_load<U, PF>(nxt, src, grp + stride, groups);
+    int4_math<MT, U, GEMV_ACT(PRO)>(acc, cur, xl, grp, groups, t, zsh);
+    cur = nxt;
+  }
+  // To store_out's order: thread (g, t) holds tile rows g (acc[j][0..1]) and g + 8
+  // (acc[j][2..3]); row g was computed by thread (g / 2, t), row g + 8 by (4 + g / 2, t), as
+  // its row a (acc[j][0..1]) or b (acc[j][2..3]) for g even or odd.
+  const int from = 4 * (g >> 1) + t;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        u32 pa[4], pb[4];
+  for (int j = 0; j < MT; ++j) {
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          pa[p] = bf16x2_add(and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u), nz[u][0]);
-          pb[p] = bf16x2_add(and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u), nz[u][1]);
-        }
-#pragma unroll
-        for (int j = 0; j < MT; ++j) {
-          // k 8i..8i+7 of this thread's 32
-          const uint4 xv = ok ? xl.load(j, 4 * v + i) : zero4();
-          mma_bf16(cg[0][j], pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
-          mma_bf16(cg[1][j], pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        acc[j][0] += sc[u][0] * (cg[0][j][0] + cg[1][j][0]);
-        acc[j][1] += sc[u][0] * (cg[0][j][1] + cg[1][j][1]);
-        acc[j][2] += sc[u][1] * (cg[0][j][2] + cg[1][j][2]);
-        acc[j][3] += sc[u][1] * (cg[0][j][3] + cg[1][j][3]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      A[u] = An[u];
-      B[u] = Bn[u];
-      nz[u][0] = nzn[u][0];
-      nz[u][1] = nzn[u][1];
-      sc[u][0] = scn[u][0];
-      sc[u][1] = scn[u][1];
+    for (int e = 0; e < 2; ++e) {
+      const float r0a = __shfl_sync(0xffffffffu, acc[j][e], from);
+      const float r0b = __shfl_sync(0xffffffffu, acc[j][e + 2], from);
+      const float r8a = __shfl_sync(0xffffffffu, acc[j][e], from + 16);
+      const float r8b = __shfl_sync(0xffffffffu, acc[j][e + 2], from + 16);
+      acc[j][e] = g & 1 ? r0b : r0a;
+      acc[j][e + 2] = g & 1 ? r8b : r8a;
     }
   }
   GEMV_TRIGGER_END();
