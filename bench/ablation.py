@@ -2,15 +2,19 @@
 
     python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16] [--pdl all,gemv,small,none]
                              [--fuse 0,1] [--glu 0,1] [--late-trigger 0,1] [--prefetch 0,1]
-                             [--min-keys 8,32] [--fold 0,1] [--breakdown]
+                             [--min-keys 8,32] [--fold none,moe,all] [--moe-early 0,1]
+                             [--breakdown]
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
 other kernels only, or of none), late trigger (a gemv lets the next kernel launch after its
 K loop, not at its top), prefetch (a gemv asks L2 for its first weights before its PDL
 wait), fuse (RMSNorm in the gemv prologue; off: its own kernel), min keys (keys per context
 split of the decode attention, at least), glu (the SwiGLU in the gate_up gemv's epilogue;
-off: its own kernel) and fold (the RMSNorm weights folded into the next linears at load,
-kestrel_rt/fold.py, the norms then a row scale in the bf16 gemvs' epilogue; a model per value). Prints tok/s (overlapped
+off: its own kernel), moe early (moe_down issues its first weight loads before its PDL
+wait) and fold (which RMSNorm weights are folded into the next linears at load,
+kestrel_rt/fold.py, those norms then a row scale inside the kernels, CupyBackend.norm_row_scale:
+none, moe (a MoE layer's post-attention norm), all, or speed (what `kestrel generate` does);
+a model per value). Prints tok/s (overlapped
 loop, bench/measure.py) and the median device time of a step for each combination;
 --breakdown adds each model's per-kernel times with PDL off (with PDL the profiler's kernel
 times include the waits of kernels launched early).
@@ -36,7 +40,7 @@ PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
 
 
 def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool, min_keys: int = 8,
-                 prefetch: bool = False) -> None:
+                 prefetch: bool = False, moe_early: bool = True) -> None:
     """pdl: a key of PDL_MODES; late, prefetch: the gemvs' compile options (a new Gemv for the
     backend when they change)."""
     from kestrel_rt.cuda.linear import Gemv
@@ -53,6 +57,7 @@ def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool, min_keys: i
     be.fuse_prologues = fuse
     be.decode_min_keys = min_keys
     be.glu_epilogue = glu
+    be.moe_early = moe_early
     model.graphs.clear()
 
 
@@ -69,7 +74,8 @@ def main() -> None:
     ap.add_argument("--fuse", default="0")
     ap.add_argument("--glu", default="1,0")
     ap.add_argument("--min-keys", default="8")
-    ap.add_argument("--fold", default="0")
+    ap.add_argument("--fold", default="speed", help="of speed,none,moe,all")
+    ap.add_argument("--moe-early", default="1")
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
@@ -77,17 +83,20 @@ def main() -> None:
     grid = list(itertools.product(args.pdl.split(","), flags(args.late_trigger),
                                   flags(args.prefetch),
                                   flags(args.fuse), flags(args.glu),
-                                  [int(v) for v in args.min_keys.split(",")]))
-    for spec, fold in itertools.product(args.models.split(","), flags(args.fold)):
+                                  [int(v) for v in args.min_keys.split(",")],
+                                  flags(args.moe_early)))
+    for spec, fold in itertools.product(args.models.split(","), args.fold.split(",")):
         name, quant = spec.split(":")
         model = build(name, quant, fold=fold)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, late, pre, fuse, glu, keys in grid:
-            set_features(model, pdl, late, fuse, glu, keys, pre)
+        for pdl, late, pre, fuse, glu, keys, early in grid:
+            set_features(model, pdl, late, fuse, glu, keys, pre, early)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            rows.append((name, quant, fold, pdl, late, pre, fuse, glu, keys, r["tok_s"], r["ms"]))
+            rows.append((name, quant, fold, pdl, late, pre, fuse, glu, keys, early, r["tok_s"],
+                         r["ms"]))
             print(f"{name} {quant} fold={fold} pdl={pdl} late={late} prefetch={pre} fuse={fuse} "
-                  f"glu={glu} keys={keys}: {r['tok_s']:.1f} tok/s, step {r['ms']:.3f} ms",
+                  f"glu={glu} keys={keys} moe_early={early}: {r['tok_s']:.1f} tok/s, "
+                  f"step {r['ms']:.3f} ms",
                   flush=True)
         if args.breakdown:
             set_features(model, "none", True, False, True)
@@ -100,9 +109,10 @@ def main() -> None:
         for n, c, us in b["kernels"][:14]:
             print(f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |")
     print("\n| model | quant | fold | pdl | late trigger | prefetch | fuse | glu | min keys | "
-          "tok/s | step ms |\n| --- | --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |")
+          "moe early | tok/s | step ms |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | ---: | --- | ---: | ---: |")
     for r in rows:
-        print("| " + " | ".join(str(v) for v in r[:9]) + f" | {r[9]:.1f} | {r[10]:.3f} |")
+        print("| " + " | ".join(str(v) for v in r[:10]) + f" | {r[10]:.1f} | {r[11]:.3f} |")
 
 
 if __name__ == "__main__":

@@ -56,20 +56,25 @@ def backend_class():
     return CupyBackend
 
 
-def build(name: str, quant: str, min_keys: int | None = None, fold: bool = False):
+def build(name: str, quant: str, min_keys: int | None = None, fold: str = "speed"):
     """GraphModel of a preset with dummy weights on the cupy backend (min_keys: the decode
     attention's keys per context split, at least; the backend's default when None; fold:
-    the RMSNorm weights folded into the next linears, kestrel_rt/fold.py, and the backend's
-    rstd_epilogue on)."""
+    which RMSNorm weights are folded into the next linears, kestrel_rt/fold.py, and applied
+    as a row scale (CupyBackend.norm_row_scale): "speed" what `kestrel generate` does
+    (fold_for_speed), "none", "moe" or "all")."""
     from kestrel_rt.cuda.graphs import GraphModel
-    from kestrel_rt.fold import fold_norms
+    from kestrel_rt.fold import fold_for_speed, fold_norms
 
     shape, weights = load_dummy(name, "cuda", torch.bfloat16, seed=0)
-    if fold:
-        shape, weights = fold_norms(shape, weights)
-    quantize_weights(weights, None if quant == "bf16" else quant)
+    q = None if quant == "bf16" else quant
+    if fold == "speed":
+        shape, weights = fold_for_speed(shape, weights, q)
+    elif fold != "none":
+        shape, weights = fold_norms(shape, weights, moe_only=fold == "moe")
+    quantize_weights(weights, q)
     model = GraphModel(shape, weights, backend_class()("cuda", torch.bfloat16))
-    model.backend.rstd_epilogue = fold
+    if fold != "speed":
+        model.backend.norm_row_scale = fold
     if min_keys is not None:
         model.backend.decode_min_keys = min_keys
     del weights

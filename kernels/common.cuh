@@ -124,6 +124,27 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Warp sums of R per-lane values at once (R a power of two, <= 32), a transposed butterfly
+// (R - 1 + log2(32 / R) shuffles): lane l gets the sum of s[l / (32 / R)] over the warp.
+template <int R>
+__device__ __forceinline__ float warp_sum_rows(float (&s)[R]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 16, half = R / 2; o > 0; o >>= 1, half >>= 1) {
+    if (half > 0) {  // keep rows [hi ? half : 0, +half), send the others to lane ^ o
+      const bool hi = lane & o;
+#pragma unroll
+      for (int i = 0; i < half; ++i) {
+        const float send = hi ? s[i] : s[i + half];
+        s[i] = (hi ? s[i + half] : s[i]) + __shfl_xor_sync(0xffffffffu, send, o);
+      }
+    } else {
+      s[0] += __shfl_xor_sync(0xffffffffu, s[0], o);
+    }
+  }
+  return s[0];
+}
+
 // Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
 // red: __shared__ float[32], reusable after the call returns.
 __device__ __forceinline__ float block_sum(float v, float* red) {

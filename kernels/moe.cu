@@ -176,27 +176,6 @@ __device__ __forceinline__ void dot_rows(const uint4 (&wv)[R][U], const T* xs, f
     }
 }
 
-// Warp sums of R per-lane values at once (R a power of two, <= 32), a transposed butterfly
-// (R - 1 + log2(32 / R) shuffles): lane l gets the sum of s[l / (32 / R)] over the warp.
-template <int R>
-__device__ __forceinline__ float warp_sum_rows(float (&s)[R]) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int o = 16, half = R / 2; o > 0; o >>= 1, half >>= 1) {
-    if (half > 0) {  // keep rows [hi ? half : 0, +half), send the others to lane ^ o
-      const bool hi = lane & o;
-#pragma unroll
-      for (int i = 0; i < half; ++i) {
-        const float send = hi ? s[i] : s[i + half];
-        s[i] = (hi ? s[i + half] : s[i]) + __shfl_xor_sync(0xffffffffu, send, o);
-      }
-    } else {
-      s[0] += __shfl_xor_sync(0xffffffffu, s[0], o);
-    }
-  }
-  return s[0];
-}
-
 // One warp per output column n of one (token, expert) pair: the gate and up rows side by side,
 // all their loads of a chunk in flight at once; x [H] of the token staged in shared memory.
 template <typename T, int U>
@@ -239,14 +218,32 @@ __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ 
     act[pair * inter + n] = Num<T>::store(Num<T>::round(g / (1.f + expf(-g))) * u);
 }
 
+// The warp's chunk at column c0 of the rows of experts k0 .. k0 + rows (lane r < rows holds
+// expert k0 + r in my_e) of down [E, H, I], at output h: load_rows of those rows.
+template <typename T, int U>
+__device__ __forceinline__ void load_down_rows(uint4 (&wv)[MOE_ROWS][U], const T* down,
+                                               long long my_e, int rows, bool live, int h,
+                                               int hidden, int inter, int c0) {
+  const T* w[MOE_ROWS];  // rebuilt per chunk: 8 live pointers would cost 16 registers
+#pragma unroll
+  for (int r = 0; r < MOE_ROWS; ++r)
+    w[r] = down + (__shfl_sync(0xffffffffu, my_e, r) * hidden + (live ? h : 0)) *
+                      (long long)inter;
+  load_rows<T, MOE_ROWS, U>(wv, w, live ? rows : 0, c0, inter);
+}
+
 // One warp per output element (token, h): the rows of MOE_ROWS experts at a time, all their
 // loads of a chunk in flight at once; act [top_k, I] of the token staged in shared memory.
 // Summed in expert order; + residual (rounded as torch's residual + moe_out) when res is given.
+// early != 0: the first chunk's weight loads are issued before pdl_wait, while moe_gate_up
+// still runs (its last blocks). That reads `experts` before the wait: it was written before
+// moe_gate_up passed its own pdl_wait, and moe_gate_up lets this kernel launch only after
+// that (MOE_GATE_UP_ENTRY: pdl_trigger after pdl_wait), so it is complete and visible here.
 template <typename T, int U>
 __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ down,
                               const long long* __restrict__ experts,
                               const T* __restrict__ weights, const T* __restrict__ res,
-                              T* __restrict__ out, int top_k, int hidden, int inter) {
+                              T* __restrict__ out, int top_k, int hidden, int inter, int early) {
   constexpr int R = MOE_ROWS, W = 32 * U * Vec<T>::N;
   __shared__ __align__(16) T xs[R * W];  // act[tok, k0 + r, c0 : c0 + W]
   const int lane = threadIdx.x & 31;
@@ -254,26 +251,27 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
   const int h = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const bool live = h < hidden;  // a warp past H still stages and syncs
   const long long o = tok * hidden + h;
+  uint4 wv[R][U];
+  long long my_e = 0;  // lane r < rows: expert k0 + r
+  if (early) {
+    my_e = lane < min(R, top_k) ? experts[tok * top_k + lane] : 0;
+    load_down_rows<T, U>(wv, down, my_e, min(R, top_k), live, h, hidden, inter, 0);
+  }
+  pdl_wait();
   if (res && live && lane == 0)  // into L1 now, read at the end (no register held meanwhile)
     asm volatile("prefetch.global.L1 [%0];" ::"l"(res + o));
   float acc = 0.f;
   bool first = true;
   for (int k0 = 0; k0 < top_k; k0 += R) {
     const int rows = min(R, top_k - k0);
-    const long long pair = tok * top_k + k0 + lane;  // lane r < rows: expert k0 + r
-    const long long my_e = lane < rows ? experts[pair] : 0;
+    const long long pair = tok * top_k + k0 + lane;
+    if (k0 || !early) my_e = lane < rows ? experts[pair] : 0;
     const float my_w = lane < rows ? Num<T>::load(weights[pair]) : 0.f;
     float s[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) s[r] = 0.f;
     for (int c0 = 0; c0 < inter; c0 += W) {
-      const T* w[R];  // rebuilt per chunk: 8 live pointers would cost 16 registers
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        w[r] = down + (__shfl_sync(0xffffffffu, my_e, r) * hidden + (live ? h : 0)) *
-                          (long long)inter;
-      uint4 wv[R][U];
-      load_rows<T, R, U>(wv, w, live ? rows : 0, c0, inter);
+      if (k0 || c0 || !early) load_down_rows<T, U>(wv, down, my_e, rows, live, h, hidden, inter, c0);
       if (!first) __syncthreads();  // the previous chunk of xs is read
       first = false;
       stage_rows<T, R, U>(xs, act + (tok * top_k + k0) * inter, inter, rows, c0, inter);
@@ -304,8 +302,8 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2)                                  \
       moe_gate_up_##SUFFIX##_u##U(const T* x, const T* gate_up, const long long* experts,      \
                                   T* act, int top_k, int hidden, int inter, float eps) {        \
-    pdl_trigger();                                                                               \
     pdl_wait();                                                                                  \
+    pdl_trigger(); /* after the wait: moe_down may read experts before its own (moe_down_impl) */ \
     moe_gate_up_impl<T, U>(x, gate_up, experts, act, top_k, hidden, inter, eps);                \
   }
 
@@ -313,10 +311,9 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2)                                  \
       moe_down_##SUFFIX##_u##U(const T* act, const T* down, const long long* experts,          \
                                const T* weights, const T* res, T* out, int top_k, int hidden,   \
-                               int inter) {                                                     \
+                               int inter, int early) {                                          \
     pdl_trigger();                                                                               \
-    pdl_wait();                                                                                  \
-    moe_down_impl<T, U>(act, down, experts, weights, res, out, top_k, hidden, inter);           \
+    moe_down_impl<T, U>(act, down, experts, weights, res, out, top_k, hidden, inter, early);    \
   }
 
 // U: 16-byte vectors per lane and row of a chunk; the host (kestrel_rt/cuda/ops.py) takes the

@@ -197,6 +197,7 @@ def generate(
         load_tokenizer,
         resolve,
     )
+    from kestrel_rt.fold import fold_for_speed
     from kestrel_rt.memory import check_fits, free_bytes
     from kestrel_rt.model import Qwen3Model
     from kestrel_rt.quant_weights import quantize_weights
@@ -238,6 +239,8 @@ def generate(
         shape, weights = load_folder(folder, dev, dt)
     else:
         shape, weights = load_dummy(shape.name, dev, dt, seed=0)
+    if use == "cupy" and not awq:
+        shape, weights = fold_for_speed(shape, weights, quant)
     if not awq:
         quantize_weights(weights, quant)
     if use == "cupy":

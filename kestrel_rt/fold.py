@@ -5,7 +5,7 @@
 (W @ (w * x_hat) = (W diag(w)) @ x_hat.) After folding, every input, post-attention and final
 norm has a unit weight, and q/k/v, gate/up (a MoE layer's router and experts' gate/up) and
 lm_head carry them, so a backend may apply such a norm as a per-row scale inside its matmul
-(kernels/gemv_mma.cuh and moe.cu, RSTD; CupyBackend.rstd_epilogue) instead of a norm kernel
+(kernels/gemv_mma.cuh and moe.cu, RSTD; CupyBackend.norm_row_scale) instead of a norm kernel
 before it. W diag(w) is rounded once to the weights' dtype, where the reference rounds
 w * x_hat: the same model to within that rounding. A tied lm_head is untied: it becomes the
 folded copy of the embedding, and the returned shape says untied.
@@ -19,13 +19,17 @@ from kestrel_sim.errors import KestrelError
 from kestrel_sim.models import ModelShape
 
 
-def fold_norms(shape: ModelShape, hf: dict) -> tuple[ModelShape, dict]:
-    """Fold in place (hf is returned); see the module docstring."""
+def fold_norms(shape: ModelShape, hf: dict, moe_only: bool = False) -> tuple[ModelShape, dict]:
+    """Fold in place (hf is returned); see the module docstring. moe_only: only the
+    post-attention norms of MoE layers (into the router and the experts' gate/up)."""
     for i in range(shape.num_hidden_layers):
         p = f"model.layers.{i}"
-        _fold(hf, f"{p}.input_layernorm.weight",
-              [f"{p}.self_attn.{n}_proj.weight" for n in ("q", "k", "v")])
         post = f"{p}.post_attention_layernorm.weight"
+        if moe_only and not shape.is_moe_layer(i):
+            continue
+        if not moe_only:
+            _fold(hf, f"{p}.input_layernorm.weight",
+                  [f"{p}.self_attn.{n}_proj.weight" for n in ("q", "k", "v")])
         if not shape.is_moe_layer(i):
             _fold(hf, post, [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"])
         elif f"{p}.mlp.experts.gate_up_proj" in hf:  # fused in-memory form [E, 2I, H]
@@ -34,10 +38,23 @@ def fold_norms(shape: ModelShape, hf: dict) -> tuple[ModelShape, dict]:
             _fold(hf, post, [f"{p}.mlp.gate.weight"] + [
                 f"{p}.mlp.experts.{e}.{n}_proj.weight" for e in range(shape.num_experts)
                 for n in ("gate", "up")])
+    if moe_only:
+        return shape, hf
     if shape.tie_word_embeddings:
         hf["lm_head.weight"] = _tensor(hf, "model.embed_tokens.weight").clone()
         shape = shape.model_copy(update={"tie_word_embeddings": False})
     _fold(hf, "model.norm.weight", ["lm_head.weight"])
+    return shape, hf
+
+
+def fold_for_speed(shape: ModelShape, hf: dict, quant: str | None) -> tuple[ModelShape, dict]:
+    """What the cupy backend runs fastest (CupyBackend.norm_row_scale "moe"): a float MoE
+    model's post-attention norms folded into its routers and experts (H200, qwen3-30b-a3b
+    bf16: bench/results/NOTES_decode.md); other models as they are (folding every norm made
+    qwen3-8b bf16 and int4 slower: the row scale costs the dense gemvs more than the rmsnorm
+    launch it saves)."""
+    if quant is None and any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers)):
+        return fold_norms(shape, hf, moe_only=True)
     return shape, hf
 
 

@@ -8,7 +8,7 @@ import tiny_models as tm
 import torch
 
 from kestrel_rt.backend.torch_backend import TorchBackend
-from kestrel_rt.fold import fold_norms
+from kestrel_rt.fold import fold_for_speed, fold_norms
 from kestrel_rt.model import Qwen3Model
 from kestrel_sim.errors import KestrelError
 
@@ -39,6 +39,29 @@ def test_folded_model_gives_the_same_logits(name):
         post = folded[f"{p}.post_attention_layernorm.weight"]
         assert torch.equal(post, torch.ones_like(post))
     assert torch.equal(folded["model.norm.weight"], torch.ones_like(hf["model.norm.weight"]))
+
+
+@pytest.mark.parametrize("name", ["moe", "moe_norm", "untied"])
+def test_moe_only_folds_the_moe_post_norms(name):
+    """moe_only: the same logits, the post-attention norms of MoE layers unit and every other
+    norm (and a tied lm_head) as it was; fold_for_speed does that for float MoE models only."""
+    ref = tm.in_memory(name)
+    shape, hf = tm.shape_of(ref.config), tm.weights_of(ref)
+    tokens = torch.tensor([[3, 17, 5, 60, 2, 9]])
+    want = _logits(shape, hf, tokens)
+    fshape, folded = fold_norms(shape, {k: v.clone() for k, v in hf.items()}, moe_only=True)
+    assert torch.allclose(_logits(fshape, folded, tokens), want, rtol=1e-4, atol=1e-4)
+    assert fshape.tie_word_embeddings == shape.tie_word_embeddings
+    for n, t in folded.items():
+        moe_post = n.endswith("post_attention_layernorm.weight") and shape.is_moe_layer(
+            int(n.split(".")[2]))
+        if n.endswith("norm.weight") or moe_post:
+            assert torch.equal(t, torch.ones_like(t)) if moe_post else torch.equal(t, hf[n]), n
+    sshape, fast = fold_for_speed(shape, {k: v.clone() for k, v in hf.items()}, None)
+    moe = any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers))
+    assert all(torch.equal(fast[n], (folded if moe else hf)[n]) for n in hf)
+    _, kept = fold_for_speed(shape, {k: v.clone() for k, v in hf.items()}, "int8")
+    assert all(torch.equal(kept[n], hf[n]) for n in hf)
 
 
 def test_fold_refuses_quantized_or_missing_weights():

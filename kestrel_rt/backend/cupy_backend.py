@@ -19,10 +19,10 @@ added in the gemv's epilogue, `rope_attention` with q/k norm + RoPE inside the a
 kernel, `moe_add` with the residual inside moe_down, `norm_linear_swiglu` with the SwiGLU in
 the gate_up gemv's epilogue (`glu_epilogue`, on); `norm_linear` and `norm_linear_swiglu` fold
 the RMSNorm into the gemv prologue when `fuse_prologues` is on (off: measured slower), or,
-when its weight is all ones (folded into the linear: kestrel_rt/fold.py) and `rstd_epilogue`
-is on (off: not yet measured), apply it as a row scale in the bf16 gemv's epilogue. `pdl`
-launches every kernel of the forward but the MoE expert gemvs with programmatic dependent
-launch.
+when its weight is all ones (folded into the linear: kestrel_rt/fold.py) and
+`norm_row_scale` says so ("moe", the default: only a MoE layer's post-attention norm, in the
+router gemv and moe_gate_up; "all": in the bf16 gemvs' epilogue too), apply it as a row
+scale. `pdl` launches every kernel of the forward with programmatic dependent launch.
 """
 
 from __future__ import annotations
@@ -65,10 +65,16 @@ class CupyBackend(GemvLinear, TorchBackend):
         # gemv as well it measured slower on the H200 (bench/ablation.py: qwen3-8b bf16 5.24 vs
         # 5.04 ms, int4 3.93 vs 2.75 ms per step): off by default
         self.fuse_prologues = False
-        # An RMSNorm whose weight is all ones (kestrel_rt/fold.py folded it into the next
-        # linear) as a per-row scale in the bf16 gemv's epilogue (norm_linear, RSTD): no
-        # rmsnorm launch before qkv, gate_up and lm_head. Not yet measured: off by default
-        self.rstd_epilogue = False
+        # Which RMSNorms whose weight is all ones (kestrel_rt/fold.py folded it into the next
+        # linears) run as a per-row scale inside the kernels that read their output, with no
+        # rmsnorm launch: "moe" (the post-attention norm of a MoE layer, in the router gemv
+        # and moe_gate_up: faster, H200 qwen3-30b-a3b bf16 2.997 vs 3.101 ms per step with
+        # every norm folded), "all" (also before qkv, gate_up and lm_head, the bf16 gemvs'
+        # RSTD epilogue: slower, qwen3-8b bf16 4.578 vs 4.512 ms) or "none".
+        self.norm_row_scale = "moe"
+        # moe_down issues its first weight loads before its PDL wait, while moe_gate_up
+        # finishes (kernels/moe.cu)
+        self.moe_early = True
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
         # keys per context split of the decode attention kernel, at least (attn_ops.attention)
         self.decode_min_keys = attn_ops.DECODE_MIN_KEYS
@@ -165,7 +171,7 @@ class CupyBackend(GemvLinear, TorchBackend):
 
     def _rstd_gemv(self, x, norm, name, glu: bool = False):
         """norm_linear (+ SwiGLU epilogue) with the norm as the gemv's row scale, or None."""
-        if not (self.rstd_epilogue and norm in self._unit_norms):
+        if not (self.norm_row_scale == "all" and norm in self._unit_norms):
             return None
         return self.gemv().fused(x, self.weight(name), rstd=True, eps=self.shape.rms_norm_eps,
                                  glu=glu)
@@ -214,7 +220,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         return residual + super().moe(x, layer) if y is None else y
 
     def norm_moe_add(self, x, norm, layer):
-        if self.rstd_epilogue and norm in self._unit_norms:  # the norm as a row scale
+        if self.norm_row_scale in ("moe", "all") and norm in self._unit_norms:  # a row scale
             y = self._moe_kernels(x, layer, x, row_norm=True)
             if y is not None:
                 return y
@@ -249,7 +255,7 @@ class CupyBackend(GemvLinear, TorchBackend):
                 return gemv_moe.moe(self.gemv(), x, weights, experts, gate_up, down,
                                     residual=residual)  # [N, H]
             return ops.moe_experts(self.kernels, x, weights, experts, gate_up, down,
-                                   residual=residual, row_eps=eps)
+                                   residual=residual, row_eps=eps, early=self.moe_early)
         except Unsupported:
             return None
 

@@ -194,12 +194,13 @@ def moe_launches(dtype: torch.dtype, N: int, H: int, inter: int, top_k: int
 def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
                 experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                 residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                row_eps: float | None = None) -> torch.Tensor:
+                row_eps: float | None = None, early: bool = True) -> torch.Tensor:
     """x [N, H], weights [N, k], experts [N, k] int64, gate_up [E, 2I, H], down [E, H, I]
     -> [N, H]: each token's chosen experts' SwiGLU MLPs, weighted and summed
     (+ residual [N, H], rounded as torch's residual + moe_out, when given). row_eps: x is
     the raw residual stream and its RMSNorm (unit weight, this eps; the weight folded into
-    gate_up: kestrel_rt/fold.py) is a row scale inside moe_gate_up."""
+    gate_up: kestrel_rt/fold.py) is a row scale inside moe_gate_up. early: moe_down issues its
+    first weight loads before its PDL wait, while moe_gate_up finishes (kernels/moe.cu)."""
     tensors = (x, weights, gate_up, down) + (() if residual is None else (residual,))
     _suffix(*tensors)
     N, H = x.shape
@@ -225,7 +226,7 @@ def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
                f32(-1.0 if row_eps is None else row_eps)))
     km.launch("moe", down_name, down_grid, block,
               (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(residual), ptr(out),
-               i32(top_k), i32(H), i32(inter)))
+               i32(top_k), i32(H), i32(inter), i32(int(early))))
     return out
 
 

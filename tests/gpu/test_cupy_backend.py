@@ -158,22 +158,33 @@ def test_glu_epilogue_and_prologues_as_accurate(fuse):
         assert gm.rel_err(g, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
 
 
+@pytest.mark.parametrize("rows", ["all", "moe"])
 @pytest.mark.parametrize("name", ["wide", "wide_moe"])
-def test_folded_norms_as_row_scale_as_accurate(name):
+def test_folded_norms_as_row_scale_as_accurate(name, rows):
     """Norm weights folded into the next linears (kestrel_rt/fold.py) and applied as the bf16
-    gemvs' (and moe_gate_up's) row scale (rstd_epilogue): as close to the fp32 model as the
-    default kernels."""
+    gemvs' (and moe_gate_up's) row scale (norm_row_scale): as close to the fp32 model as the
+    default kernels. A MoE model's routing flips now and then between any two bf16 runs (one
+    flipped token costs its logits ~0.15 relative error: the torch backend in bf16 against
+    fp32 does that too), so there the median over the script's logits is compared."""
     from kestrel_rt.fold import fold_norms
 
     exact = gm.run_script(gm.model(name, TorchBackend("cuda", torch.float32)), LENGTHS, 6)
     ref = gm.run_script(gm.model(name, CupyBackend("cuda", torch.bfloat16)), LENGTHS, 6)
     shape, w = gm.weights(name)
-    shape, w = fold_norms(shape, w)
+    shape, w = fold_norms(shape, w, moe_only=rows == "moe")
     be = CupyBackend("cuda", torch.bfloat16)
-    be.rstd_epilogue = True
+    be.norm_row_scale = rows
     model = Qwen3Model(shape, w, be)
     model.allocate_kv(4, 128)
-    assert {"norm", "layers.0.input_norm", "layers.0.post_norm"} <= be._unit_norms
+    moe = name == "wide_moe"
+    assert ("layers.0.post_norm" in be._unit_norms) == (moe or rows == "all")
+    assert ("norm" in be._unit_norms) == (rows == "all")
     got = gm.run_script(model, LENGTHS, 6)
-    for g, r, e in zip(got, ref, exact):
-        assert gm.rel_err(g, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
+    errs = [(gm.rel_err(g, e), gm.rel_err(r, e)) for g, r, e in zip(got, ref, exact)]
+    if moe:
+        med = [sorted(v)[len(v) // 2] for v in zip(*errs)]
+        assert med[0] <= 1.5 * med[1] + 1e-3, errs
+    else:
+        assert all(g <= 1.5 * r + 1e-3 for g, r in errs), errs
+
+

@@ -162,20 +162,42 @@ def km_pdl():
     return KernelModules(torch.device("cuda"), pdl=True)
 
 
+@pytest.mark.parametrize("early", [True, False], ids=["early", "late"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_moe_route_then_experts_with_pdl(km_pdl, dtype):
+def test_moe_route_then_experts_with_pdl(km_pdl, dtype, early):
     """moe_route -> moe_gate_up -> moe_down back to back with programmatic dependent launch:
-    each kernel reads what the one before wrote (experts, act) only after pdl_wait."""
+    each kernel reads what the one before wrote (act) only after pdl_wait; early: moe_down
+    reads experts (moe_route's) and issues its first weight loads before its wait."""
     N, E, k, H, I = 5, 128, 8, 2048, 768
     x, residual = rnd(N, H, dtype=dtype), rnd(N, H, dtype=dtype)
     gate_up, down, router = _moe_weights(E, H, I, dtype)
     for _ in range(3):
         weights, experts = ops.moe_route(km_pdl, torch.nn.functional.linear(x, router), k, True)
         out = poisoned(N, H, dtype=dtype)
-        ops.moe_experts(km_pdl, x, weights, experts, gate_up, down, residual=residual, out=out)
+        ops.moe_experts(km_pdl, x, weights, experts, gate_up, down, residual=residual, out=out,
+                        early=early)
         # the kernel's own routing (ties between bf16 logits may pick other experts than torch)
         expect = moe_ref.experts_forward(x, weights, experts, gate_up, down)
         check(out, residual + expect, dtype)
+
+
+def test_moe_down_early_loads_give_the_same_bits(km_pdl):
+    """moe_down's weight loads before or after its PDL wait: the same output, bit for bit, over
+    several MoE layers launched back to back (each layer's routing differs)."""
+    N, E, k, H, I = 1, 128, 8, 2048, 768
+    gate_up, down, router = _moe_weights(E, H, I, torch.bfloat16)
+    outs = {}
+    for early in (True, False):
+        x = rnd(N, H, dtype=torch.bfloat16)
+        torch.manual_seed(3)
+        for _ in range(4):
+            weights, experts = ops.moe_route(km_pdl, torch.nn.functional.linear(x, router), k,
+                                             True)
+            x = ops.moe_experts(km_pdl, x, weights, experts, gate_up, down, residual=x,
+                                early=early)
+        outs[early] = x
+    assert torch.isfinite(outs[True]).all()
+    assert torch.equal(outs[True], outs[False])
 
 
 # -- greedy accept ----------------------------------------------------------------------------
