@@ -212,28 +212,48 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const long long kk = key + u * DECODE_WARPS;
-      if (kk >= k_end) continue;  // warp-uniform
-      // The RB rows' dot products reduced together (warp_sum_rows: RB - 1 + log2(32 / RB)
-      // shuffles, then RB broadcasts, all independent), then the online-softmax updates
-      // without branches (a row past `rows` or past its last visible key keeps its state).
-      float s[RB];
+      if constexpr (RB >= 8) {
+        // Eight rows: their dot products reduced together (warp_sum_rows: 7 + 2 shuffles,
+        // then 8 broadcasts, all independent), then the online-softmax updates without
+        // branches (a row past `rows` or past its last visible key keeps its state). H200,
+        // qwen3-30b-a3b bf16 decode: 2.975 vs 3.018 ms per step; with four rows (qwen3-8b)
+        // the per-row loop below measured faster (4.422 vs 4.482 ms).
+        if (kk >= k_end) continue;  // warp-uniform
+        float s[RB];
 #pragma unroll
-      for (int r = 0; r < RB; ++r) {
-        s[r] = 0.f;
+        for (int r = 0; r < RB; ++r) {
+          s[r] = 0.f;
 #pragma unroll
-        for (int i = 0; i < DL; ++i) s[r] = fmaf(qr[r][i], kv[u][i], s[r]);
-      }
-      const float y = warp_sum_rows<RB>(s);  // lane l: row l / (32 / RB)
+          for (int i = 0; i < DL; ++i) s[r] = fmaf(qr[r][i], kv[u][i], s[r]);
+        }
+        const float y = warp_sum_rows<RB>(s);  // lane l: row l / (32 / RB)
 #pragma unroll
-      for (int r = 0; r < RB; ++r) {
-        const float sr = __shfl_sync(0xffffffffu, y, r * (32 / RB));
-        const bool ok = kk <= last[r];  // visible (last[r] = -1 for r >= rows)
-        const float m_new = ok ? fmaxf(m[r], sr) : m[r];
-        const float sc = ok ? expf(m[r] - m_new) : 1.f, p = ok ? expf(sr - m_new) : 0.f;
-        l[r] = l[r] * sc + p;
+        for (int r = 0; r < RB; ++r) {
+          const float sr = __shfl_sync(0xffffffffu, y, r * (32 / RB));
+          const bool ok = kk <= last[r];  // visible (last[r] = -1 for r >= rows)
+          const float m_new = ok ? fmaxf(m[r], sr) : m[r];
+          const float sc = ok ? expf(m[r] - m_new) : 1.f, p = ok ? expf(sr - m_new) : 0.f;
+          l[r] = l[r] * sc + p;
 #pragma unroll
-        for (int i = 0; i < DL; ++i) acc[r][i] = ok ? fmaf(p, vv[u][i], acc[r][i] * sc) : acc[r][i];
-        m[r] = m_new;
+          for (int i = 0; i < DL; ++i)
+            acc[r][i] = ok ? fmaf(p, vv[u][i], acc[r][i] * sc) : acc[r][i];
+          m[r] = m_new;
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+          if (kk >= k_end || kk > last[r]) continue;  // masked or r >= rows: warp-uniform
+          float s = 0.f;
+#pragma unroll
+          for (int i = 0; i < DL; ++i) s = fmaf(qr[r][i], kv[u][i], s);
+          s = warp_sum(s);
+          const float m_new = fmaxf(m[r], s);
+          const float sc = expf(m[r] - m_new), p = expf(s - m_new);
+          l[r] = l[r] * sc + p;
+#pragma unroll
+          for (int i = 0; i < DL; ++i) acc[r][i] = fmaf(p, vv[u][i], acc[r][i] * sc);
+          m[r] = m_new;
+        }
       }
     }
   }

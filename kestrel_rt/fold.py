@@ -48,13 +48,13 @@ def fold_norms(shape: ModelShape, hf: dict, moe_only: bool = False) -> tuple[Mod
 
 
 def fold_for_speed(shape: ModelShape, hf: dict, quant: str | None) -> tuple[ModelShape, dict]:
-    """What the cupy backend runs fastest (CupyBackend.norm_row_scale "moe"): a float MoE
-    model's post-attention norms folded into its routers and experts (H200, qwen3-30b-a3b
-    bf16: bench/results/NOTES_decode.md); other models as they are (folding every norm made
-    qwen3-8b bf16 and int4 slower: the row scale costs the dense gemvs more than the rmsnorm
-    launch it saves)."""
+    """What the cupy backend runs fastest (its norms then row scales: CupyBackend.norm_row_scale):
+    a float MoE model with every norm folded (H200, qwen3-30b-a3b bf16 2.883 ms per step
+    against 3.101 unfolded: bench/results/NOTES_decode.md); other models as they are (folding
+    made qwen3-8b bf16 and int4 slower: the row scale costs the dense gemvs more than the
+    rmsnorm launch it saves)."""
     if quant is None and any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers)):
-        return fold_norms(shape, hf, moe_only=True)
+        return fold_norms(shape, hf)
     return shape, hf
 
 

@@ -20,8 +20,8 @@ kernel, `moe_add` with the residual inside moe_down, `norm_linear_swiglu` with t
 the gate_up gemv's epilogue (`glu_epilogue`, on); `norm_linear` and `norm_linear_swiglu` fold
 the RMSNorm into the gemv prologue when `fuse_prologues` is on (off: measured slower), or,
 when its weight is all ones (folded into the linear: kestrel_rt/fold.py) and
-`norm_row_scale` says so ("moe", the default: only a MoE layer's post-attention norm, in the
-router gemv and moe_gate_up; "all": in the bf16 gemvs' epilogue too), apply it as a row
+`norm_row_scale` says so ("all", the default: in the bf16 gemvs' epilogue and in the router
+gemv and moe_gate_up; "moe": only a MoE layer's post-attention norm), apply it as a row
 scale. `pdl` launches every kernel of the forward with programmatic dependent launch.
 """
 
@@ -67,13 +67,14 @@ class CupyBackend(GemvLinear, TorchBackend):
         self.fuse_prologues = False
         # Which RMSNorms whose weight is all ones (kestrel_rt/fold.py folded it into the next
         # linears) run as a per-row scale inside the kernels that read their output, with no
-        # rmsnorm launch: "moe" (the post-attention norm of a MoE layer, in the router gemv
-        # and moe_gate_up: faster, H200 qwen3-30b-a3b bf16 2.997 vs 3.101 ms per step with
-        # every norm folded), "all" (also before qkv, gate_up and lm_head, the bf16 gemvs'
-        # RSTD epilogue: slower, qwen3-8b bf16 4.578 vs 4.512 ms) or "none".
-        self.norm_row_scale = "moe"
+        # rmsnorm launch: "all" (before qkv, gate_up, the router and moe_gate_up, lm_head),
+        # "moe" (only a MoE layer's post-attention norm) or "none". H200, bench/ablation.py:
+        # qwen3-30b-a3b bf16 with every norm folded 2.883 ms per step, with the MoE norms
+        # folded 2.975, none 3.101; a dense model gains nothing (qwen3-8b bf16 every norm
+        # folded 4.578 vs 4.512 ms), so fold_for_speed folds MoE models only
+        self.norm_row_scale = "all"
         # moe_down issues its first weight loads before its PDL wait, while moe_gate_up
-        # finishes (kernels/moe.cu)
+        # finishes (kernels/moe.cu): qwen3-30b-a3b bf16 2.883 vs 2.941 ms per step
         self.moe_early = True
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
         # keys per context split of the decode attention kernel, at least (attn_ops.attention)
