@@ -1,14 +1,13 @@
 """Batch-1 decode step with each runtime feature on / off, same model (H200 ablation).
 
     python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16] [--pdl all,gemv,small,none]
-                             [--fuse 0,1] [--glu 0,1] [--late-trigger 0,1] [--prefetch 0,1]
+                             [--fuse 0,1] [--glu 0,1] [--late-trigger 0,1]
                              [--min-keys 8,32] [--fold none,moe,all] [--moe-early 0,1]
                              [--breakdown]
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
 other kernels only, or of none), late trigger (a gemv lets the next kernel launch after its
-K loop, not at its top), prefetch (a gemv asks L2 for its first weights before its PDL
-wait), fuse (RMSNorm in the gemv prologue; off: its own kernel), min keys (keys per context
+K loop, not at its top), fuse (RMSNorm in the gemv prologue; off: its own kernel), min keys (keys per context
 split of the decode attention, at least), glu (the SwiGLU in the gate_up gemv's epilogue;
 off: its own kernel), moe early (moe_down issues its first weight loads before its PDL
 wait) and fold (which RMSNorm weights are folded into the next linears at load,
@@ -40,16 +39,16 @@ PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
 
 
 def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool, min_keys: int = 8,
-                 prefetch: bool = False, moe_early: bool = True) -> None:
-    """pdl: a key of PDL_MODES; late, prefetch: the gemvs' compile options (a new Gemv for the
-    backend when they change)."""
+                 moe_early: bool = True) -> None:
+    """pdl: a key of PDL_MODES; late: the gemvs' compile option (a new Gemv for the backend
+    when it changes)."""
     from kestrel_rt.cuda.linear import Gemv
 
     be = model.backend
     small, gemv = PDL_MODES[pdl]
     opts = be.gemv().options
-    if ("-DGEMV_LATE_TRIGGER" in opts, "-DGEMV_EARLY_PREFETCH" in opts) != (late, prefetch):
-        be._gemv = Gemv(be.device, pdl=True, late_trigger=late, early_prefetch=prefetch)
+    if ("-DGEMV_LATE_TRIGGER" in opts) != late:
+        be._gemv = Gemv(be.device, pdl=True, late_trigger=late)
     if (small and be.kernels.pdl is None) or (gemv and be.gemv()._pdl is None):
         raise RuntimeError("this backend was built without PDL")
     be.kernels.pdl_enabled = small
@@ -70,7 +69,6 @@ def main() -> None:
     ap.add_argument("--models", default="qwen3-8b:bf16,qwen3-0.6b:bf16,qwen3-8b:int4")
     ap.add_argument("--pdl", default="all,none", help="of " + ",".join(PDL_MODES))
     ap.add_argument("--late-trigger", default="1")
-    ap.add_argument("--prefetch", default="0")
     ap.add_argument("--fuse", default="0")
     ap.add_argument("--glu", default="1,0")
     ap.add_argument("--min-keys", default="8")
@@ -81,7 +79,6 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     rows, breakdowns = [], []
     grid = list(itertools.product(args.pdl.split(","), flags(args.late_trigger),
-                                  flags(args.prefetch),
                                   flags(args.fuse), flags(args.glu),
                                   [int(v) for v in args.min_keys.split(",")],
                                   flags(args.moe_early)))
@@ -89,12 +86,12 @@ def main() -> None:
         name, quant = spec.split(":")
         model = build(name, quant, fold=fold)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, late, pre, fuse, glu, keys, early in grid:
-            set_features(model, pdl, late, fuse, glu, keys, pre, early)
+        for pdl, late, fuse, glu, keys, early in grid:
+            set_features(model, pdl, late, fuse, glu, keys, early)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            rows.append((name, quant, fold, pdl, late, pre, fuse, glu, keys, early, r["tok_s"],
+            rows.append((name, quant, fold, pdl, late, fuse, glu, keys, early, r["tok_s"],
                          r["ms"]))
-            print(f"{name} {quant} fold={fold} pdl={pdl} late={late} prefetch={pre} fuse={fuse} "
+            print(f"{name} {quant} fold={fold} pdl={pdl} late={late} fuse={fuse} "
                   f"glu={glu} keys={keys} moe_early={early}: {r['tok_s']:.1f} tok/s, "
                   f"step {r['ms']:.3f} ms",
                   flush=True)
@@ -108,11 +105,11 @@ def main() -> None:
         print("| kernel | launches / step | us / step | us each |\n| --- | ---: | ---: | ---: |")
         for n, c, us in b["kernels"][:14]:
             print(f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |")
-    print("\n| model | quant | fold | pdl | late trigger | prefetch | fuse | glu | min keys | "
+    print("\n| model | quant | fold | pdl | late trigger | fuse | glu | min keys | "
           "moe early | tok/s | step ms |\n"
-          "| --- | --- | --- | --- | --- | --- | --- | --- | ---: | --- | ---: | ---: |")
+          "| --- | --- | --- | --- | --- | --- | --- | ---: | --- | ---: | ---: |")
     for r in rows:
-        print("| " + " | ".join(str(v) for v in r[:10]) + f" | {r[10]:.1f} | {r[11]:.3f} |")
+        print("| " + " | ".join(str(v) for v in r[:9]) + f" | {r[9]:.1f} | {r[10]:.3f} |")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from measure import time_graph
+from measure import copy_bandwidth, time_graph
 
 from kestrel_rt.cuda.gemv_variants import FILES_OF, all_variants
 from kestrel_rt.cuda.linear import Gemv
@@ -42,24 +41,6 @@ SWEEP_SHAPES = sorted(set(SHAPES_8B.values()) | {
     (4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024),  # 0.6b
     (5120, 2048), (2048, 4096), (151936, 2048),  # 30b-a3b attention, lm_head
 })
-
-
-def copy_bandwidth(nbytes: int = 2 << 30) -> float:
-    """Device-to-device copy, bytes read + written per second (median of 10)."""
-    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    times = []
-    for _ in range(10):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        b.copy_(a)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    del a, b
-    return 2 * nbytes / statistics.median(times)
 
 
 def random_weight(kind: str, n: int, k: int, gen: torch.Generator):

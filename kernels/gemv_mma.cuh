@@ -48,24 +48,11 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 // kernel before their first load. (Issuing the first weight loads, or L2 prefetches of them,
 // before the wait cost 8-12 registers, a block per SM at the tuned geometries: ptxas, sm_90.)
 
-// The wait of a dense gemv (kernels/pdl.cuh). Compiled with -DGEMV_EARLY_PREFETCH, it first
-// asks L2 for the first stage's weight vectors (rows a and b, U sub-steps from s0; weights are
-// immutable, so they may be read before the wait): they stream in while the previous kernel
-// finishes, instead of the first loads paying the DRAM latency after it. A prefetch holds
-// no register past its issue.
+// The wait of a dense gemv (kernels/pdl.cuh). (An L2 prefetch of the first stage's weight
+// vectors before the wait measured slower on the H200: qwen3-8b bf16 4.675 vs 4.512 ms per
+// step, int4 2.791 vs 2.520; bench/results/ablation_fold_prefetch_h200.log.)
 template <int U>
-__device__ __forceinline__ void prefetch_then_wait(const uint4* wa, const uint4* wb, int s0, int t,
-                                                   int nvec) {
-#ifdef GEMV_EARLY_PREFETCH
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int v = (s0 + u) * 4 + t;
-    if (v < nvec) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(wa + v));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + v));
-    }
-  }
-#endif
+__device__ __forceinline__ void prefetch_then_wait(const uint4*, const uint4*, int, int, int) {
   pdl_wait();
 }
 

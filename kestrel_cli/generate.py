@@ -189,6 +189,7 @@ def generate(
     from kestrel_rt.backend import TorchBackend
     from kestrel_rt.engine import check_sampling
     from kestrel_rt.engine import generate as run_generate
+    from kestrel_rt.fold import fold_for_speed
     from kestrel_rt.loading import (
         default_dtype,
         is_awq_checkpoint,
@@ -197,7 +198,6 @@ def generate(
         load_tokenizer,
         resolve,
     )
-    from kestrel_rt.fold import fold_for_speed
     from kestrel_rt.memory import check_fits, free_bytes
     from kestrel_rt.model import Qwen3Model
     from kestrel_rt.quant_weights import quantize_weights
