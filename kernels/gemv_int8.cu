@@ -28,7 +28,7 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
   float acc[2][2][MT][4] = {};  // [C_l, C_h][word parity: two mma chains each]
   const int nsub = (qv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT][2];
-  prefetch_then_wait<U>(qa, qb, ks * U, t, qv);  // then nothing but weights before the wait
+  pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
   load_stage<MT, U, 2, PF>(A, B, X, qa, qb, xl, ks * U, t, qv);

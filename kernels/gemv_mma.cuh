@@ -45,16 +45,11 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 }
 
 // Programmatic dependent launch (kernels/pdl.cuh): the dense kernels wait for the previous
-// kernel before their first load. (Issuing the first weight loads, or L2 prefetches of them,
-// before the wait cost 8-12 registers, a block per SM at the tuned geometries: ptxas, sm_90.)
-
-// The wait of a dense gemv (kernels/pdl.cuh). (An L2 prefetch of the first stage's weight
-// vectors before the wait measured slower on the H200: qwen3-8b bf16 4.675 vs 4.512 ms per
-// step, int4 2.791 vs 2.520; bench/results/ablation_fold_prefetch_h200.log.)
-template <int U>
-__device__ __forceinline__ void prefetch_then_wait(const uint4*, const uint4*, int, int, int) {
-  pdl_wait();
-}
+// kernel before their first load. (Issuing the first weight loads before the wait cost 8-12
+// registers, a block per SM at the tuned bf16 geometries: ptxas, sm_90; L2 prefetches of them
+// measured slower on the H200: qwen3-8b bf16 4.675 vs 4.512 ms per step, int4 2.791 vs 2.520,
+// bench/results/ablation_fold_prefetch_h200.log. The int4 kernel does load its first stage
+// before the wait.)
 
 // Activations are re-read by every block: keep them cached.
 __device__ __forceinline__ uint4 ld_cached(const uint4* p) { return __ldg(p); }
