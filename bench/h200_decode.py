@@ -67,6 +67,8 @@ def build(name: str, quant: str, min_keys: int | None = None, fold: str = "speed
 
     shape, weights = load_dummy(name, "cuda", torch.bfloat16, seed=0)
     q = None if quant == "bf16" else quant
+    if fold not in ("speed", "none", "moe", "all"):
+        raise ValueError(f"fold must be speed, none, moe or all, not {fold!r}")
     if fold == "speed":
         shape, weights = fold_for_speed(shape, weights, q)
     elif fold != "none":

@@ -99,3 +99,16 @@ def test_per_expert_checkpoint_form_folds_the_same():
     want = _logits(*fold_norms(shape, {k: v.clone() for k, v in hf.items()}), tokens)
     got = _logits(*fold_norms(shape, split), tokens)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_norm_row_scale_takes_known_values_only():
+    """CupyBackend.norm_row_scale (which unit-weight norms become row scales) refuses a typo
+    instead of silently running none of them (no CUDA needed: the setter alone)."""
+    from kestrel_rt.backend.cupy_backend import CupyBackend
+
+    be = CupyBackend.__new__(CupyBackend)
+    for value in CupyBackend.NORM_ROW_SCALES:
+        be.norm_row_scale = value
+        assert be.norm_row_scale == value
+    with pytest.raises(ValueError, match="norm_row_scale must be one of all, moe, none"):
+        be.norm_row_scale = "al"

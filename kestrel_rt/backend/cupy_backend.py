@@ -84,6 +84,19 @@ class CupyBackend(GemvLinear, TorchBackend):
         # 5.04 ms, int4 2.70 vs 2.75, qwen3-0.6b 0.877 vs 0.909 ms per step)
         self.glu_epilogue = True
 
+    NORM_ROW_SCALES = ("all", "moe", "none")
+
+    @property
+    def norm_row_scale(self) -> str:
+        return self._norm_row_scale
+
+    @norm_row_scale.setter
+    def norm_row_scale(self, value: str) -> None:
+        if value not in self.NORM_ROW_SCALES:
+            raise ValueError(f"CupyBackend.norm_row_scale must be one of "
+                             f"{', '.join(self.NORM_ROW_SCALES)}, not {value!r}")
+        self._norm_row_scale = value
+
     # -- which shapes run on kernels (and may be captured in a graph) ----------------------
     def kernel_dtype(self) -> bool:
         return self.dtype in ops.SUFFIX
