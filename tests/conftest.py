@@ -30,8 +30,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session):
     """With xdist workers on a CUDA machine with cupy: compile every kernel module once, in
-    parallel, before the workers start (kestrel_rt/cuda/precompile.py), so each worker loads
-    them from cupy's disk cache instead of all compiling the same modules at once."""
+    parallel, before the workers start (kestrel_rt/cuda/precompile.py, with the every-variant
+    gemv modules of the variant tests), so each worker loads them from cupy's disk cache
+    instead of all compiling the same modules at once."""
     config = session.config
     if hasattr(config, "workerinput") or not (config.getoption("numprocesses", None) or 0):
         return
@@ -43,7 +44,7 @@ def pytest_sessionstart(session):
         return
     from kestrel_rt.cuda.precompile import precompile
 
-    results = precompile()
+    results = precompile(sweep=True)  # the variant tests' every-variant modules too
     failed = [f"{'/'.join(map(str, job))}: {err}" for job, _, err in results if err]
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:

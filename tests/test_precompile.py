@@ -19,6 +19,14 @@ def test_jobs_cover_every_kernel_file_once_per_options():
     assert set(pros_of("gemv")) > set(pros_of("gemv_int4"))
 
 
+def test_sweep_adds_the_every_variant_modules_first():
+    plain, sweep = precompile.jobs(), precompile.jobs(sweep=True)
+    extra = [j for j in sweep if j not in plain]
+    assert sweep[len(extra):] == plain  # the largest modules are started first
+    assert set(extra) == {("gemv-sweep", f, pro) for f in KERNELS
+                          for pro in precompile.SWEEP_PROS}
+
+
 def test_a_failing_job_returns_its_error():
     job, seconds, error = precompile.compile_job(("kernels", "no_such_file"))
     assert job == ("kernels", "no_such_file") and seconds >= 0
