@@ -122,7 +122,8 @@ __device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U
   }
 }
 
-// x: [M, K] (PRO 2: [M, 2K]); nw, eps: PRO 1; res: residual [M, N] or nullptr; red: the
+// x: [M, K] (PRO 2: [M, 2K]); nw: PRO 1; eps: PRO 1 and RSTD_IN; res: residual [M, N] or
+// nullptr; ssq_out: SSQ's [M, ceil(N / 16)]; ssq_in: RSTD_IN's [M, ceil(K / 16)]; red: the
 // K-split shared floats; part: ProShared floats.
 template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
@@ -130,8 +131,10 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
                                                const u16* __restrict__ scales,
                                                const uint4* __restrict__ x, u16* y,
                                                const uint4* nw, float eps, const u16* res,
-                                               int M, int N, int K, float* red, float* part) {
-  static_assert(!GEMV_RSTD(PRO), "the row-scale RMSNorm is in the bf16 kernel only");
+                                               float* ssq_out, const float* ssq_in, int M,
+                                               int N, int K, float* red, float* part) {
+  static_assert(!GEMV_RSTD(PRO), "the per-chunk row-scale RMSNorm is in the bf16 kernel only");
+  static_assert(!GEMV_RSTD_IN(PRO) || GEMV_ACT(PRO) == 0, "RSTD_IN takes plain x");
   const TileThread<KSPLIT, TPB, GEMV_GLU(PRO)> th(N);
   const int g = th.g, t = th.t, ks = th.ks;
   const u32 groups = K >> 7;  // = number of sub-steps: 4 threads x 32 k
@@ -165,6 +168,8 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
+  // RSTD_IN: the rows' sums of squares from ssq_in (the first weights are in flight)
+  if constexpr (GEMV_RSTD_IN(PRO)) ssq_rows<KSPLIT * TPB>(ssq_in, part, M, (K + 15) >> 4);
 #pragma unroll
   for (int j = 0; j < MT; ++j) xl.row[j] = kept(xl.row[j]);
   for (; grp < groups; grp += stride) {
@@ -190,20 +195,25 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   }
   GEMV_TRIGGER_END();
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, th.tib, ks, th.lane);
-  if (ks == 0) store_out<MT, PRO>(y, res, acc, th.tile, g, t, M, N, 1.f, 1.f);
+  if (ks == 0) {
+    if constexpr (GEMV_RSTD_IN(PRO)) scale_by_rstd_in<MT, KSPLIT * TPB>(acc, part, t, M, K, eps);
+    store_out<MT, PRO>(y, res, acc, th.tile, g, t, M, N, 1.f, 1.f, ssq_out);
+  }
 }
 
-// y [M, N] = res + act(x) @ W^T (res, nw: nullptr when unused; y may alias res).
+// y [M, N] = res + act(x) @ W^T (res, nw, ssq_out, ssq_in: nullptr when unused; y may alias
+// res). SSQ / RSTD_IN: as gemv_bf16.
 template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
           const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M, int N,
-          int K, const uint4* __restrict__ nw, float eps, const u16* res) {
+          int K, const uint4* __restrict__ nw, float eps, const u16* res, float* ssq_out,
+          const float* __restrict__ ssq_in) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
-  __shared__ float part[ProShared<GEMV_ACT(PRO), KSPLIT * TPB>::N];
+  __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
   GEMV_TRIGGER_TOP();
-  gemv_int4_body<MT, KSPLIT, TPB, U, PF, PRO>(q, zeros, scales, x, y, nw, eps, res, M, N, K,
-                                              red, part);
+  gemv_int4_body<MT, KSPLIT, TPB, U, PF, PRO>(q, zeros, scales, x, y, nw, eps, res, ssq_out,
+                                              ssq_in, M, N, K, red, part);
 }
 
 // Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = act(x[p / x_div]) . W[ids[p]]^T,
@@ -225,7 +235,8 @@ gemv_int4_experts(const uint4* __restrict__ q, const u32* __restrict__ zeros,
   const size_t xs = (PRO == 2 ? 2 : 1) * (size_t)(K >> 3);  // chunks per x row
   gemv_int4_body<1, KSPLIT, TPB, U, PF, PRO>(
       q + e * N * (K >> 5), zeros + e * (K >> 7) * (N >> 3), scales + e * (K >> 7) * N,
-      x + (p / x_div) * xs, y + (size_t)p * N, nullptr, 0.f, nullptr, 1, N, K, red, nullptr);
+      x + (p / x_div) * xs, y + (size_t)p * N, nullptr, 0.f, nullptr, nullptr, nullptr, 1, N, K,
+      red, nullptr);
 }
 
 // Dequantize to bf16 for prefill (then cuBLAS): W[n, k] = (q - zero) * scale, rounded once from

@@ -157,15 +157,18 @@ __device__ __forceinline__ u32 swiglu2(u32 g, u32 u) {
   return bf16x2_mul(pack_bf16(silu(bf16_lo(g)), silu(bf16_hi(g))), u);
 }
 
-// Shared floats the RMSNorm prologue needs in a block of WARPS warps (1 for other PROs).
 // PRO, the kernels' template parameter: bits 0-1 the activation prologue (0 plain, 1 RMSNorm,
 // 2 SwiGLU), bit 2 (+4) the residual epilogue, bit 3 (+8) the SwiGLU epilogue (GLU: W is
 // [gate; up], 2I rows, and y = silu(x.gate) * (x.up) [M, I]), bit 4 (+16) the row-scale
-// RMSNorm (RSTD: below; bf16 kernel). Helpers take the parts.
+// RMSNorm (RSTD: below; bf16 kernel), bit 5 (+32) the sums of squares of the stored tile
+// (SSQ: store_tile, with the residual epilogue), bit 6 (+64) the row-scale RMSNorm from those
+// sums (RSTD_IN: ssq_rows, plain x). Helpers take the parts.
 #define GEMV_ACT(PRO) ((PRO) & 3)
 #define GEMV_RES(PRO) (((PRO) & 4) != 0)
 #define GEMV_GLU(PRO) (((PRO) & 8) != 0)
 #define GEMV_RSTD(PRO) (((PRO) & 16) != 0)
+#define GEMV_SSQ(PRO) (((PRO) & 32) != 0)
+#define GEMV_RSTD_IN(PRO) (((PRO) & 64) != 0)
 
 // The two weight rows thread (g, .) of tile `tile` streams (the mma's rows g and g + 8).
 // Plain: rows 16 tile + g and + 8 of W [N, K]. GLU: gate row i = 8 tile + g and its up row
@@ -222,8 +225,12 @@ __device__ __forceinline__ void load_stage(uint4 (&A)[U], uint4 (&B)[U],
   }
 }
 
+// Shared floats of a block of WARPS warps: row_rstd's (RMSNorm prologue), ssq_rows' (RSTD_IN).
 template <int PRO, int WARPS>
-struct ProShared { static constexpr int N = PRO == 1 ? (WARPS + 1) * GEMV_TILE : 1; };
+struct ProShared {
+  static constexpr int N = GEMV_ACT(PRO) == 1 ? (WARPS + 1) * GEMV_TILE
+                           : GEMV_RSTD_IN(PRO) ? WARPS * GEMV_TILE : 1;
+};
 
 // PRO 1: rstd of each of the M rows of x [M, K], into part[WARPS * 16 + m]. Every thread sums
 // the squares of chunks tid, tid + 32 WARPS, ... in order (fp32), warps reduce with the same
@@ -336,9 +343,16 @@ struct XLoad {
 // bf16. RES: y = bf16(res + that), torch's `res + linear(x)` in bf16; y may alias res (each
 // element is read and written by the same thread). A compile-time choice: the residual's code
 // costs the kernels without one up to 12 registers (ptxas, sm_90), hence occupancy.
-template <int MT, bool RES>
+// SSQ: also ssq_out[m, r0 / 16] = the sum over the tile's rows r < N of the stored bf16 y[m, r]
+// squared (fp32), for m < M; ssq_out [M, ceil(N / 16)]. Each lane sums its rows g, g + 8 in
+// that order, then a shuffle tree over g (lanes t, t + 4, ..., t + 28); lane t writes rows
+// 2t + 8j + {0,1}. Every element of ssq_out (m < M) is written by exactly one lane of one
+// block: deterministic, no atomics, nothing to zero first. The whole warp calls it.
+template <int MT, bool RES, bool SSQ>
 __device__ __forceinline__ void store_tile(u16* y, const u16* res, const float (*acc)[4], int r0,
-                                           int g, int t, int M, int N, float sa, float sb) {
+                                           int g, int t, int M, int N, float sa, float sb,
+                                           float* ssq_out) {
+  float ss[MT][2] = {};  // SSQ: [n-tile][row parity]
 #pragma unroll
   for (int j = 0; j < MT; ++j) {
 #pragma unroll
@@ -350,6 +364,22 @@ __device__ __forceinline__ void store_tile(u16* y, const u16* res, const float (
         u16 v = f32_to_bf16(acc[j][c] * (c >> 1 ? sb : sa));
         if constexpr (RES) v = f32_to_bf16(bf16_to_f32(res[i]) + bf16_to_f32(v));
         y[i] = v;
+        if constexpr (SSQ) ss[j][c & 1] = fmaf(bf16_to_f32(v), bf16_to_f32(v), ss[j][c & 1]);
+      }
+    }
+  }
+  if constexpr (SSQ) {
+    const int parts = (N + GEMV_TILE - 1) / GEMV_TILE;
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        float s = ss[j][p];
+        s += __shfl_xor_sync(0xffffffffu, s, 4);
+        s += __shfl_xor_sync(0xffffffffu, s, 8);
+        s += __shfl_xor_sync(0xffffffffu, s, 16);
+        const int m = 8 * j + 2 * t + p;
+        if (g == 0 && m < M && r0 < N) ssq_out[(size_t)m * parts + r0 / GEMV_TILE] = s;
       }
     }
   }
@@ -380,15 +410,18 @@ __device__ __forceinline__ void store_glu(u16* y, const float (*acc)[4], int til
 }
 
 // The tile's results through the epilogue PRO asks for.
+// ssq_out: SSQ's sums of squares [M, ceil(N / 16)] (store_tile), else unused.
 template <int MT, int PRO>
 __device__ __forceinline__ void store_out(u16* y, const u16* res, const float (*acc)[4],
                                           int tile, int g, int t, int M, int N, float sa,
-                                          float sb) {
+                                          float sb, float* ssq_out) {
   static_assert(!(GEMV_GLU(PRO) && GEMV_RES(PRO)), "a SwiGLU epilogue takes no residual");
+  static_assert(!GEMV_SSQ(PRO) || GEMV_RES(PRO), "SSQ comes with the residual epilogue");
   if constexpr (GEMV_GLU(PRO))
     store_glu<MT>(y, acc, tile, g, t, M, N, sa, sb);
   else
-    store_tile<MT, GEMV_RES(PRO)>(y, res, acc, tile * GEMV_TILE, g, t, M, N, sa, sb);
+    store_tile<MT, GEMV_RES(PRO), GEMV_SSQ(PRO)>(y, res, acc, tile * GEMV_TILE, g, t, M, N, sa,
+                                                sb, ssq_out);
 }
 
 // PRO + 16 (RSTD, bf16 kernel): an RMSNorm of x whose weight is folded into W at load
@@ -424,5 +457,51 @@ __device__ __forceinline__ void scale_by_rstd(const float (*tot)[5], float (*acc
     acc[j][1] = tot[j][1] * r1;
     acc[j][2] = tot[j][2] * r0;
     acc[j][3] = tot[j][3] * r1;
+  }
+}
+
+// PRO + 64 (RSTD_IN): the row-scale RMSNorm of RSTD with the sums of squares written by the
+// kernel that produced x (SSQ: ssq_in [M, P], P = ceil(K / 16) tile sums per row), so the K
+// loop does no per-chunk squares: rstd[m] = rsqrt(sum_p ssq_in[m, p] / K + eps).
+// ssq_rows: every thread of the block sums the partials p = tid, tid + 32 WARPS, ... of each
+// row m < M in order (fp32), the warps reduce with one shuffle tree and lane 0 of warp w
+// writes part[w * 16 + m]. All threads of the block must call it (one __syncthreads);
+// rstd_in then adds the WARPS values of a row in warp order: deterministic, and the same
+// value in every block.
+template <int WARPS>
+__device__ __forceinline__ void ssq_rows(const float* ssq_in, float* part, int M, int P) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int m = 0; m < M; ++m) {
+    float ss = 0.f;
+    for (int p = threadIdx.x; p < P; p += WARPS * 32) ss += __ldg(ssq_in + (size_t)m * P + p);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) part[warp * GEMV_TILE + m] = ss;
+  }
+  __syncthreads();
+}
+
+// rstd of activation row m from ssq_rows' shared floats (0 for rows m >= M, never stored).
+template <int WARPS>
+__device__ __forceinline__ float rstd_in(const float* part, int m, int M, int K, float eps) {
+  if (m >= M) return 0.f;
+  float ss = 0.f;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) ss += part[w * GEMV_TILE + m];
+  return rsqrtf(ss / (float)K + eps);
+}
+
+// acc[j][c] *= rstd of its activation row 8j + 2t + (c & 1) (store_tile's order).
+template <int MT, int WARPS>
+__device__ __forceinline__ void scale_by_rstd_in(float (*acc)[4], const float* part, int t,
+                                                 int M, int K, float eps) {
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    const float r0 = rstd_in<WARPS>(part, 8 * j + 2 * t, M, K, eps);
+    const float r1 = rstd_in<WARPS>(part, 8 * j + 2 * t + 1, M, K, eps);
+    acc[j][0] *= r0;
+    acc[j][1] *= r1;
+    acc[j][2] *= r0;
+    acc[j][3] *= r1;
   }
 }

@@ -29,6 +29,10 @@ PLAIN, RMSNORM, SWIGLU = 0, 1, 2
 RESIDUAL = 4
 GLU = 8  # + the SwiGLU epilogue: W is [gate; up], the result silu(gate) * up (no residual)
 RSTD = 16  # + the row-scale RMSNorm: y[m] = rstd(x[m]) * (x[m] . W), norm weight folded in W
+# + the sums of squares of the stored y per (row, 16-row tile) into ssq_out [M, ceil(N / 16)]
+# (with RESIDUAL): what a later RSTD_IN kernel reads instead of squaring x itself
+SSQ = 32
+RSTD_IN = 64  # + RSTD's row scale with rstd from ssq_in [M, ceil(K / 16)] (an SSQ kernel's)
 EXPERT_PROS = (PLAIN, SWIGLU)  # the expert-indexed kernels take no RMSNorm, no residual
 # The PROs the runtime and the tests compile: every prologue with and without the residual,
 # the SwiGLU epilogue (plain or after the RMSNorm prologue), and for the bf16 kernel the
@@ -36,11 +40,15 @@ EXPERT_PROS = (PLAIN, SWIGLU)  # the expert-indexed kernels take no RMSNorm, no 
 DENSE_PROS = (tuple(act | res for res in (0, RESIDUAL) for act in (PLAIN, RMSNORM, SWIGLU))
               + (GLU, GLU | RMSNORM))
 BF16_PROS = (RSTD, RSTD | GLU)
+# The producer / consumer pair of the row-scale RMSNorm (all three kernels): the residual
+# gemv writing its sums of squares, the next gemv reading them (alone or with the SwiGLU
+# epilogue). CupyBackend.norm_row_scale "producer".
+SSQ_PROS = (RESIDUAL | SSQ, RSTD_IN, RSTD_IN | GLU)
 
 
 def pros_of(file: str) -> tuple[int, ...]:
     """The PROs compiled for kernels/FILE.cu (see DENSE_PROS)."""
-    return DENSE_PROS + (BF16_PROS if file == "gemv" else ())
+    return DENSE_PROS + SSQ_PROS + (BF16_PROS if file == "gemv" else ())
 # A launch variant: (KSPLIT warps splitting K per tile, TPB tiles per block, U sub-steps per
 # loop iteration, PF L2 prefetch hint); blockDim = 32 * KSPLIT * TPB.
 GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))
