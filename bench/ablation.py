@@ -2,7 +2,7 @@
 
     python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16] [--pdl all,gemv,small,none]
                              [--fuse 0,1] [--glu 0,1] [--late-trigger 0,1]
-                             [--min-keys 8,32] [--fold none,moe,all] [--moe-early 0,1]
+                             [--min-keys 8,32] [--fold none,moe,all,producer] [--moe-early 0,1]
                              [--breakdown]
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
@@ -12,8 +12,9 @@ split of the decode attention, at least), glu (the SwiGLU in the gate_up gemv's 
 off: its own kernel), moe early (moe_down issues its first weight loads before its PDL
 wait) and fold (which RMSNorm weights are folded into the next linears at load,
 kestrel_rt/fold.py, those norms then a row scale inside the kernels, CupyBackend.norm_row_scale:
-none, moe (a MoE layer's post-attention norm), all, or speed (what `kestrel generate` does);
-a model per value). Prints tok/s (overlapped
+none, moe (a MoE layer's post-attention norm), all, producer (every norm folded, its rstd
+from the sums of squares the residual gemv before it writes), or speed (what `kestrel
+generate` does); a model per value). Prints tok/s (overlapped
 loop, bench/measure.py) and the median device time of a step for each combination;
 --breakdown adds each model's per-kernel times with PDL off (with PDL the profiler's kernel
 times include the waits of kernels launched early).
@@ -72,7 +73,7 @@ def main() -> None:
     ap.add_argument("--fuse", default="0")
     ap.add_argument("--glu", default="1,0")
     ap.add_argument("--min-keys", default="8")
-    ap.add_argument("--fold", default="speed", help="of speed,none,moe,all")
+    ap.add_argument("--fold", default="speed", help="of speed,none,moe,all,producer")
     ap.add_argument("--moe-early", default="1")
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()

@@ -61,14 +61,15 @@ def build(name: str, quant: str, min_keys: int | None = None, fold: str = "speed
     attention's keys per context split, at least; the backend's default when None; fold:
     which RMSNorm weights are folded into the next linears, kestrel_rt/fold.py, and applied
     as a row scale (CupyBackend.norm_row_scale): "speed" what `kestrel generate` does
-    (fold_for_speed), "none", "moe" or "all")."""
+    (fold_for_speed), "none", "moe", "all" or "producer" (every norm folded, its rstd from
+    the sums of squares the residual gemv before it writes))."""
     from kestrel_rt.cuda.graphs import GraphModel
     from kestrel_rt.fold import fold_for_speed, fold_norms
 
     shape, weights = load_dummy(name, "cuda", torch.bfloat16, seed=0)
     q = None if quant == "bf16" else quant
-    if fold not in ("speed", "none", "moe", "all"):
-        raise ValueError(f"fold must be speed, none, moe or all, not {fold!r}")
+    if fold not in ("speed", "none", "moe", "all", "producer"):
+        raise ValueError(f"fold must be speed, none, moe, all or producer, not {fold!r}")
     if fold == "speed":
         shape, weights = fold_for_speed(shape, weights, q)
     elif fold != "none":

@@ -96,7 +96,7 @@ def test_each_call_picks_its_prologue_and_epilogue_kernel():
             assert name.startswith(V.KERNELS[file] + "<1, ") and name.endswith(f", {pro}>")
             ks, tpb, _, _ = V.default_variant(file, n, k, 132)
             assert grid == (-(-n // (16 * tpb)),) and block == (32 * ks * tpb,)
-            assert nargs == {"bf16": 9, "int8": 10, "int4": 11}[kind]
+            assert nargs == {"bf16": 11, "int8": 12, "int4": 13}[kind]
         if kind == "bf16":  # the row-scale RMSNorm (+ 16), alone and with the SwiGLU epilogue
             for kw, pro, width in (({"rstd": True}, 16, n), ({"rstd": True, "glu": True}, 24,
                                                             n // 2)):
@@ -139,4 +139,63 @@ def test_swiglu_epilogue_refusals():
     with pytest.raises(ValueError):
         gemv.bf16(torch.randn(1, 256).bfloat16(), _weight("bf16", 32, 128), glu=True,
                   swiglu=True)
+    assert not calls
+
+
+def test_sums_of_squares_pick_their_kernels():
+    """ssq_out (with a residual) is PRO 4 + 32, ssq_in 64 (+ 8 with the SwiGLU epilogue), for
+    every kernel and both n-tile counts; the buffers are the last two arguments."""
+    import torch
+
+    gemv, calls = _recording_gemv()
+    n, k = 256, 384
+    for m in (3, 12):
+        x = torch.randn(m, k).bfloat16()
+        res = torch.zeros(m, n).bfloat16()
+        ssq_out = torch.zeros(m, n // 16)
+        ssq_in = torch.zeros(m, k // 16)
+        for kind in ("bf16", "int8", "int4"):
+            w = _weight(kind, n, k)
+            run = getattr(gemv, kind)
+            for kw, pro, width in (({"residual": res, "ssq_out": ssq_out}, 36, n),
+                                   ({"ssq_in": ssq_in}, 64, n),
+                                   ({"ssq_in": ssq_in, "glu": True}, 72, n // 2)):
+                calls.clear()
+                assert run(x, w, eps=1e-6, **kw).shape == (m, width)
+                (name, _, _, nargs), = calls
+                assert name.startswith(f"{V.KERNELS[V.FILES_OF[kind]]}<{1 if m <= 8 else 2}, ")
+                assert name.endswith(f", {pro}>")
+                assert nargs == {"bf16": 11, "int8": 12, "int4": 13}[kind]
+
+
+def test_sums_of_squares_refusals():
+    """Wrong buffer shapes, dtypes or combinations: ValueError, nothing launched."""
+    import pytest
+    import torch
+
+    gemv, calls = _recording_gemv()
+    m, n, k = 2, 40, 136  # ceil(40 / 16) = 3, ceil(136 / 16) = 9
+    x = torch.randn(m, k).bfloat16()
+    w = _weight("bf16", n, k)
+    res = torch.zeros(m, n).bfloat16()
+    good_out, good_in = torch.zeros(m, 3), torch.zeros(m, 9)
+    assert gemv.bf16(x, w, residual=res, ssq_out=good_out).shape == (m, n)
+    assert gemv.bf16(x, w, ssq_in=good_in, eps=1e-6).shape == (m, n)
+    calls.clear()
+    for kw in ({"residual": res, "ssq_out": torch.zeros(m, 2)},  # N / 16 rounded down
+               {"residual": res, "ssq_out": torch.zeros(m + 1, 3)},
+               {"residual": res, "ssq_out": torch.zeros(m, 3, dtype=torch.float64)},
+               {"residual": res, "ssq_out": torch.zeros(3, m).t()},  # not contiguous
+               {"ssq_out": good_out},  # no residual
+               {"residual": res, "ssq_out": good_out, "norm": torch.ones(k).bfloat16()},
+               {"ssq_in": torch.zeros(m, 8)},
+               {"ssq_in": good_in, "residual": res},
+               {"ssq_in": good_in, "rstd": True},
+               {"ssq_in": good_in, "norm": torch.ones(k).bfloat16()}):
+        with pytest.raises(ValueError):
+            gemv.bf16(x, w, eps=1e-6, **kw)
+    with pytest.raises(ValueError):  # the same checks in fused, before any device check
+        gemv.fused(x.view(1, m, k), w, ssq_in=torch.zeros(m, 8), eps=1e-6)
+    with pytest.raises(ValueError):
+        gemv.fused(x, w, residual=res, ssq_out=torch.zeros(m, 2))
     assert not calls

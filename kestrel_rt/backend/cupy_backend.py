@@ -21,8 +21,10 @@ the gate_up gemv's epilogue (`glu_epilogue`, on); `norm_linear` and `norm_linear
 the RMSNorm into the gemv prologue when `fuse_prologues` is on (off: measured slower), or,
 when its weight is all ones (folded into the linear: kestrel_rt/fold.py) and
 `norm_row_scale` says so ("all", the default: in the bf16 gemvs' epilogue and in the router
-gemv and moe_gate_up; "moe": only a MoE layer's post-attention norm), apply it as a row
-scale. `pdl` launches every kernel of the forward with programmatic dependent launch.
+gemv and moe_gate_up; "moe": only a MoE layer's post-attention norm; "producer": the residual
+gemvs of `linear_add` write their output's sums of squares and the next gemv takes its rstd
+from them), apply it as a row scale. `pdl` launches every kernel of the forward with
+programmatic dependent launch.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from kestrel_rt.backend.torch_backend import TorchBackend
 from kestrel_rt.cuda import attention as attn_ops
 from kestrel_rt.cuda import gemv_moe, ops, reference
 from kestrel_rt.cuda.linear import GemvLinear
+from kestrel_rt.cuda.gemv_variants import MAX_ROWS
 from kestrel_rt.cuda.module import KernelModules
 from kestrel_rt.cuda.ops import Unsupported
 from kestrel_rt.quant_weights import QuantizedWeight
@@ -68,11 +71,23 @@ class CupyBackend(GemvLinear, TorchBackend):
         # Which RMSNorms whose weight is all ones (kestrel_rt/fold.py folded it into the next
         # linears) run as a per-row scale inside the kernels that read their output, with no
         # rmsnorm launch: "all" (before qkv, gate_up, the router and moe_gate_up, lm_head),
-        # "moe" (only a MoE layer's post-attention norm) or "none". H200, bench/ablation.py:
-        # qwen3-30b-a3b bf16 with every norm folded 2.883 ms per step, with the MoE norms
-        # folded 2.975, none 3.101; a dense model gains nothing (qwen3-8b bf16 every norm
-        # folded 4.578 vs 4.512 ms), so fold_for_speed folds MoE models only
+        # "moe" (only a MoE layer's post-attention norm), "producer" or "none". H200,
+        # bench/ablation.py: qwen3-30b-a3b bf16 with every norm folded 2.883 ms per step, with
+        # the MoE norms folded 2.975, none 3.101; a dense model gains nothing (qwen3-8b bf16
+        # every norm folded 4.578 vs 4.512 ms), so fold_for_speed folds MoE models only.
+        # "producer" (not measured yet): linear_add's gemv also writes the sums of squares of
+        # its output per 16-column tile (ssq_out) and the norm_linear / norm_linear_swiglu
+        # right after it takes its rstd from them (ssq_in: no squares of x in that gemv); a
+        # unit norm without such a producer (layer 0's input norm, the final norm after a
+        # gather) runs the rmsnorm kernel; a MoE layer's post-attention norm is a row scale
+        # as in "moe"
         self.norm_row_scale = "all"
+        # "producer": the sums-of-squares buffers per (rows, width) (kept: fixed addresses, so
+        # a captured CUDA graph replays with them) and what the last linear_add wrote: (its
+        # output's data_ptr, shape, its buffer) or None. See _producer_ssq.
+        self._ssq_bufs: dict[tuple[int, int], torch.Tensor] = {}
+        self._ssq_last: tuple | None = None
+        self.ssq_consumed = 0  # gemvs that took their rstd from a producer (tests count them)
         # moe_down issues its first weight loads before its PDL wait, while moe_gate_up
         # finishes (kernels/moe.cu): qwen3-30b-a3b bf16 2.883 vs 2.941 ms per step
         self.moe_early = True
@@ -84,7 +99,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         # 5.04 ms, int4 2.70 vs 2.75, qwen3-0.6b 0.877 vs 0.909 ms per step)
         self.glu_epilogue = True
 
-    NORM_ROW_SCALES = ("all", "moe", "none")
+    NORM_ROW_SCALES = ("all", "moe", "none", "producer")
 
     @property
     def norm_row_scale(self) -> str:
@@ -138,6 +153,10 @@ class CupyBackend(GemvLinear, TorchBackend):
         return self._quant_experts_ok
 
     # -- ops -------------------------------------------------------------------------------
+    def embed(self, tokens):
+        self._ssq_last = None  # a new forward: nothing produced yet
+        return super().embed(tokens)
+
     def rms_norm(self, x, name):
         try:
             return ops.rms_norm(self.kernels, x, self.weight(name), self.shape.rms_norm_eps)[0]
@@ -184,11 +203,51 @@ class CupyBackend(GemvLinear, TorchBackend):
         return super().prepare_weight(name, tensor)
 
     def _rstd_gemv(self, x, norm, name, glu: bool = False):
-        """norm_linear (+ SwiGLU epilogue) with the norm as the gemv's row scale, or None."""
+        """norm_linear (+ SwiGLU epilogue) with the norm as the gemv's row scale, or None:
+        from the producer's sums of squares ("producer"), or per chunk in the gemv ("all")."""
+        ssq = self._producer_ssq(x, norm)
+        if ssq is not None:
+            y = self.gemv().fused(x, self.weight(name), ssq_in=ssq,
+                                  eps=self.shape.rms_norm_eps, glu=glu)
+            if y is not None:
+                self.ssq_consumed += 1
+                return y
         if not (self.norm_row_scale == "all" and norm in self._unit_norms):
             return None
         return self.gemv().fused(x, self.weight(name), rstd=True, eps=self.shape.rms_norm_eps,
                                  glu=glu)
+
+    # norm_row_scale "producer". Invariant: a consumer gemv reads the sums of squares that
+    # the last linear_add wrote only when its x is exactly the tensor that linear_add's gemv
+    # wrote, in the same forward, unmodified since: the same data_ptr and shape (checked
+    # here), and nothing writes into it in between (Qwen3Model.compute: a linear_add output
+    # is read by one norm op next, otherwise only as a residual). The record is taken by the
+    # first norm op after it (matching or not) and cleared by embed and by every linear_add,
+    # so a tensor that later reuses the freed address never matches a stale record.
+    def _producer_ssq(self, x, norm):
+        """The float32 sums of squares [M, ceil(H / 16)] of x's rows written by the last
+        linear_add, or None (no producer, another tensor, not a unit norm, another mode)."""
+        last, self._ssq_last = self._ssq_last, None
+        if last is None or self.norm_row_scale != "producer" or norm not in self._unit_norms:
+            return None
+        ptr, shape, ssq = last
+        if x.data_ptr() != ptr or tuple(x.shape) != shape or not x.is_contiguous():
+            return None
+        return ssq
+
+    def _ssq_buffer(self, residual):
+        """"producer": the sums-of-squares buffer [rows, ceil(N / 16)] of a linear_add onto
+        residual [..., N] (one per (rows, N), kept); None in other modes and for more rows
+        than the gemvs take."""
+        n = residual.shape[-1]
+        rows = residual.numel() // n
+        if self.norm_row_scale != "producer" or not 0 < rows <= MAX_ROWS:
+            return None
+        buf = self._ssq_bufs.get((rows, n))
+        if buf is None:
+            buf = torch.empty(rows, -(-n // 16), device=residual.device, dtype=torch.float32)
+            self._ssq_bufs[(rows, n)] = buf
+        return buf
 
     # -- fused gemv ops: prologue (RMSNorm / SwiGLU) and residual epilogue in the kernel ----
     def norm_linear(self, x, norm, name):
@@ -202,8 +261,14 @@ class CupyBackend(GemvLinear, TorchBackend):
         return super().norm_linear(x, norm, name) if y is None else y
 
     def linear_add(self, x, name, residual):
-        y = self.gemv().fused(x, self.weight(name), residual=residual)
-        return super().linear_add(x, name, residual) if y is None else y
+        self._ssq_last = None
+        ssq = self._ssq_buffer(residual)  # "producer": the output's sums of squares too
+        y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq)
+        if y is None:
+            return super().linear_add(x, name, residual)
+        if ssq is not None:
+            self._ssq_last = (y.data_ptr(), tuple(y.shape), ssq)
+        return y
 
     def norm_linear_swiglu(self, x, norm, name):
         if self.glu_epilogue:  # the SwiGLU in the gate_up gemv's epilogue
@@ -234,7 +299,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         return residual + super().moe(x, layer) if y is None else y
 
     def norm_moe_add(self, x, norm, layer):
-        if self.norm_row_scale in ("moe", "all") and norm in self._unit_norms:  # a row scale
+        self._ssq_last = None  # (a MoE layer reads no producer's sums of squares)
+        if (self.norm_row_scale in ("moe", "all", "producer")
+                and norm in self._unit_norms):  # a row scale
             y = self._moe_kernels(x, layer, x, row_norm=True)
             if y is not None:
                 return y

@@ -14,7 +14,10 @@ op before it and the residual add after it folded in (kernels/gemv_mma.cuh, PRO)
 residual + act(x) @ W.T with act an RMSNorm or a SwiGLU of x, or None when no kernel takes
 the inputs (the caller then composes the unfused ops). `rstd=True` (bf16 weights) is the
 RMSNorm of x with a unit weight, the real one folded into W at load (kestrel_rt/fold.py),
-applied as a per-row scale of the result in the epilogue.
+applied as a per-row scale of the result in the epilogue. `ssq_out` (with a residual) also
+writes the sums of squares of the result's rows per 16-column tile; `ssq_in` is such a buffer
+of x, and the RMSNorm of x with a unit weight becomes a row scale computed from it (no
+squares of x in the kernel: kernels/gemv_mma.cuh, SSQ and RSTD_IN).
 
 One `Gemv` per backend instance: it owns the compiled modules (cupy RawModule, one per
 (file, prologue), compiled on first use) and nothing else; it keeps no tensors between calls.
@@ -38,6 +41,8 @@ from kestrel_rt.cuda.gemv_variants import (
     RESIDUAL,
     RMSNORM,
     RSTD,
+    RSTD_IN,
+    SSQ,
     SWIGLU,
     TUNED_FILE,
     default_variant,
@@ -122,17 +127,24 @@ class Gemv:
         return self.tuned.get((file, n, k, mt)) or default_variant(file, n, k, self.sms)
 
     def _launch(self, file: str, x: torch.Tensor, w, out, geom, norm, eps, residual,
-                swiglu: bool, glu: bool = False, rstd: bool = False) -> torch.Tensor:
+                swiglu: bool, glu: bool = False, rstd: bool = False,
+                ssq_out: torch.Tensor | None = None, ssq_in: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """y [M, N] = residual + act(x) @ W.T through kernels/FILE.cu; x [M, K] ([M, 2K] with
         swiglu), the weight's arguments from _weight_args. glu: W is [gate; up] (N = 2I) and
         y [M, I] = silu(act(x) @ gate.T) * (act(x) @ up.T), no residual. rstd (bf16 kernel,
-        plain x, with eps): y[m] scaled by rsqrt(mean(x[m]^2) + eps)."""
+        plain x, with eps): y[m] scaled by rsqrt(mean(x[m]^2) + eps). ssq_out (plain x, with
+        residual) float32 [M, ceil(N / 16)]: gets the sums of squares of the stored y's 16-row
+        tiles; ssq_in (plain x, no residual, eps) float32 [M, ceil(K / 16)]: such sums of x,
+        y[m] scaled by rsqrt(sum(ssq_in[m]) / K + eps)."""
         if norm is not None and swiglu:
             raise ValueError("a gemv prologue is an RMSNorm or a SwiGLU, not both")
         if rstd and (norm is not None or swiglu):
             raise ValueError("the row-scale RMSNorm (rstd) takes plain x (no RMSNorm or "
                              "SwiGLU prologue)")
         m, n, k = x.shape[0], w.shape[0], w.shape[1]
+        _check_ssq(ssq_out, ssq_in, m, n, k, x.device, residual is not None,
+                   norm is not None or swiglu or rstd, glu)
         if x.shape[1] != (2 * k if swiglu else k):
             raise ValueError(f"x {list(x.shape)} does not fit a weight [{n}, {k}]"
                              f"{' with the SwiGLU prologue (x [M, 2K])' if swiglu else ''}")
@@ -147,6 +159,8 @@ class Gemv:
         pro |= RESIDUAL if residual is not None else 0
         pro |= GLU if glu else 0
         pro |= RSTD if rstd else 0
+        pro |= SSQ if ssq_out is not None else 0
+        pro |= RSTD_IN if ssq_in is not None else 0
         mt = 1 if m <= 8 else 2
         variant = self.variant(file, n, k, mt)
         if geom is not None:  # (ks, tpb) or a full (ks, tpb, u, pf)
@@ -154,34 +168,41 @@ class Gemv:
         ks, tpb = variant[:2]
         fn = self._module(file, pro).get_function(kernel_name(file, mt, variant, pro))
         args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(norm),
-                np.float32(eps), _p(residual))
+                np.float32(eps), _p(residual), _p(ssq_out), _p(ssq_in))
         self._run(fn, (math.ceil(n / (16 * tpb)),), (32 * ks * tpb,), args)
         return y
 
     # -- the three kernels on 2-D activations x [M, K] (contiguous, bf16) -----------------
     # Keywords (all kernels): norm [K] bf16 + eps: RMSNorm x first; swiglu: x [M, 2K] is
     # gate|up, SwiGLU it first; residual [M, N] bf16: added to the result (out may be it);
-    # glu: W is [gate; up] and the result silu(gate) * up [M, N / 2] (see _launch).
+    # glu: W is [gate; up] and the result silu(gate) * up [M, N / 2]; ssq_out / ssq_in: the
+    # sums of squares written / read (see _launch).
     def bf16(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
-             glu: bool = False, rstd: bool = False) -> torch.Tensor:
+             glu: bool = False, rstd: bool = False, ssq_out: torch.Tensor | None = None,
+             ssq_in: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] @ w[N, K].T -> [M, N] bf16, M <= 16, K % 8 == 0."""
-        return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu, glu, rstd)
+        return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu, glu, rstd,
+                            ssq_out, ssq_in)
 
     def int8(self, x: torch.Tensor, w: Int8Weight, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
-             glu: bool = False) -> torch.Tensor:
+             glu: bool = False, ssq_out: torch.Tensor | None = None,
+             ssq_in: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] @ (q * scales).T -> [M, N] bf16, M <= 16, K % 16 == 0."""
-        return self._launch("gemv_int8", x, w, out, geom, norm, eps, residual, swiglu, glu)
+        return self._launch("gemv_int8", x, w, out, geom, norm, eps, residual, swiglu, glu,
+                            False, ssq_out, ssq_in)
 
     def int4(self, x: torch.Tensor, w: Int4Weight, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
-             glu: bool = False) -> torch.Tensor:
+             glu: bool = False, ssq_out: torch.Tensor | None = None,
+             ssq_in: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] @ dequant(w).T -> [M, N] bf16, M <= 16, int4_fits(N, K)."""
-        return self._launch("gemv_int4", x, w, out, geom, norm, eps, residual, swiglu, glu)
+        return self._launch("gemv_int4", x, w, out, geom, norm, eps, residual, swiglu, glu,
+                            False, ssq_out, ssq_in)
 
     def dequantize(self, w: Int8Weight | Int4Weight) -> torch.Tensor:
         """The bf16 [N, K] weight of a quantized one, in one pass on the GPU (for prefill,
@@ -238,7 +259,8 @@ class Gemv:
 
     def fused(self, x: torch.Tensor, w, *, norm: torch.Tensor | None = None, eps: float = 0.0,
               swiglu: bool = False, residual: torch.Tensor | None = None,
-              glu: bool = False, rstd: bool = False) -> torch.Tensor | None:
+              glu: bool = False, rstd: bool = False, ssq_out: torch.Tensor | None = None,
+              ssq_in: torch.Tensor | None = None) -> torch.Tensor | None:
         """residual + act(x) @ W.T -> [..., N] bf16 in one kernel launch, or None when no
         kernel takes these inputs (rows, dtypes, alignment, K: see supports), so the caller
         composes the unfused ops.
@@ -249,12 +271,19 @@ class Gemv:
         bf16 added as torch's `residual + y` rounds; glu: w is [gate; up] (2I rows, I % 8 ==
         0) and the result silu(gate) * up [..., I], rounded as TorchBackend.swiglu of the
         linear (no residual); rstd: act = RMSNorm(x) with a unit weight (eps), applied as a
-        per-row scale of the result (bf16 weights only: None for int8 / int4). Wrong shapes
-        raise ValueError.
+        per-row scale of the result (bf16 weights only: None for int8 / int4). ssq_out
+        float32 [M, ceil(N / 16)] (M = prod(lead), with residual, plain x): also gets, per
+        row m and 16-row tile p of the weight, the sum of the squares of the stored bf16
+        results y[m, 16p:16p+16]. ssq_in float32 [M, ceil(K / 16)] (plain x, no residual, with
+        eps; glu allowed): such sums of x's rows (an ssq_out of the kernel that wrote x), and
+        act = RMSNorm(x) with a unit weight as a row scale, rstd[m] = rsqrt(sum(ssq_in[m]) /
+        K + eps): the caller vouches that ssq_in describes x. Wrong shapes raise ValueError.
         """
         if norm is not None and swiglu:
             raise ValueError("fused takes an RMSNorm (norm) or a SwiGLU (swiglu), not both")
         lead, n, k = x.shape[:-1], w.shape[0], w.shape[-1]
+        _check_ssq(ssq_out, ssq_in, math.prod(lead), n, k, x.device, residual is not None,
+                   norm is not None or swiglu or rstd, glu)
         if (glu and n % 16) or (rstd and isinstance(w, QuantizedWeight)):
             return None
         x2 = x.reshape(-1, x.shape[-1])  # [M, K] or [M, 2K]; the kernel call checks widths
@@ -268,7 +297,8 @@ class Gemv:
                     and residual.is_contiguous()):
                 return None
             res2 = residual.reshape(-1, n)  # [M, N]
-        kw = {"norm": norm, "eps": eps, "swiglu": swiglu, "residual": res2, "glu": glu}
+        kw = {"norm": norm, "eps": eps, "swiglu": swiglu, "residual": res2, "glu": glu,
+              "ssq_out": ssq_out, "ssq_in": ssq_in}
         if isinstance(w, Int8Weight):
             y = self.int8(x2, w, **kw)
         elif isinstance(w, Int4Weight):
@@ -316,6 +346,26 @@ def _output(out: torch.Tensor | None, m: int, n: int, device) -> torch.Tensor:
         raise ValueError(f"out must be a contiguous bf16 [{m}, {n}], got {out.dtype} "
                          f"{list(out.shape)}")
     return out
+
+
+def _check_ssq(ssq_out, ssq_in, m: int, n: int, k: int, device, residual: bool,
+               prologue: bool, glu: bool) -> None:
+    """ValueError unless the sums-of-squares buffers fit the call: ssq_out float32
+    [m, ceil(n / 16)] with a residual, plain x and no SwiGLU epilogue; ssq_in float32
+    [m, ceil(k / 16)] with plain x (no RMSNorm / SwiGLU prologue, no rstd) and no residual;
+    both contiguous on x's device."""
+    if ssq_out is not None and (not residual or prologue or glu):
+        raise ValueError("ssq_out comes with a residual, plain x and no SwiGLU epilogue")
+    if ssq_in is not None and (residual or prologue):
+        raise ValueError("ssq_in takes plain x (no norm, swiglu or rstd) and no residual")
+    for what, t, width in (("ssq_out", ssq_out, n), ("ssq_in", ssq_in, k)):
+        want = (m, math.ceil(width / 16))
+        if t is not None and not (isinstance(t, torch.Tensor) and t.dtype == torch.float32
+                                  and tuple(t.shape) == want and t.is_contiguous()
+                                  and t.device == device):
+            raise ValueError(f"{what} must be a contiguous float32 {list(want)} on {device}, "
+                             f"got {getattr(t, 'dtype', type(t).__name__)} "
+                             f"{list(getattr(t, 'shape', []))} on {getattr(t, 'device', '?')}")
 
 
 def _is_bf16_vector(t: torch.Tensor, k: int) -> bool:
