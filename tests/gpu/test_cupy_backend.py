@@ -188,3 +188,30 @@ def test_folded_norms_as_row_scale_as_accurate(name, rows):
         assert all(g <= 1.5 * r + 1e-3 for g, r in errs), errs
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_folded_norms_from_producer_sums_as_accurate(graphs):
+    """norm_row_scale "producer" on the dense "wide" model with every norm folded: the
+    residual gemvs (o, down) write their outputs' sums of squares, and the gemv after each
+    norm (gate_up, the next layer's qkv, lm_head) takes its rstd from them. As close to the
+    fp32 model as the default kernels (test_folded_norms_as_row_scale_as_accurate's bar);
+    every decode forward (B = 4 rows) takes 2 per layer that way (post_norm, then the next
+    input norm or the final norm), prefill and verify (more rows than the bf16 gemv takes)
+    none; with CUDA graphs (captured buffers, replayed) the same."""
+    from kestrel_rt.cuda.graphs import GraphModel
+    from kestrel_rt.fold import fold_norms
+
+    exact = gm.run_script(gm.model("wide", TorchBackend("cuda", torch.float32)), LENGTHS, 6)
+    ref = gm.run_script(gm.model("wide", CupyBackend("cuda", torch.bfloat16)), LENGTHS, 6)
+    shape, w = fold_norms(*gm.weights("wide"))
+    be = CupyBackend("cuda", torch.bfloat16)
+    be.norm_row_scale = "producer"
+    model = (GraphModel if graphs else Qwen3Model)(shape, w, be)
+    model.allocate_kv(4, 128)
+    got = gm.run_script(model, LENGTHS, 6)
+    errs = [(gm.rel_err(g, e), gm.rel_err(r, e)) for g, r, e in zip(got, ref, exact)]
+    assert all(g <= 1.5 * r + 1e-3 for g, r in errs), errs
+    if not graphs:  # (a graph's replays run no Python)
+        assert be.ssq_consumed == 7 * 2 * shape.num_hidden_layers  # 6 + 1 decode forwards
+    assert set(be._ssq_bufs) >= {(4, shape.hidden_size)}
+
+

@@ -359,3 +359,97 @@ def test_rstd_with_swiglu_epilogue_and_through_fused(gemv, weights, m):
     assert _rel_err(got.view(m, n), unit_norm(x).double() @ dense.T) <= TOL
     q, _ = weights("int8", n, k)
     assert gemv.fused(x, q, rstd=True, eps=EPS) is None  # bf16 kernel only
+
+
+# -- sums of squares: the producer (ssq_out, with the residual) and the consumer (ssq_in) ----
+# (N, K): qwen3-8b's o and down (the producers), qkv and gate_up (the consumers); N or K not
+# a multiple of 16 (a partial last tile); K % 16 == 8 (bf16 only)
+SSQ_SHAPES = [(4096, 4096), (4096, 12288), (6144, 4096), (24576, 4096), (1000, 1152),
+              (520, 384), (8, 128), (32, 136)]
+
+
+def tile_ssq(y: torch.Tensor) -> torch.Tensor:
+    """Sum of squares of y [M, N] per row and 16-column tile (zeros past N): float64
+    [M, ceil(N / 16)]."""
+    m, n = y.shape
+    p = -(-n // 16)
+    padded = torch.zeros(m, 16 * p, dtype=torch.float64, device=y.device)
+    padded[:, :n] = y.double()
+    return padded.pow(2).view(m, p, 16).sum(-1)
+
+
+@pytest.mark.parametrize("n,k", SSQ_SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_producer_sums_of_squares(gemv, weights, kind, m, n, k):
+    """y = res + x W^T as before, and ssq_out [M, ceil(N / 16)] the sums of squares of the
+    stored bf16 y per tile: every element (m < M) written (NaN-poisoned), rows of the buffer
+    past M untouched, the same bits on a second run."""
+    if not _fits(kind, n, k):
+        pytest.skip(f"{kind} kernel does not take K={k}, N={n}")
+    gen = torch.Generator("cuda").manual_seed(hash(("ssq", kind, m, n, k)) % 2**31)
+    w, dense = weights(kind, n, k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    ref = x.double() @ dense.T
+    res = _residual(ref, gen)
+    p = -(-n // 16)
+    big = torch.full((m + 2, p), float("nan"), device="cuda")  # rows m, m + 1: must stay NaN
+    ssq = big[:m]
+    y = _run(gemv, kind, x, w, out=_poisoned(m, n), residual=res, ssq_out=ssq)
+    assert _rel_err(y, ref + res.double()) <= TOL
+    assert torch.isfinite(ssq).all(), "an ssq_out element not written"
+    assert torch.isnan(big[m:]).all(), "ssq_out written past row M"
+    want = tile_ssq(y)
+    assert ((ssq.double() - want).abs() <= 1e-5 * want + 1e-30).all(), (
+        (ssq.double() - want).abs().max().item())
+    again = torch.full_like(ssq, float("nan"))
+    _run(gemv, kind, x, w, out=_poisoned(m, n), residual=res, ssq_out=again)
+    assert torch.equal(again, ssq)  # no atomics: deterministic
+
+
+@pytest.mark.parametrize("glu", [False, True], ids=["plain", "glu"])
+@pytest.mark.parametrize("n,k", SSQ_SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_consumer_rstd_from_sums_of_squares(gemv, weights, kind, m, n, k, glu):
+    """ssq_in from torch (the producer's layout): y = rstd * (x W^T) against the unit-weight
+    RMSNorm then the matmul (with glu: then the SwiGLU), as test_rstd_row_scale; rows of very
+    different scale, so a wrong row's rstd shows."""
+    if not _fits(kind, n, k) or (glu and n % 16):
+        pytest.skip(f"{kind} kernel does not take K={k}, N={n}{' with glu' if glu else ''}")
+    gen = torch.Generator("cuda").manual_seed(hash(("ssq_in", kind, m, n, k, glu)) % 2**31)
+    w, dense = weights(kind, n, k)
+    x = torch.randn(m, k, device="cuda", generator=gen) * torch.linspace(
+        0.1, 8.0, m, device="cuda")[:, None]
+    x = x.bfloat16()
+    ssq = tile_ssq(x).float()  # [m, ceil(K / 16)]
+    width = n // 2 if glu else n
+    y = _run(gemv, kind, x, w, out=_poisoned(m, width), ssq_in=ssq, eps=EPS, glu=glu)
+    ref = glu_ref(unit_norm(x), None, dense).double() if glu else unit_norm(x).double() @ dense.T
+    assert _rel_err(y, ref) <= TOL
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_producer_feeds_consumer_through_fused(gemv, weights, kind):
+    """The pair as CupyBackend runs it: o (producer) then gate_up (consumer, SwiGLU
+    epilogue) through fused, against torch's residual add, unit-weight RMSNorm and SwiGLU."""
+    h, inter, m = 1024, 768, 4
+    wo, do = weights(kind, h, h)
+    wg, dg = weights(kind, 2 * inter, h)
+    gen = torch.Generator("cuda").manual_seed(11)
+    a = torch.randn(1, m, h, device="cuda", dtype=torch.bfloat16, generator=gen)
+    res = torch.randn(1, m, h, device="cuda", dtype=torch.bfloat16, generator=gen)
+    ssq = torch.full((m, h // 16), float("nan"), device="cuda")
+    x = gemv.fused(a, wo, residual=res, ssq_out=ssq)
+    assert x is not None and torch.isfinite(ssq).all()
+    act = gemv.fused(x, wg, ssq_in=ssq, eps=EPS, glu=True)
+    assert act is not None and act.shape == (1, m, inter)
+    x2 = x.view(m, h)
+    assert _rel_err(x2, (a.view(m, h).double() @ do.T + res.view(m, h).double())) <= TOL
+    assert _rel_err(act.view(m, inter), glu_ref(unit_norm(x2), None, dg).double()) <= TOL
+    if kind == "bf16":  # more rows than the bf16 gemv takes: no kernel, the caller composes
+        x9 = torch.randn(9, h, device="cuda", dtype=torch.bfloat16)
+        assert gemv.fused(x9, wg, ssq_in=torch.zeros(9, h // 16, device="cuda"), eps=EPS,
+                          glu=True) is None
+    with pytest.raises(ValueError):
+        gemv.fused(x, wg, ssq_in=torch.zeros(m, h // 16 - 1, device="cuda"), eps=EPS)
