@@ -34,8 +34,8 @@ import torch
 from kestrel_rt.backend.torch_backend import TorchBackend
 from kestrel_rt.cuda import attention as attn_ops
 from kestrel_rt.cuda import gemv_moe, ops, reference
-from kestrel_rt.cuda.linear import GemvLinear
 from kestrel_rt.cuda.gemv_variants import MAX_ROWS
+from kestrel_rt.cuda.linear import GemvLinear
 from kestrel_rt.cuda.module import KernelModules
 from kestrel_rt.cuda.ops import Unsupported
 from kestrel_rt.quant_weights import QuantizedWeight
