@@ -1,6 +1,7 @@
 """The gemv kernel templates instantiate and compile for sm_90 with nvcc, for every prologue
-(PRO 0 plain, 1 RMSNorm, 2 SwiGLU, each + 4 with the residual; + 8 the SwiGLU epilogue)
-and the launch variants the runtime compiles (the tuned table and the default rule), under
+(PRO 0 plain, 1 RMSNorm, 2 SwiGLU, each + 4 with the residual; + 8 the SwiGLU epilogue;
+bf16: + 16 the row-scale RMSNorm; all: 4 + 32 the sums of squares written, 64 (+ 8) read:
+gemv_variants.pros_of) and the launch variants the runtime compiles (the tuned table and the default rule), under
 the names kestrel_rt/cuda/linear.py asks cupy for.
 Skipped where nvcc is not on PATH. (tests/test_kernels_compile.py compiles the files as
 they are, which instantiates no template.)"""
