@@ -82,7 +82,7 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
 }
 
 // y [M, N] = res + act(x) @ W^T (res, nw, ssq_out, ssq_in: nullptr when unused; y may alias
-// res). SSQ: ssq_out [M, ceil(N / 16)] gets the sums of squares of y's 16-row tiles; RSTD_IN:
+// res). SSQ: ssq_out [M, ceil(N / 16)] gets the sums of squares of y per 16 columns; RSTD_IN:
 // ssq_in [M, ceil(K / 16)] holds those of x (gemv_mma.cuh).
 template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
