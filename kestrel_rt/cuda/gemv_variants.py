@@ -29,7 +29,7 @@ PLAIN, RMSNORM, SWIGLU = 0, 1, 2
 RESIDUAL = 4
 GLU = 8  # + the SwiGLU epilogue: W is [gate; up], the result silu(gate) * up (no residual)
 RSTD = 16  # + the row-scale RMSNorm: y[m] = rstd(x[m]) * (x[m] . W), norm weight folded in W
-# + the sums of squares of the stored y per (row, 16-row tile) into ssq_out [M, ceil(N / 16)]
+# + the sums of squares of the stored y per (row, 16 columns) into ssq_out [M, ceil(N / 16)]
 # (with RESIDUAL): what a later RSTD_IN kernel reads instead of squaring x itself
 SSQ = 32
 RSTD_IN = 64  # + RSTD's row scale with rstd from ssq_in [M, ceil(K / 16)] (an SSQ kernel's)
