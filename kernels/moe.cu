@@ -26,13 +26,12 @@
 #define MOE_ROWS 8      // experts a moe_down warp reads at once (a power of two, <= 32)
 #define MOE_THREADS 256  // block size of moe_gate_up and moe_down
 
-template <typename T>
-__device__ void moe_route_impl(const T* __restrict__ logits, T* __restrict__ weights,
-                               long long* __restrict__ experts, int n_tok, int n_exp, int top_k,
-                               int renorm) {
-  const int lane = threadIdx.x & 31;
-  const long long tok = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (tok >= n_tok) return;
+// One warp routes token tok (logits [N, E]; lane = threadIdx.x & 31); lane k < top_k then
+// calls keep(weight k in fp32, renormalised when renorm != 0, expert k). The body of moe_route
+// and of moe_gate_up_route: both pick the same experts and weights, bit for bit.
+template <typename T, typename Keep>
+__device__ __forceinline__ void route_token(const T* logits, long long tok, int lane, int n_exp,
+                                            int top_k, int renorm, Keep keep) {
   const T* row = logits + tok * n_exp;
   float v[MOE_MAX_E / 32];
   float mx = -inf_f();
@@ -83,10 +82,20 @@ __device__ void moe_route_impl(const T* __restrict__ logits, T* __restrict__ wei
     for (int i = 0; i < MOE_MAX_E / 32; ++i)
       if (lane + 32 * i == best_e) v[i] = -1.f;
   }
-  if (lane < top_k) {
-    weights[tok * top_k + lane] = Num<T>::store(renorm ? mine / picked : mine);
-    experts[tok * top_k + lane] = mine_e;
-  }
+  if (lane < top_k) keep(renorm ? mine / picked : mine, mine_e);
+}
+
+template <typename T>
+__device__ void moe_route_impl(const T* logits, T* __restrict__ weights,
+                               long long* __restrict__ experts, int n_tok, int n_exp, int top_k,
+                               int renorm) {
+  const int lane = threadIdx.x & 31;
+  const long long tok = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (tok >= n_tok) return;
+  route_token<T>(logits, tok, lane, n_exp, top_k, renorm, [&](float w, long long e) {
+    weights[tok * top_k + lane] = Num<T>::store(w);
+    experts[tok * top_k + lane] = e;
+  });
 }
 
 // 16-byte weight load when ok (else zero), not kept in L1 (each weight is read once; the
@@ -178,10 +187,13 @@ __device__ __forceinline__ void dot_rows(const uint4 (&wv)[R][U], const T* xs, f
 
 // One warp per output column n of one (token, expert) pair: the gate and up rows side by side,
 // all their loads of a chunk in flight at once; x [H] of the token staged in shared memory.
-template <typename T, int U>
+// The pair's expert: experts[pair] (moe_route's), or *chosen (ROUTED: moe_gate_up_route_impl's,
+// in shared memory).
+template <typename T, int U, bool ROUTED = false>
 __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ gate_up,
                                  const long long* __restrict__ experts, T* __restrict__ act,
-                                 int top_k, int hidden, int inter, float eps) {
+                                 int top_k, int hidden, int inter, float eps,
+                                 const long long* chosen = nullptr) {
   constexpr int W = 32 * U * Vec<T>::N;
   __shared__ __align__(16) T xs[W];  // x[tok, c0 : c0 + W]
   const int lane = threadIdx.x & 31;
@@ -189,7 +201,7 @@ __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ 
   const long long tok = pair / top_k;
   const int n = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const bool live = n < inter;  // a warp past I still stages and syncs
-  const long long e = experts[pair];
+  const long long e = ROUTED ? *chosen : experts[pair];
   const T* wg = gate_up + (e * 2 * inter + (live ? n : 0)) * (long long)hidden;
   const T* const w[2] = {wg, wg + (long long)inter * hidden};
   float s[2] = {0.f, 0.f}, ss = 0.f;  // ss: the lane's sum of x^2 (eps >= 0)
@@ -216,6 +228,33 @@ __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ 
   const float u = Num<T>::round(scale * __shfl_sync(0xffffffffu, gu, 16));
   if (live && lane == 0)
     act[pair * inter + n] = Num<T>::store(Num<T>::round(g / (1.f + expf(-g))) * u);
+}
+
+// The pair's expert routed here from the logits [N, E] (moe_route's work, no launch of its
+// own): after pdl_wait warp 0 routes the block's token (route_token, as moe_route does) and
+// hands expert k of pair = token * K + k to the block through shared memory; the blocks with
+// blockIdx.y == 0 write weights [pair] and experts [pair] (moe_down reads them after its wait).
+template <typename T, int U>
+__device__ void moe_gate_up_route_impl(const T* __restrict__ x, const T* __restrict__ gate_up,
+                                       const T* logits, T* __restrict__ weights,
+                                       long long* __restrict__ experts, T* __restrict__ act,
+                                       int n_exp, int top_k, int renorm, int hidden, int inter,
+                                       float eps) {
+  __shared__ long long chosen;
+  const int lane = threadIdx.x & 31;
+  const long long pair = blockIdx.x, tok = pair / top_k;
+  const int k = (int)(pair - tok * top_k);
+  if (threadIdx.x < 32)
+    route_token<T>(logits, tok, lane, n_exp, top_k, renorm, [&](float w, long long e) {
+      if (lane != k) return;
+      chosen = e;
+      if (blockIdx.y == 0) {
+        weights[pair] = Num<T>::store(w);
+        experts[pair] = e;
+      }
+    });
+  __syncthreads();
+  moe_gate_up_impl<T, U, true>(x, gate_up, experts, act, top_k, hidden, inter, eps, &chosen);
 }
 
 // The warp's chunk at column c0 of the rows of experts k0 .. k0 + rows (lane r < rows holds
@@ -307,6 +346,23 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
     moe_gate_up_impl<T, U>(x, gate_up, experts, act, top_k, hidden, inter, eps);                \
   }
 
+// moe_route and moe_gate_up in one launch (CupyBackend.moe_fused_route): logits [N, E] in place
+// of experts; writes weights [N, K] and experts [N, K] as well. Same PDL order as moe_gate_up:
+// everything it reads or writes is after pdl_wait (the logits come from the kernel right
+// before it, the router gemv). moe_down after it must read experts after its own pdl_wait
+// (early = 0): here they are written by its immediate predecessor, not two kernels back.
+#define MOE_GATE_UP_ROUTE_ENTRY(SUFFIX, T, U)                                                   \
+  extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2)                                  \
+      moe_gate_up_route_##SUFFIX##_u##U(const T* x, const T* gate_up, const T* logits,         \
+                                        T* weights, long long* experts, T* act, int n_exp,      \
+                                        int top_k, int renorm, int hidden, int inter,           \
+                                        float eps) {                                            \
+    pdl_wait();                                                                                  \
+    pdl_trigger();                                                                               \
+    moe_gate_up_route_impl<T, U>(x, gate_up, logits, weights, experts, act, n_exp, top_k,      \
+                                 renorm, hidden, inter, eps);                                   \
+  }
+
 #define MOE_DOWN_ENTRY(SUFFIX, T, U)                                                            \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2)                                  \
       moe_down_##SUFFIX##_u##U(const T* act, const T* down, const long long* experts,          \
@@ -327,6 +383,12 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
   MOE_GATE_UP_ENTRY(SUFFIX, T, 4) MOE_GATE_UP_ENTRY(SUFFIX, T, 8)                               \
   MOE_DOWN_ENTRY(SUFFIX, T, 1) MOE_DOWN_ENTRY(SUFFIX, T, 2)
 
+#define MOE_ROUTE_ENTRIES(SUFFIX, T)                                                            \
+  MOE_GATE_UP_ROUTE_ENTRY(SUFFIX, T, 1) MOE_GATE_UP_ROUTE_ENTRY(SUFFIX, T, 2)                   \
+  MOE_GATE_UP_ROUTE_ENTRY(SUFFIX, T, 4) MOE_GATE_UP_ROUTE_ENTRY(SUFFIX, T, 8)
+
 MOE_ENTRIES(bf16, bf16_t)
 MOE_DOWN_ENTRY(bf16, bf16_t, 3)
 MOE_ENTRIES(f32, float)
+MOE_ROUTE_ENTRIES(bf16, bf16_t)
+MOE_ROUTE_ENTRIES(f32, float)
