@@ -23,7 +23,8 @@ when its weight is all ones (folded into the linear: kestrel_rt/fold.py) and
 `norm_row_scale` says so ("all", the default: in the bf16 gemvs' epilogue and in the router
 gemv and moe_gate_up; "moe": only a MoE layer's post-attention norm; "producer": the residual
 gemvs of `linear_add` write their output's sums of squares and the next gemv takes its rstd
-from them), apply it as a row scale. `pdl` launches every kernel of the forward with
+from them), apply it as a row scale. `moe_fused_route` (off: not measured yet) routes inside
+moe_gate_up, without the moe_route launch. `pdl` launches every kernel of the forward with
 programmatic dependent launch.
 """
 
@@ -91,6 +92,10 @@ class CupyBackend(GemvLinear, TorchBackend):
         # moe_down issues its first weight loads before its PDL wait, while moe_gate_up
         # finishes (kernels/moe.cu): qwen3-30b-a3b bf16 2.883 vs 2.941 ms per step
         self.moe_early = True
+        # moe_route inside moe_gate_up (ops.moe_experts_routed: one launch fewer per MoE
+        # layer; moe_down then without early loads, its experts come from the kernel right
+        # before it). bf16 / f32 kernel experts only; not measured yet: off
+        self.moe_fused_route = False
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
         # keys per context split of the decode attention kernel, at least (attn_ops.attention)
         self.decode_min_keys = attn_ops.DECODE_MIN_KEYS
@@ -312,8 +317,10 @@ class CupyBackend(GemvLinear, TorchBackend):
         expert-indexed gemv when self.bf16_experts == "gemv"), int8 / int4 experts through
         kestrel_rt/cuda/gemv_moe.py; + residual when given. row_norm: x is not normalised
         yet, its RMSNorm has a unit weight (folded: kestrel_rt/fold.py) and becomes a row
-        scale in the router gemv and in moe_gate_up (bf16 kernel experts only). None when the
-        kernels cannot take it (the caller runs the torch reference)."""
+        scale in the router gemv and in moe_gate_up (bf16 kernel experts only).
+        moe_fused_route: kernel experts (moe.cu) route inside moe_gate_up, no routing kernel
+        (ops.moe_experts_routed). None when the kernels cannot take it (the caller runs the
+        torch reference)."""
         s = self.shape
         if not (self.kernel_dtype() and self._moe_kernel_ok(x.shape[0])):
             return None  # (quantized experts pass only when gemv_moe reads them)
@@ -330,6 +337,10 @@ class CupyBackend(GemvLinear, TorchBackend):
                       else self.linear(x, router))  # [N, E]
             if logits is None:
                 return None
+            if self.moe_fused_route and not use_gemv:
+                return ops.moe_experts_routed(self.kernels, x, logits, s.num_experts_per_tok,
+                                              s.norm_topk_prob, gate_up, down,
+                                              residual=residual, row_eps=eps)  # [N, H]
             weights, experts = ops.moe_route(self.kernels, logits, s.num_experts_per_tok,
                                              s.norm_topk_prob)  # [N, k] each
             if use_gemv:

@@ -180,12 +180,14 @@ def _moe_u(n: int, vec: int, choices: tuple[int, ...]) -> int:
     return next((u for u in choices if u >= need), choices[-1])
 
 
-def moe_launches(dtype: torch.dtype, N: int, H: int, inter: int, top_k: int
-                 ) -> list[tuple[str, tuple[int, int], tuple[int]]]:
+def moe_launches(dtype: torch.dtype, N: int, H: int, inter: int, top_k: int,
+                 routed: bool = False) -> list[tuple[str, tuple[int, int], tuple[int]]]:
     """(kernel, grid, block) of moe_gate_up and moe_down for N tokens: one warp per output.
-    Qwen3-30B-A3B bf16 at N = 1: down is 256 blocks, one wave at 2 blocks per SM on 132 SMs."""
+    Qwen3-30B-A3B bf16 at N = 1: down is 256 blocks, one wave at 2 blocks per SM on 132 SMs.
+    routed: moe_gate_up_route (the routing inside moe_gate_up; same grid)."""
     sfx, vec, warps = SUFFIX[dtype], _vec(dtype), MOE_THREADS // 32
-    gate_up = f"moe_gate_up_{sfx}_u{_moe_u(H, vec, MOE_GATE_UP_U)}"
+    kind = "moe_gate_up_route" if routed else "moe_gate_up"
+    gate_up = f"{kind}_{sfx}_u{_moe_u(H, vec, MOE_GATE_UP_U)}"
     down = f"moe_down_{sfx}_u{_moe_u(inter, vec, MOE_DOWN_U[dtype])}"
     return [(gate_up, (N * top_k, math.ceil(inter / warps)), (MOE_THREADS,)),
             (down, (N, math.ceil(H / warps)), (MOE_THREADS,))]
@@ -227,6 +229,58 @@ def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
     km.launch("moe", down_name, down_grid, block,
               (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(residual), ptr(out),
                i32(top_k), i32(H), i32(inter), i32(int(early))))
+    return out
+
+
+def moe_experts_routed(km: KernelModules, x: torch.Tensor, logits: torch.Tensor, top_k: int,
+                       renorm: bool, gate_up: torch.Tensor, down: torch.Tensor,
+                       residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                       row_eps: float | None = None,
+                       routing: tuple[torch.Tensor, torch.Tensor] | None = None
+                       ) -> torch.Tensor:
+    """moe_route then moe_experts in two launches, not three: moe_gate_up_route routes each
+    token from its router logits [N, E] (moe_route's code: the same experts and weights, bit
+    for bit) and moe_down reads what it wrote. x, gate_up, down, residual, out, row_eps: as
+    moe_experts. routing: optional dense destinations (weights [N, k] in x's dtype, experts
+    [N, k] int64) of the routing, otherwise temporaries.
+    moe_down runs without early loads here: the experts it reads come from the kernel right
+    before it, so it may read them only after its PDL wait (kernels/moe.cu)."""
+    tensors = (x, logits, gate_up, down) + (() if residual is None else (residual,))
+    _suffix(*tensors)
+    N, H = x.shape
+    E = logits.shape[-1]
+    if (logits.dim() != 2 or logits.shape[0] != N or E > MAX_MOE_EXPERTS
+            or not 0 < top_k <= min(E, 32)):
+        raise Unsupported(f"logits {tuple(logits.shape)} for {N} tokens, top {top_k}")
+    if gate_up.shape[0] != E or down.shape[0] != E:
+        raise Unsupported(f"{E} logits per token, experts {gate_up.shape[0]} / {down.shape[0]}")
+    two_i = gate_up.shape[1]
+    inter = two_i // 2
+    n = _vec(x.dtype)
+    if H % n or inter % n or not (gate_up.is_contiguous() and down.is_contiguous()):
+        raise Unsupported(f"hidden {H}, intermediate {inter}")
+    if residual is not None and tuple(residual.shape) != (N, H):
+        raise Unsupported(f"residual {tuple(residual.shape)}, expected {(N, H)}")
+    x, logits = x.contiguous(), logits.contiguous()
+    residual = None if residual is None else residual.contiguous()
+    if not _aligned(x, gate_up, down):
+        raise Unsupported("x, gate_up and down must be 16-byte aligned")
+    routing = routing or (None, None)
+    weights = _dest(routing[0], (N, top_k), x.dtype, x.device)  # [N, k]
+    experts = _dest(routing[1], (N, top_k), torch.long, x.device)  # [N, k]
+    act = torch.empty((N, top_k, inter), dtype=x.dtype, device=x.device)  # [N, k, I]
+    out = _dest(out, x.shape, x.dtype, x.device)  # [N, H]
+    if N == 0:
+        return out
+    (gu_name, gu_grid, block), (down_name, down_grid, _) = moe_launches(x.dtype, N, H, inter,
+                                                                        top_k, routed=True)
+    km.launch("moe", gu_name, gu_grid, block,
+              (ptr(x), ptr(gate_up), ptr(logits), ptr(weights), ptr(experts), ptr(act), i32(E),
+               i32(top_k), i32(int(renorm)), i32(H), i32(inter),
+               f32(-1.0 if row_eps is None else row_eps)))
+    km.launch("moe", down_name, down_grid, block,  # early 0: experts come from gate_up
+              (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(residual), ptr(out),
+               i32(top_k), i32(H), i32(inter), i32(0)))
     return out
 
 
