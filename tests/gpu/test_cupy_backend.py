@@ -215,3 +215,48 @@ def test_folded_norms_from_producer_sums_as_accurate(graphs):
     assert set(be._ssq_bufs) >= {(4, shape.hidden_size)}
 
 
+
+
+@pytest.mark.parametrize("variant", ["moe-f32", "moe_norm-bf16", "wide_moe-bf16",
+                                     "wide_moe-folded", "wide_moe-graphs"])
+def test_moe_fused_route_gives_the_same_logits(variant, monkeypatch):
+    """CupyBackend.moe_fused_route (the routing inside moe_gate_up, no moe_route launch): the
+    same logits as off, bit for bit (the same routing code and expert kernels), with no
+    moe_route call left. folded: the post-attention norms of the MoE layers folded, a row
+    scale in the router gemv and moe_gate_up (row_eps); graphs: decode replays CUDA graphs."""
+    from kestrel_rt.cuda import ops
+    from kestrel_rt.cuda.graphs import GraphModel
+    from kestrel_rt.fold import fold_norms
+
+    name, how = variant.split("-")
+    dtype = torch.float32 if how == "f32" else torch.bfloat16
+    calls = {"moe_route": 0, "moe_experts_routed": 0}
+
+    def counted(fn):
+        def call(*a, **kw):
+            calls[fn.__name__] += 1
+            return fn(*a, **kw)
+        return call
+
+    for fn in calls:
+        monkeypatch.setattr(ops, fn, counted(getattr(ops, fn)))
+
+    def run(fused: bool):
+        be = CupyBackend("cuda", dtype)
+        be.moe_fused_route = fused
+        shape, w = gm.weights(name)
+        if how == "folded":
+            shape, w = fold_norms(shape, w, moe_only=True)
+            be.norm_row_scale = "moe"
+        model = (GraphModel if how == "graphs" else Qwen3Model)(shape, w, be)
+        model.allocate_kv(4, 128)
+        return gm.run_script(model, LENGTHS, 6)
+
+    ref = run(False)
+    assert calls["moe_route"] > 0 and calls["moe_experts_routed"] == 0
+    calls.update(moe_route=0)
+    got = run(True)
+    assert calls["moe_route"] == 0 and calls["moe_experts_routed"] > 0
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert torch.equal(g, r)

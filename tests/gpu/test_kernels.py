@@ -199,6 +199,83 @@ def test_moe_down_early_loads_give_the_same_bits(km_pdl):
     assert torch.equal(outs[True], outs[False])
 
 
+# moe_route inside moe_gate_up (ops.moe_experts_routed): Qwen3-30B-A3B's shape (one chunk per
+# row) and a small one with several chunks per row and top 3 of 16.
+ROUTED_SHAPES = [(1, 128, 8, 2048, 768), (5, 128, 8, 2048, 768), (1, 16, 3, 776, 200),
+                 (5, 16, 3, 776, 200)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,E,k,H,I", ROUTED_SHAPES)
+@pytest.mark.parametrize("mode", ["plain", "residual", "row_eps"])
+@pytest.mark.parametrize("renorm", [False, True])
+def test_moe_experts_routed_equals_route_then_experts(km, dtype, N, E, k, H, I, mode, renorm):
+    """The fused routing picks moe_route's experts and weights exactly and its output is
+    moe_route + moe_experts's, bit for bit; every element of out, weights and experts is
+    written (poisoned buffers). row_eps: x is the raw residual stream, as the backend's
+    norm_moe_add passes it (residual = x)."""
+    x = (rnd(N, H) * 3.0 + 0.5).to(dtype) if mode == "row_eps" else rnd(N, H, dtype=dtype)
+    gate_up, down, router = _moe_weights(E, H, I, dtype)
+    logits = torch.nn.functional.linear(x, router)  # [N, E] (bf16 ties: both route the same)
+    residual = {"plain": None, "residual": rnd(N, H, dtype=dtype), "row_eps": x}[mode]
+    eps = EPS if mode == "row_eps" else None
+    ref_w, ref_e = ops.moe_route(km, logits, k, renorm)
+    ref = ops.moe_experts(km, x, ref_w, ref_e, gate_up, down, residual=residual, row_eps=eps)
+    out, w, e = (poisoned(N, H, dtype=dtype), poisoned(N, k, dtype=dtype),
+                 poisoned(N, k, dtype=torch.long))
+    got = ops.moe_experts_routed(km, x, logits, k, renorm, gate_up, down, residual=residual,
+                                 out=out, row_eps=eps, routing=(w, e))
+    assert got is out
+    assert torch.equal(e, ref_e)
+    assert torch.equal(w, ref_w)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_experts_routed_chain_with_pdl(km_pdl, dtype):
+    """Several MoE layers back to back with programmatic dependent launch, the routing inside
+    moe_gate_up (it reads the logits after its wait, moe_down reads its experts after its own):
+    the same bits as moe_route -> moe_gate_up -> moe_down with moe_down's early loads, and each
+    layer's routing equal to moe_route's."""
+    N, E, k, H, I = 5, 128, 8, 2048, 768
+    layers = [_moe_weights(E, H, I, dtype) for _ in range(3)]
+    x0, outs = rnd(N, H, dtype=dtype), {}
+    for fused in (False, True):
+        x, routes = x0, []
+        for _ in range(2):
+            for gate_up, down, router in layers:
+                logits = torch.nn.functional.linear(x, router)
+                if fused:
+                    w, e = poisoned(N, k, dtype=dtype), poisoned(N, k, dtype=torch.long)
+                    x = ops.moe_experts_routed(km_pdl, x, logits, k, True, gate_up, down,
+                                               residual=x, routing=(w, e))
+                else:
+                    w, e = ops.moe_route(km_pdl, logits, k, True)
+                    x = ops.moe_experts(km_pdl, x, w, e, gate_up, down, residual=x, early=True)
+                routes.append((w, e))
+        outs[fused] = (x, routes)
+    assert torch.isfinite(outs[True][0]).all()
+    assert torch.equal(outs[True][0], outs[False][0])
+    for (w, e), (rw, re) in zip(outs[True][1], outs[False][1]):
+        assert torch.equal(e, re) and torch.equal(w, rw)
+
+
+def test_moe_experts_routed_checks(km):
+    x = rnd(2, 64, dtype=torch.bfloat16)
+    gate_up, down, router = _moe_weights(8, 64, 32, torch.bfloat16)
+    logits = torch.nn.functional.linear(x, router)
+    with pytest.raises(ops.Unsupported):  # top_k > E
+        ops.moe_experts_routed(km, x, logits, 9, True, gate_up, down)
+    with pytest.raises(ops.Unsupported):  # logits for other experts than gate_up's
+        ops.moe_experts_routed(km, x, logits[:, :4], 2, True, gate_up, down)
+    with pytest.raises(ops.Unsupported):  # dtypes differ
+        ops.moe_experts_routed(km, x, logits.float(), 2, True, gate_up, down)
+    w, e = poisoned(3, 2, dtype=torch.bfloat16), poisoned(3, 2, dtype=torch.long)
+    with pytest.raises(ValueError):  # routing buffers of the wrong shape
+        ops.moe_experts_routed(km, x, logits, 2, True, gate_up, down, routing=(w, e))
+
+
 # -- greedy accept ----------------------------------------------------------------------------
 @pytest.mark.parametrize("B,k", [(1, 1), (1, 4), (8, 3), (64, 8), (300, 5)])
 def test_greedy_accept(km, B, k):
