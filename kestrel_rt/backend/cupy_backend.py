@@ -93,8 +93,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         # finishes (kernels/moe.cu): qwen3-30b-a3b bf16 2.883 vs 2.941 ms per step
         self.moe_early = True
         # moe_route inside moe_gate_up (ops.moe_experts_routed: one launch fewer per MoE
-        # layer; moe_down then without early loads, its experts come from the kernel right
-        # before it). bf16 / f32 kernel experts only; not measured yet: off
+        # layer); with moe_early, moe_down routes again from the logits before its wait and
+        # issues its early loads, without it reads moe_gate_up's routing after its wait.
+        # Kernel experts (moe.cu) only; not measured yet: off
         self.moe_fused_route = False
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
         # keys per context split of the decode attention kernel, at least (attn_ops.attention)
@@ -340,7 +341,8 @@ class CupyBackend(GemvLinear, TorchBackend):
             if self.moe_fused_route and not use_gemv:
                 return ops.moe_experts_routed(self.kernels, x, logits, s.num_experts_per_tok,
                                               s.norm_topk_prob, gate_up, down,
-                                              residual=residual, row_eps=eps)  # [N, H]
+                                              residual=residual, row_eps=eps,
+                                              early=self.moe_early)  # [N, H]
             weights, experts = ops.moe_route(self.kernels, logits, s.num_experts_per_tok,
                                              s.norm_topk_prob)  # [N, k] each
             if use_gemv:

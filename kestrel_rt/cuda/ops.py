@@ -181,14 +181,17 @@ def _moe_u(n: int, vec: int, choices: tuple[int, ...]) -> int:
 
 
 def moe_launches(dtype: torch.dtype, N: int, H: int, inter: int, top_k: int,
-                 routed: bool = False) -> list[tuple[str, tuple[int, int], tuple[int]]]:
+                 routed: bool = False, down_routed: bool = False
+                 ) -> list[tuple[str, tuple[int, int], tuple[int]]]:
     """(kernel, grid, block) of moe_gate_up and moe_down for N tokens: one warp per output.
     Qwen3-30B-A3B bf16 at N = 1: down is 256 blocks, one wave at 2 blocks per SM on 132 SMs.
-    routed: moe_gate_up_route (the routing inside moe_gate_up; same grid)."""
+    routed: moe_gate_up_route (the routing inside moe_gate_up); down_routed: moe_down_route
+    (the routing again inside moe_down); the same grids."""
     sfx, vec, warps = SUFFIX[dtype], _vec(dtype), MOE_THREADS // 32
-    kind = "moe_gate_up_route" if routed else "moe_gate_up"
-    gate_up = f"{kind}_{sfx}_u{_moe_u(H, vec, MOE_GATE_UP_U)}"
-    down = f"moe_down_{sfx}_u{_moe_u(inter, vec, MOE_DOWN_U[dtype])}"
+    gu_kind = "moe_gate_up_route" if routed else "moe_gate_up"
+    down_kind = "moe_down_route" if down_routed else "moe_down"
+    gate_up = f"{gu_kind}_{sfx}_u{_moe_u(H, vec, MOE_GATE_UP_U)}"
+    down = f"{down_kind}_{sfx}_u{_moe_u(inter, vec, MOE_DOWN_U[dtype])}"
     return [(gate_up, (N * top_k, math.ceil(inter / warps)), (MOE_THREADS,)),
             (down, (N, math.ceil(H / warps)), (MOE_THREADS,))]
 
@@ -236,15 +239,18 @@ def moe_experts_routed(km: KernelModules, x: torch.Tensor, logits: torch.Tensor,
                        renorm: bool, gate_up: torch.Tensor, down: torch.Tensor,
                        residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
                        row_eps: float | None = None,
-                       routing: tuple[torch.Tensor, torch.Tensor] | None = None
-                       ) -> torch.Tensor:
+                       routing: tuple[torch.Tensor, torch.Tensor] | None = None,
+                       early: bool = False) -> torch.Tensor:
     """moe_route then moe_experts in two launches, not three: moe_gate_up_route routes each
     token from its router logits [N, E] (moe_route's code: the same experts and weights, bit
-    for bit) and moe_down reads what it wrote. x, gate_up, down, residual, out, row_eps: as
-    moe_experts. routing: optional dense destinations (weights [N, k] in x's dtype, experts
-    [N, k] int64) of the routing, otherwise temporaries.
-    moe_down runs without early loads here: the experts it reads come from the kernel right
-    before it, so it may read them only after its PDL wait (kernels/moe.cu)."""
+    for bit) and writes them. x, gate_up, down, residual, out, row_eps: as moe_experts.
+    routing: optional dense destinations (weights [N, k] in x's dtype, experts [N, k] int64)
+    of the routing, otherwise temporaries.
+    early False: moe_down reads the experts and weights moe_gate_up_route wrote, after its
+    PDL wait and without early loads (they come from the kernel right before it).
+    early True: moe_down_route routes each token again from the logits before its wait (the
+    router gemv wrote them two kernels back: safe, kernels/moe.cu) and issues its first
+    weight loads there, as moe_experts(early=True) does."""
     tensors = (x, logits, gate_up, down) + (() if residual is None else (residual,))
     _suffix(*tensors)
     N, H = x.shape
@@ -272,15 +278,20 @@ def moe_experts_routed(km: KernelModules, x: torch.Tensor, logits: torch.Tensor,
     out = _dest(out, x.shape, x.dtype, x.device)  # [N, H]
     if N == 0:
         return out
-    (gu_name, gu_grid, block), (down_name, down_grid, _) = moe_launches(x.dtype, N, H, inter,
-                                                                        top_k, routed=True)
+    (gu_name, gu_grid, block), (down_name, down_grid, _) = moe_launches(
+        x.dtype, N, H, inter, top_k, routed=True, down_routed=early)
     km.launch("moe", gu_name, gu_grid, block,
               (ptr(x), ptr(gate_up), ptr(logits), ptr(weights), ptr(experts), ptr(act), i32(E),
                i32(top_k), i32(int(renorm)), i32(H), i32(inter),
                f32(-1.0 if row_eps is None else row_eps)))
-    km.launch("moe", down_name, down_grid, block,  # early 0: experts come from gate_up
-              (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(residual), ptr(out),
-               i32(top_k), i32(H), i32(inter), i32(0)))
+    if early:  # its own routing, from the logits, before its wait
+        km.launch("moe", down_name, down_grid, block,
+                  (ptr(act), ptr(down), ptr(logits), ptr(residual), ptr(out), i32(E),
+                   i32(top_k), i32(int(renorm)), i32(H), i32(inter), i32(1)))
+    else:  # early 0: experts and weights come from gate_up, read after the wait
+        km.launch("moe", down_name, down_grid, block,
+                  (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(residual), ptr(out),
+                   i32(top_k), i32(H), i32(inter), i32(0)))
     return out
 
 
