@@ -1,6 +1,6 @@
 """The MoE expert kernels' launch shapes (CPU: no kernel runs here): one warp per output,
 a chunk instantiation that covers a row when there is one, and every kernel the host may
-ask for exists in kernels/moe.cu (the routed moe_gate_up_route as well) (compiled with nvcc where it is on PATH)."""
+ask for exists in kernels/moe.cu (the routed moe_gate_up_route and moe_down_route as well) (compiled with nvcc where it is on PATH)."""
 
 from __future__ import annotations
 
@@ -26,18 +26,20 @@ SHAPES = [(1, 2048, 768, 8), (16, 2048, 768, 8), (7, 256, 128, 4), (3, 40, 24, 2
 @pytest.mark.parametrize("N,H,I,k", SHAPES)
 def test_one_warp_per_output(dtype, N, H, I, k, routed):
     (gate_up, gu_grid, block), (down, down_grid, block2) = ops.moe_launches(dtype, N, H, I, k,
-                                                                            routed)
+                                                                            routed, routed)
     warps = block[0] // 32
     assert block == block2 == (ops.MOE_THREADS,)
     assert gu_grid[0] == N * k and 0 <= gu_grid[1] * warps - I < warps
     assert down_grid[0] == N and 0 <= down_grid[1] * warps - H < warps
     sfx = ops.SUFFIX[dtype]
-    kind = "moe_gate_up_route" if routed else "moe_gate_up"
-    assert gate_up.startswith(f"{kind}_{sfx}_u") and down.startswith(f"moe_down_{sfx}_u")
-    # the routed launch differs from the plain one only in the gate_up kernel's name
+    route = "_route" if routed else ""
+    assert gate_up.startswith(f"moe_gate_up{route}_{sfx}_u")
+    assert down.startswith(f"moe_down{route}_{sfx}_u")
+    # the routed launches differ from the plain ones only in the kernels' names, not in U
     plain = ops.moe_launches(dtype, N, H, I, k)
-    assert plain[1] == (down, down_grid, block2) and plain[0][1:] == (gu_grid, block)
+    assert (plain[0][1:], plain[1][1:]) == ((gu_grid, block), (down_grid, block2))
     assert plain[0][0].split("_u")[-1] == gate_up.split("_u")[-1]
+    assert plain[1][0].split("_u")[-1] == down.split("_u")[-1]
 
 
 def test_chunk_covers_a_row_when_one_fits():
@@ -63,11 +65,12 @@ def test_every_launched_kernel_is_compiled(tmp_path):
     entries = set(re.findall(r"\.entry\s+(\w+)", (tmp_path / "moe.ptx").read_text()))
     for dtype in DTYPES:
         for N, H, I, k in SHAPES:
-            for routed in (False, True):
-                for name, _, _ in ops.moe_launches(dtype, N, H, I, k, routed):
+            for routed, down_routed in ((False, False), (True, False), (True, True)):
+                for name, _, _ in ops.moe_launches(dtype, N, H, I, k, routed, down_routed):
                     assert name in entries, name
         for u in ops.MOE_GATE_UP_U:
             assert f"moe_gate_up_{ops.SUFFIX[dtype]}_u{u}" in entries
             assert f"moe_gate_up_route_{ops.SUFFIX[dtype]}_u{u}" in entries
         for u in ops.MOE_DOWN_U[dtype]:
             assert f"moe_down_{ops.SUFFIX[dtype]}_u{u}" in entries
+            assert f"moe_down_route_{ops.SUFFIX[dtype]}_u{u}" in entries

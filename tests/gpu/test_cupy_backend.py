@@ -217,13 +217,15 @@ def test_folded_norms_from_producer_sums_as_accurate(graphs):
 
 
 
+@pytest.mark.parametrize("early", [True, False], ids=["early", "late"])
 @pytest.mark.parametrize("variant", ["moe-f32", "moe_norm-bf16", "wide_moe-bf16",
                                      "wide_moe-folded", "wide_moe-graphs"])
-def test_moe_fused_route_gives_the_same_logits(variant, monkeypatch):
+def test_moe_fused_route_gives_the_same_logits(variant, early, monkeypatch):
     """CupyBackend.moe_fused_route (the routing inside moe_gate_up, no moe_route launch): the
     same logits as off, bit for bit (the same routing code and expert kernels), with no
-    moe_route call left. folded: the post-attention norms of the MoE layers folded, a row
-    scale in the router gemv and moe_gate_up (row_eps); graphs: decode replays CUDA graphs."""
+    moe_route call left; moe_early on (moe_down_route) and off. folded: the post-attention
+    norms of the MoE layers folded, a row scale in the router gemv and moe_gate_up (row_eps);
+    graphs: decode replays CUDA graphs."""
     from kestrel_rt.cuda import ops
     from kestrel_rt.cuda.graphs import GraphModel
     from kestrel_rt.fold import fold_norms
@@ -243,7 +245,7 @@ def test_moe_fused_route_gives_the_same_logits(variant, monkeypatch):
 
     def run(fused: bool):
         be = CupyBackend("cuda", dtype)
-        be.moe_fused_route = fused
+        be.moe_fused_route, be.moe_early = fused, early
         shape, w = gm.weights(name)
         if how == "folded":
             shape, w = fold_norms(shape, w, moe_only=True)

@@ -209,11 +209,14 @@ ROUTED_SHAPES = [(1, 128, 8, 2048, 768), (5, 128, 8, 2048, 768), (1, 16, 3, 776,
 @pytest.mark.parametrize("N,E,k,H,I", ROUTED_SHAPES)
 @pytest.mark.parametrize("mode", ["plain", "residual", "row_eps"])
 @pytest.mark.parametrize("renorm", [False, True])
-def test_moe_experts_routed_equals_route_then_experts(km, dtype, N, E, k, H, I, mode, renorm):
+@pytest.mark.parametrize("early", [False, True], ids=["down", "down_route"])
+def test_moe_experts_routed_equals_route_then_experts(km, dtype, N, E, k, H, I, mode, renorm,
+                                                      early):
     """The fused routing picks moe_route's experts and weights exactly and its output is
     moe_route + moe_experts's, bit for bit; every element of out, weights and experts is
     written (poisoned buffers). row_eps: x is the raw residual stream, as the backend's
-    norm_moe_add passes it (residual = x)."""
+    norm_moe_add passes it (residual = x). early: moe_down_route (its own routing from the
+    logits) in place of moe_down (moe_gate_up_route's experts and weights)."""
     x = (rnd(N, H) * 3.0 + 0.5).to(dtype) if mode == "row_eps" else rnd(N, H, dtype=dtype)
     gate_up, down, router = _moe_weights(E, H, I, dtype)
     logits = torch.nn.functional.linear(x, router)  # [N, E] (bf16 ties: both route the same)
@@ -224,7 +227,7 @@ def test_moe_experts_routed_equals_route_then_experts(km, dtype, N, E, k, H, I, 
     out, w, e = (poisoned(N, H, dtype=dtype), poisoned(N, k, dtype=dtype),
                  poisoned(N, k, dtype=torch.long))
     got = ops.moe_experts_routed(km, x, logits, k, renorm, gate_up, down, residual=residual,
-                                 out=out, row_eps=eps, routing=(w, e))
+                                 out=out, row_eps=eps, routing=(w, e), early=early)
     assert got is out
     assert torch.equal(e, ref_e)
     assert torch.equal(w, ref_w)
@@ -232,10 +235,12 @@ def test_moe_experts_routed_equals_route_then_experts(km, dtype, N, E, k, H, I, 
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["down", "down_route"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_moe_experts_routed_chain_with_pdl(km_pdl, dtype):
+def test_moe_experts_routed_chain_with_pdl(km_pdl, dtype, early):
     """Several MoE layers back to back with programmatic dependent launch, the routing inside
-    moe_gate_up (it reads the logits after its wait, moe_down reads its experts after its own):
+    moe_gate_up (it reads the logits after its wait; moe_down reads its experts after its own,
+    or, early, moe_down_route reads the logits and issues its first weight loads before it):
     the same bits as moe_route -> moe_gate_up -> moe_down with moe_down's early loads, and each
     layer's routing equal to moe_route's."""
     N, E, k, H, I = 5, 128, 8, 2048, 768
@@ -249,7 +254,7 @@ def test_moe_experts_routed_chain_with_pdl(km_pdl, dtype):
                 if fused:
                     w, e = poisoned(N, k, dtype=dtype), poisoned(N, k, dtype=torch.long)
                     x = ops.moe_experts_routed(km_pdl, x, logits, k, True, gate_up, down,
-                                               residual=x, routing=(w, e))
+                                               residual=x, routing=(w, e), early=early)
                 else:
                     w, e = ops.moe_route(km_pdl, logits, k, True)
                     x = ops.moe_experts(km_pdl, x, w, e, gate_up, down, residual=x, early=True)
