@@ -91,6 +91,8 @@ __device__ __forceinline__ void route_token(const T* logits, long long tok, int 
   if (lane < top_k) keep(renorm ? mine / picked : mine, mine_e);
 }
 
+// (logits not __restrict__: with it nvcc emits .nc loads; without, the same PTX as before
+// route_token was split out, up to two register names.)
 template <typename T>
 __device__ void moe_route_impl(const T* logits, T* __restrict__ weights,
                                long long* __restrict__ experts, int n_tok, int n_exp, int top_k,
