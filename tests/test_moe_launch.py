@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,3 +75,74 @@ def test_every_launched_kernel_is_compiled(tmp_path):
         for u in ops.MOE_DOWN_U[dtype]:
             assert f"moe_down_{ops.SUFFIX[dtype]}_u{u}" in entries
             assert f"moe_down_route_{ops.SUFFIX[dtype]}_u{u}" in entries
+
+
+# -- ops.moe_experts_routed on the host: what it launches, against the kernels' signatures --
+KINDS = {"int": np.int32, "float": np.float32}
+
+
+def _signature(name: str) -> list[type]:
+    """The argument kinds of kernels/moe.cu's entry macro for kernel `name` (pointers as
+    np.uint64)."""
+    from kernels import KERNEL_DIR
+
+    base = re.sub(r"_(bf16|f32)_u\d+$", "", name)
+    src = (KERNEL_DIR / "moe.cu").read_text().replace("\\\n", " ")  # macros on one line
+    params = re.search(rf"#define {base.upper()}_ENTRY\(.*?{base}_##SUFFIX##_u##U\((.*?)\)",
+                       src).group(1)
+    kinds = []
+    for p in params.split(","):
+        p = " ".join(p.split())
+        kinds.append(np.uint64 if "*" in p else KINDS[p.split()[-2]])
+    return kinds
+
+
+class _Recorder:
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, file, name, grid, block, args, shared_mem=0):
+        self.launches.append((file, name, grid, block, args))
+
+
+@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_routed_launches_match_the_kernels(monkeypatch, dtype, early):
+    """CPU tensors stand in for CUDA ones (the device check is skipped): two launches, the
+    grids of moe_launches(routed), each argument list of the kernel's kinds, logits and the
+    routing buffers in their places, early 1 only for moe_down_route."""
+    monkeypatch.setattr(ops, "_suffix", lambda *t: ops.SUFFIX[t[0].dtype])
+    N, E, k, H, I = 3, 16, 4, 256, 64
+    x, logits = torch.zeros(N, H, dtype=dtype), torch.zeros(N, E, dtype=dtype)
+    gate_up, down = torch.zeros(E, 2 * I, H, dtype=dtype), torch.zeros(E, H, I, dtype=dtype)
+    w, e = torch.zeros(N, k, dtype=dtype), torch.zeros(N, k, dtype=torch.long)
+    km = _Recorder()
+    out = ops.moe_experts_routed(km, x, logits, k, True, gate_up, down, residual=x,
+                                 routing=(w, e), early=early)
+    assert out.shape == (N, H)
+    expect = ops.moe_launches(dtype, N, H, I, k, routed=True, down_routed=early)
+    assert [(n, g, b) for _, n, g, b, _ in km.launches] == expect
+    for _, name, _, _, args in km.launches:
+        assert [type(a) for a in args] == _signature(name), name
+    (_, _, _, _, gu_args), (_, _, _, _, down_args) = km.launches
+    assert gu_args[2] == logits.data_ptr() and gu_args[3:5] == (w.data_ptr(), e.data_ptr())
+    assert [int(a) for a in gu_args[6:9]] == [E, k, 1] and float(gu_args[-1]) == -1.0
+    if early:  # moe_down_route: logits, no experts / weights, early 1
+        assert down_args[2] == logits.data_ptr() and int(down_args[-1]) == 1
+    else:  # moe_down: moe_gate_up_route's experts and weights, early 0
+        assert down_args[2:4] == (e.data_ptr(), w.data_ptr()) and int(down_args[-1]) == 0
+
+
+def test_routed_refuses_what_it_cannot_take(monkeypatch):
+    monkeypatch.setattr(ops, "_suffix", lambda *t: ops.SUFFIX[t[0].dtype])
+    x, logits = torch.zeros(2, 64), torch.zeros(2, 8)
+    gate_up, down = torch.zeros(8, 64, 64), torch.zeros(8, 64, 32)
+    km = _Recorder()
+    cases = [(x, logits, 9, gate_up), (x, logits, 0, gate_up),  # top_k
+             (x, logits[:, :4], 2, gate_up), (x, torch.zeros(3, 8), 2, gate_up),  # logits
+             (x, logits, 2, gate_up[:4]),  # experts other than the logits'
+             (torch.zeros(2, 62), logits, 2, gate_up)]  # H not a multiple of 16 bytes
+    for x_, logits_, top_k, gate_up_ in cases:
+        with pytest.raises(ops.Unsupported):
+            ops.moe_experts_routed(km, x_, logits_, top_k, True, gate_up_, down)
+    assert km.launches == []
