@@ -7,16 +7,16 @@
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
 other kernels only, or of none), late trigger (a gemv lets the next kernel launch after its
-K loop, not at its top), fuse (RMSNorm in the gemv prologue; off: its own kernel), min keys (keys per context
-split of the decode attention, at least), glu (the SwiGLU in the gate_up gemv's epilogue;
-off: its own kernel), moe early (moe_down issues its first weight loads before its PDL
-wait; not with moe route), moe route (the routing inside moe_gate_up, no moe_route launch:
-CupyBackend.moe_fused_route) and fold (which RMSNorm weights are folded into the next linears at load,
-kestrel_rt/fold.py, those norms then a row scale inside the kernels, CupyBackend.norm_row_scale:
-none, moe (a MoE layer's post-attention norm), all, producer (every norm folded, its rstd
-from the sums of squares the residual gemv before it writes), or speed (what `kestrel
-generate` does); a model per value). Prints tok/s (overlapped
-loop, bench/measure.py) and the median device time of a step for each combination;
+K loop, not at its top), fuse (RMSNorm in the gemv prologue; off: its own kernel), min keys
+(keys per context split of the decode attention, at least), glu (the SwiGLU in the gate_up
+gemv's epilogue; off: its own kernel), moe early (moe_down issues its first weight loads
+before its PDL wait), moe route (the routing inside moe_gate_up, no moe_route launch:
+CupyBackend.moe_fused_route) and fold (which RMSNorm weights are folded into the next
+linears at load, kestrel_rt/fold.py, those norms then a row scale inside the kernels,
+CupyBackend.norm_row_scale: none, moe (a MoE layer's post-attention norm), all, producer
+(every norm folded, its rstd from the sums of squares the residual gemv before it writes),
+or speed (what `kestrel generate` does); a model per value). Prints tok/s (overlapped loop,
+bench/measure.py) and the median device time of a step for each combination;
 --breakdown adds each model's per-kernel times with PDL off (with PDL the profiler's kernel
 times include the waits of kernels launched early).
 """

@@ -23,14 +23,14 @@ def fold_norms(shape: ModelShape, hf: dict, moe_only: bool = False) -> tuple[Mod
     """Fold in place (hf is returned); see the module docstring. moe_only: only the
     post-attention norms of MoE layers (into the router and the experts' gate/up)."""
     for i in range(shape.num_hidden_layers):
-        p = f"model.layers.{i}"
+        p, moe = f"model.layers.{i}", shape.is_moe_layer(i)
         post = f"{p}.post_attention_layernorm.weight"
-        if moe_only and not shape.is_moe_layer(i):
+        if moe_only and not moe:
             continue
         if not moe_only:
             _fold(hf, f"{p}.input_layernorm.weight",
                   [f"{p}.self_attn.{n}_proj.weight" for n in ("q", "k", "v")])
-        if not shape.is_moe_layer(i):
+        if not moe:
             _fold(hf, post, [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"])
         elif f"{p}.mlp.experts.gate_up_proj" in hf:  # fused in-memory form [E, 2I, H]
             _fold(hf, post, [f"{p}.mlp.gate.weight", f"{p}.mlp.experts.gate_up_proj"])

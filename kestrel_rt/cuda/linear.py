@@ -135,8 +135,8 @@ class Gemv:
         y [M, I] = silu(act(x) @ gate.T) * (act(x) @ up.T), no residual. rstd (bf16 kernel,
         plain x, with eps): y[m] scaled by rsqrt(mean(x[m]^2) + eps). ssq_out (plain x, with
         residual) float32 [M, ceil(N / 16)]: gets the sums of squares of the stored y per row
-        and 16-column tile (16 weight rows); ssq_in (plain x, no residual, eps) float32 [M, ceil(K / 16)]: such sums of x,
-        y[m] scaled by rsqrt(sum(ssq_in[m]) / K + eps)."""
+        and 16-column tile (16 weight rows); ssq_in (plain x, no residual, eps) float32
+        [M, ceil(K / 16)]: such sums of x, y[m] scaled by rsqrt(sum(ssq_in[m]) / K + eps)."""
         if norm is not None and swiglu:
             raise ValueError("a gemv prologue is an RMSNorm or a SwiGLU, not both")
         if rstd and (norm is not None or swiglu):

@@ -206,33 +206,48 @@ def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
     the raw residual stream and its RMSNorm (unit weight, this eps; the weight folded into
     gate_up: kestrel_rt/fold.py) is a row scale inside moe_gate_up. early: moe_down issues its
     first weight loads before its PDL wait, while moe_gate_up finishes (kernels/moe.cu)."""
-    tensors = (x, weights, gate_up, down) + (() if residual is None else (residual,))
-    _suffix(*tensors)
+    _suffix(x, weights, gate_up, down, *(() if residual is None else (residual,)))
+    top_k = weights.shape[1]
+    x, residual, act, out = _moe_buffers(x, gate_up, down, residual, top_k, out)
+    weights, experts = weights.contiguous(), experts.contiguous()
     N, H = x.shape
-    two_i = gate_up.shape[1]
-    inter, top_k = two_i // 2, weights.shape[1]
-    n = _vec(x.dtype)
-    if H % n or inter % n or not (gate_up.is_contiguous() and down.is_contiguous()):
-        raise Unsupported(f"hidden {H}, intermediate {inter}")
-    if residual is not None and tuple(residual.shape) != (N, H):
-        raise Unsupported(f"residual {tuple(residual.shape)}, expected {(N, H)}")
-    x, weights, experts = x.contiguous(), weights.contiguous(), experts.contiguous()
-    residual = None if residual is None else residual.contiguous()
-    if not _aligned(x, gate_up, down):
-        raise Unsupported("x, gate_up and down must be 16-byte aligned")
-    act = torch.empty((N, top_k, inter), dtype=x.dtype, device=x.device)  # [N, k, I]
-    out = _dest(out, x.shape, x.dtype, x.device)  # [N, H]
     if N == 0:
         return out
+    inter = act.shape[2]
     (gu_name, gu_grid, block), (down_name, down_grid, _) = moe_launches(x.dtype, N, H, inter,
                                                                         top_k)
     km.launch("moe", gu_name, gu_grid, block,
               (ptr(x), ptr(gate_up), ptr(experts), ptr(act), i32(top_k), i32(H), i32(inter),
                f32(-1.0 if row_eps is None else row_eps)))
     km.launch("moe", down_name, down_grid, block,
-              (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(residual), ptr(out),
-               i32(top_k), i32(H), i32(inter), i32(int(early))))
+              _moe_down_args(act, down, experts, weights, residual, out, early))
     return out
+
+
+def _moe_buffers(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                 residual: torch.Tensor | None, top_k: int, out: torch.Tensor | None):
+    """The checks moe.cu's expert kernels need (Unsupported otherwise) and their buffers:
+    (x, residual) contiguous, act [N, k, I] and out [N, H]."""
+    N, H = x.shape
+    inter = gate_up.shape[1] // 2
+    n = _vec(x.dtype)
+    if H % n or inter % n or not (gate_up.is_contiguous() and down.is_contiguous()):
+        raise Unsupported(f"hidden {H}, intermediate {inter}")
+    if residual is not None and tuple(residual.shape) != (N, H):
+        raise Unsupported(f"residual {tuple(residual.shape)}, expected {(N, H)}")
+    x = x.contiguous()
+    residual = None if residual is None else residual.contiguous()
+    if not _aligned(x, gate_up, down):
+        raise Unsupported("x, gate_up and down must be 16-byte aligned")
+    act = torch.empty((N, top_k, inter), dtype=x.dtype, device=x.device)  # [N, k, I]
+    return x, residual, act, _dest(out, x.shape, x.dtype, x.device)
+
+
+def _moe_down_args(act, down, experts, weights, residual, out, early: bool) -> tuple:
+    """moe_down's arguments (act [N, k, I], routing [N, k] each, out [N, H])."""
+    _, top_k, inter = act.shape
+    return (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(residual), ptr(out),
+            i32(top_k), i32(out.shape[1]), i32(inter), i32(int(early)))
 
 
 def moe_experts_routed(km: KernelModules, x: torch.Tensor, logits: torch.Tensor, top_k: int,
@@ -251,8 +266,7 @@ def moe_experts_routed(km: KernelModules, x: torch.Tensor, logits: torch.Tensor,
     early True: moe_down_route routes each token again from the logits before its wait (the
     router gemv wrote them two kernels back: safe, kernels/moe.cu) and issues its first
     weight loads there, as moe_experts(early=True) does."""
-    tensors = (x, logits, gate_up, down) + (() if residual is None else (residual,))
-    _suffix(*tensors)
+    _suffix(x, logits, gate_up, down, *(() if residual is None else (residual,)))
     N, H = x.shape
     E = logits.shape[-1]
     if (logits.dim() != 2 or logits.shape[0] != N or E > MAX_MOE_EXPERTS
@@ -260,24 +274,14 @@ def moe_experts_routed(km: KernelModules, x: torch.Tensor, logits: torch.Tensor,
         raise Unsupported(f"logits {tuple(logits.shape)} for {N} tokens, top {top_k}")
     if gate_up.shape[0] != E or down.shape[0] != E:
         raise Unsupported(f"{E} logits per token, experts {gate_up.shape[0]} / {down.shape[0]}")
-    two_i = gate_up.shape[1]
-    inter = two_i // 2
-    n = _vec(x.dtype)
-    if H % n or inter % n or not (gate_up.is_contiguous() and down.is_contiguous()):
-        raise Unsupported(f"hidden {H}, intermediate {inter}")
-    if residual is not None and tuple(residual.shape) != (N, H):
-        raise Unsupported(f"residual {tuple(residual.shape)}, expected {(N, H)}")
-    x, logits = x.contiguous(), logits.contiguous()
-    residual = None if residual is None else residual.contiguous()
-    if not _aligned(x, gate_up, down):
-        raise Unsupported("x, gate_up and down must be 16-byte aligned")
+    x, residual, act, out = _moe_buffers(x, gate_up, down, residual, top_k, out)
+    logits = logits.contiguous()
     routing = routing or (None, None)
     weights = _dest(routing[0], (N, top_k), x.dtype, x.device)  # [N, k]
     experts = _dest(routing[1], (N, top_k), torch.long, x.device)  # [N, k]
-    act = torch.empty((N, top_k, inter), dtype=x.dtype, device=x.device)  # [N, k, I]
-    out = _dest(out, x.shape, x.dtype, x.device)  # [N, H]
     if N == 0:
         return out
+    inter = act.shape[2]
     (gu_name, gu_grid, block), (down_name, down_grid, _) = moe_launches(
         x.dtype, N, H, inter, top_k, routed=True, down_routed=early)
     km.launch("moe", gu_name, gu_grid, block,
@@ -290,8 +294,7 @@ def moe_experts_routed(km: KernelModules, x: torch.Tensor, logits: torch.Tensor,
                    i32(top_k), i32(int(renorm)), i32(H), i32(inter), i32(1)))
     else:  # early 0: experts and weights come from gate_up, read after the wait
         km.launch("moe", down_name, down_grid, block,
-                  (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(residual), ptr(out),
-                   i32(top_k), i32(H), i32(inter), i32(0)))
+                  _moe_down_args(act, down, experts, weights, residual, out, False))
     return out
 
 

@@ -4,8 +4,8 @@
 
 cupy keys its kernel cache (~/.cupy/kernel_cache, or CUPY_CACHE_DIR) by source, options and
 architecture, so a module compiled here is loaded, not compiled, by every later process
-that asks for it with the same options: the GPU tests' xdist workers (tests/gpu/conftest.py
-calls `precompile()` before they start: else each of them compiles the same ~35 modules
+that asks for it with the same options: the GPU tests' xdist workers (tests/conftest.py
+calls `precompile(sweep=True)` before they start: else each of them compiles the same ~35 modules
 with NVRTC at once), a benchmark, a server's first request. Each job runs in a fresh
 ("spawn") process; a job that fails is reported, not raised: the process that needs the
 module compiles it itself and shows the real error. `--sweep` (SWEEP_PROS) adds the gemv
