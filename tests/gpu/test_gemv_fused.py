@@ -356,7 +356,10 @@ def test_rstd_with_swiglu_epilogue_and_through_fused(gemv, weights, m):
     y = gemv.bf16(x, w, out=_poisoned(m, n // 2), rstd=True, eps=EPS, glu=True)
     assert _rel_err(y, glu_ref(unit_norm(x), None, dense).double()) <= TOL
     got = gemv.fused(x.view(1, m, k), w, rstd=True, eps=EPS)
-    assert _rel_err(got.view(m, n), unit_norm(x).double() @ dense.T) <= TOL
+    if m > BF16_MAX_ROWS:  # more bf16 rows go to cuBLAS: fused declines, the caller composes
+        assert got is None
+    else:
+        assert _rel_err(got.view(m, n), unit_norm(x).double() @ dense.T) <= TOL
     q, _ = weights("int8", n, k)
     assert gemv.fused(x, q, rstd=True, eps=EPS) is None  # bf16 kernel only
 
