@@ -66,7 +66,7 @@ class Gemv:
 
     def __init__(self, device: torch.device | str = "cuda", sweep: bool = False,
                  tuned: Path | None = None, pdl: bool = False, late_trigger: bool = True,
-                 early_loads: bool = True) -> None:
+                 early_loads: bool = False) -> None:
         """sweep: compile every variant (for bench/gemv_bench.py --sweep), not just the
         tuned and default ones. pdl: launch the gemv kernels with programmatic dependent
         launch (kestrel_rt/cuda/pdl.py; they wait for the previous kernel before their first
