@@ -41,16 +41,16 @@ PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
 
 
 def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool, min_keys: int = 8,
-                 moe_early: bool = True, moe_route: bool = False, early: bool = False) -> None:
-    """pdl: a key of PDL_MODES; late, early: the gemvs' compile options (late trigger, early
-    weight loads; a new Gemv for the backend when they change)."""
+                 moe_early: bool = True, moe_route: bool = False) -> None:
+    """pdl: a key of PDL_MODES; late: the gemvs' compile option (a new Gemv for the backend
+    when it changes)."""
     from kestrel_rt.cuda.linear import Gemv
 
     be = model.backend
     small, gemv = PDL_MODES[pdl]
     opts = be.gemv().options
-    if ("-DGEMV_LATE_TRIGGER" in opts) != late or ("-DGEMV_EARLY_LOADS" in opts) != early:
-        be._gemv = Gemv(be.device, pdl=True, late_trigger=late, early_loads=early)
+    if ("-DGEMV_LATE_TRIGGER" in opts) != late:
+        be._gemv = Gemv(be.device, pdl=True, late_trigger=late)
     if (small and be.kernels.pdl is None) or (gemv and be.gemv()._pdl is None):
         raise RuntimeError("this backend was built without PDL")
     be.kernels.pdl_enabled = small
@@ -78,8 +78,6 @@ def main() -> None:
     ap.add_argument("--fold", default="speed", help="of speed,none,moe,all,producer")
     ap.add_argument("--moe-early", default="1")
     ap.add_argument("--moe-route", default="0")
-    ap.add_argument("--early-loads", default="0", help="bf16 / int8 gemvs' first weight loads "
-                    "before the PDL wait")
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
@@ -87,24 +85,23 @@ def main() -> None:
     grid = list(itertools.product(args.pdl.split(","), flags(args.late_trigger),
                                   flags(args.fuse), flags(args.glu),
                                   [int(v) for v in args.min_keys.split(",")],
-                                  flags(args.moe_early), flags(args.moe_route),
-                                  flags(args.early_loads)))
+                                  flags(args.moe_early), flags(args.moe_route)))
     for spec, fold in itertools.product(args.models.split(","), args.fold.split(",")):
         name, quant = spec.split(":")
         model = build(name, quant, fold=fold)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, late, fuse, glu, keys, early, route, wearly in grid:
-            set_features(model, pdl, late, fuse, glu, keys, early, route, wearly)
+        for pdl, late, fuse, glu, keys, early, route in grid:
+            set_features(model, pdl, late, fuse, glu, keys, early, route)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            rows.append((name, quant, fold, pdl, late, fuse, glu, keys, early, route, wearly,
+            rows.append((name, quant, fold, pdl, late, fuse, glu, keys, early, route,
                          r["tok_s"], r["ms"]))
             print(f"{name} {quant} fold={fold} pdl={pdl} late={late} fuse={fuse} "
-                  f"glu={glu} keys={keys} moe_early={early} moe_route={route} early_loads={wearly}: "
+                  f"glu={glu} keys={keys} moe_early={early} moe_route={route}: "
                   f"{r['tok_s']:.1f} tok/s, "
                   f"step {r['ms']:.3f} ms",
                   flush=True)
         if args.breakdown:
-            set_features(model, "none", True, False, True)  # PDL off: early loads moot
+            set_features(model, "none", True, False, True)
             breakdowns.append((f"{spec} fold={fold}", measure.kernel_breakdown(model, CONTEXT)))
         del model
         torch.cuda.empty_cache()
@@ -114,10 +111,10 @@ def main() -> None:
         for n, c, us in b["kernels"][:14]:
             print(f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |")
     print("\n| model | quant | fold | pdl | late trigger | fuse | glu | min keys | "
-          "moe early | moe route | early loads | tok/s | step ms |\n"
-          "| --- | --- | --- | --- | --- | --- | --- | ---: | --- | --- | --- | ---: | ---: |")
+          "moe early | moe route | tok/s | step ms |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | ---: | --- | --- | ---: | ---: |")
     for r in rows:
-        print("| " + " | ".join(str(v) for v in r[:11]) + f" | {r[11]:.1f} | {r[12]:.3f} |")
+        print("| " + " | ".join(str(v) for v in r[:10]) + f" | {r[10]:.1f} | {r[11]:.3f} |")
 
 
 if __name__ == "__main__":

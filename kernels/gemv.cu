@@ -28,14 +28,10 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
   float ss[MT] = {};  // RSTD: sums of squares of the activation rows' chunks this lane loads
   const int nsub = (kv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT][1];
-  if constexpr (GEMV_EARLY) load_weights<U, PF>(A, B, wa, wb, ks * U, t, kv);  // immutable
-  pdl_wait();  // PDL: nothing else is read before the previous kernel is done (see pdl.cuh)
+  pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
-  if constexpr (GEMV_EARLY)
-    load_acts<MT, U, 1>(X, xl, ks * U, t, kv);
-  else
-    load_stage<MT, U, 1, PF>(A, B, X, wa, wb, xl, ks * U, t, kv);
+  load_stage<MT, U, 1, PF>(A, B, X, wa, wb, xl, ks * U, t, kv);
   // RSTD_IN: the rows' sums of squares from ssq_in, while the first loads are in flight
   if constexpr (GEMV_RSTD_IN(PRO)) ssq_rows<KSPLIT * TPB>(ssq_in, part, M, (K + 15) >> 4);
   for (int s0 = ks * U; s0 < nsub; s0 += stride) {

@@ -31,14 +31,10 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
   float acc[2][2][MT][4] = {};  // [C_l, C_h][word parity: two mma chains each]
   const int nsub = (qv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT][2];
-  if constexpr (GEMV_EARLY) load_weights<U, PF>(A, B, qa, qb, ks * U, t, qv);  // immutable
-  pdl_wait();  // PDL: nothing else is read before the previous kernel is done (see pdl.cuh)
+  pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
-  if constexpr (GEMV_EARLY)
-    load_acts<MT, U, 2>(X, xl, ks * U, t, qv);
-  else
-    load_stage<MT, U, 2, PF>(A, B, X, qa, qb, xl, ks * U, t, qv);
+  load_stage<MT, U, 2, PF>(A, B, X, qa, qb, xl, ks * U, t, qv);
   // RSTD_IN: the rows' sums of squares from ssq_in, while the first loads are in flight
   if constexpr (GEMV_RSTD_IN(PRO)) ssq_rows<KSPLIT * TPB>(ssq_in, part, M, (K + 15) >> 4);
   for (int s0 = ks * U; s0 < nsub; s0 += stride) {

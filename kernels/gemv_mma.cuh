@@ -45,8 +45,7 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 }
 
 // Programmatic dependent launch (kernels/pdl.cuh): the dense kernels wait for the previous
-// kernel before their first load unless compiled with GEMV_EARLY (then the first stage's
-// weights go out before the wait: load_weights / load_acts). (Issuing the first weight loads before the wait cost 8-12
+// kernel before their first load. (Issuing the first weight loads before the wait cost 8-12
 // registers, a block per SM at the tuned bf16 geometries: ptxas, sm_90; L2 prefetches of them
 // measured slower on the H200: qwen3-8b bf16 4.675 vs 4.512 ms per step, int4 2.791 vs 2.520,
 // bench/results/ablation_fold_prefetch_h200.log. The int4 kernel does load its first stage
@@ -219,34 +218,6 @@ __device__ __forceinline__ void load_stage(uint4 (&A)[U], uint4 (&B)[U],
     const bool ok = v < nvec;
     A[u] = ok ? ld_stream<PF>(wa + v) : zero4();
     B[u] = ok ? ld_stream<PF>(wb + v) : zero4();
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int c = 0; c < XPER; ++c) X[u][j][c] = ok ? xl.load(j, XPER * v + c) : zero4();
-  }
-}
-
-// load_stage in two halves, for GEMV_EARLY (kernels/pdl.cuh): the weights, which may be read
-// before the PDL wait, then the activations after it.
-template <int U, bool PF>
-__device__ __forceinline__ void load_weights(uint4 (&A)[U], uint4 (&B)[U], const uint4* wa,
-                                             const uint4* wb, int s0, int t, int nvec) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int v = (s0 + u) * 4 + t;
-    const bool ok = v < nvec;
-    A[u] = ok ? ld_stream<PF>(wa + v) : zero4();
-    B[u] = ok ? ld_stream<PF>(wb + v) : zero4();
-  }
-}
-
-template <int MT, int U, int XPER, class XL>
-__device__ __forceinline__ void load_acts(uint4 (&X)[U][MT][XPER], const XL& xl, int s0, int t,
-                                          int nvec) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int v = (s0 + u) * 4 + t;
-    const bool ok = v < nvec;
 #pragma unroll
     for (int j = 0; j < MT; ++j)
 #pragma unroll

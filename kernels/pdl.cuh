@@ -31,12 +31,3 @@ __device__ __forceinline__ void pdl_wait() {
 #define GEMV_TRIGGER_TOP() pdl_trigger()
 #define GEMV_TRIGGER_END()
 #endif
-
-// Whether a dense gemv issues its first stage's weight loads (immutable) before its PDL wait,
-// compiled with -DGEMV_EARLY_LOADS: the weights stream while the previous kernel finishes;
-// the activations are loaded after the wait. (The int4 kernel always does.)
-#ifdef GEMV_EARLY_LOADS
-#define GEMV_EARLY true
-#else
-#define GEMV_EARLY false
-#endif

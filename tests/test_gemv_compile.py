@@ -53,9 +53,8 @@ def test_fused_declines_what_no_kernel_takes_on_the_cpu():
         gemv.fused(x, w, norm=torch.ones(256, dtype=torch.bfloat16), swiglu=True)
 
 
-# Gemv's compile options: the default (late trigger), the trigger at the top, early weight loads
-OPTIONS = {"late": ("-DGEMV_LATE_TRIGGER",), "top": (),
-           "early": ("-DGEMV_LATE_TRIGGER", "-DGEMV_EARLY_LOADS")}
+# Gemv's compile options: the default (late trigger) and the trigger at the top
+OPTIONS = {"late": ("-DGEMV_LATE_TRIGGER",), "top": ()}
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
