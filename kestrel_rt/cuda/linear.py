@@ -418,11 +418,10 @@ class GemvLinear:
 
     def prefetches(self, name: str, w) -> bool:
         """Whether weight `name`'s gemv asks L2 for all of it before its PDL wait: its last
-        name part is in the backend's `l2_prefetch` and it takes at most 3/4 of L2 (room
-        for the activations, the KV cache lines and the previous kernel's data)."""
+        name part is in the backend's `l2_prefetch` and it fits in L2."""
         parts = getattr(self, "l2_prefetch", ())
         return (name.rsplit(".", 1)[-1] in parts and self.gemv()._pdl is not None
-                and weight_bytes(w) <= 0.75 * self.gemv().l2_bytes)
+                and weight_bytes(w) <= self.gemv().l2_bytes)
 
     def gemv(self) -> Gemv:
         """This backend's Gemv, made on first use (PDL when the backend's `pdl` is set)."""
