@@ -28,7 +28,6 @@ __device__ __forceinline__ void gemv_bf16_body(const uint4* __restrict__ w,
   float ss[MT] = {};  // RSTD: sums of squares of the activation rows' chunks this lane loads
   const int nsub = (kv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT][1];
-  if constexpr (GEMV_PREFETCH(PRO)) prefetch_rows<KSPLIT>(wa, wb, ks, t, kv);
   pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);

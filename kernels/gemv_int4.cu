@@ -164,9 +164,6 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   constexpr u32 stride = KSPLIT * U;
   Int4Stage<U> cur, nxt;
   u32 grp = ks * U;
-  if constexpr (GEMV_PREFETCH(PRO))  // rows a, a + 1 of src.wrow vectors
-    prefetch_rows<KSPLIT>(q + (size_t)a * src.wrow, q + (size_t)(a + 1) * src.wrow, ks, t,
-                          (int)src.wrow);
   int4_load<U, PF>(cur, src, grp, groups);  // weights only: before the wait is allowed
   pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;

@@ -31,7 +31,6 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
   float acc[2][2][MT][4] = {};  // [C_l, C_h][word parity: two mma chains each]
   const int nsub = (qv + 3) >> 2, stride = KSPLIT * U;
   uint4 A[U], B[U], X[U][MT][2];
-  if constexpr (GEMV_PREFETCH(PRO)) prefetch_rows<KSPLIT>(qa, qb, ks, t, qv);
   pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);

@@ -162,15 +162,13 @@ __device__ __forceinline__ u32 swiglu2(u32 g, u32 u) {
 // [gate; up], 2I rows, and y = silu(x.gate) * (x.up) [M, I]), bit 4 (+16) the row-scale
 // RMSNorm (RSTD: below; bf16 kernel), bit 5 (+32) the sums of squares of the stored tile
 // (SSQ: store_tile, with the residual epilogue), bit 6 (+64) the row-scale RMSNorm from those
-// sums (RSTD_IN: ssq_rows, plain x), bit 7 (+128) the whole weight asked into L2 before the
-// PDL wait (PREFETCH: prefetch_rows). Helpers take the parts.
+// sums (RSTD_IN: ssq_rows, plain x). Helpers take the parts.
 #define GEMV_ACT(PRO) ((PRO) & 3)
 #define GEMV_RES(PRO) (((PRO) & 4) != 0)
 #define GEMV_GLU(PRO) (((PRO) & 8) != 0)
 #define GEMV_RSTD(PRO) (((PRO) & 16) != 0)
 #define GEMV_SSQ(PRO) (((PRO) & 32) != 0)
 #define GEMV_RSTD_IN(PRO) (((PRO) & 64) != 0)
-#define GEMV_PREFETCH(PRO) (((PRO) & 128) != 0)
 
 // The two weight rows thread (g, .) of tile `tile` streams (the mma's rows g and g + 8).
 // Plain: rows 16 tile + g and + 8 of W [N, K]. GLU: gate row i = 8 tile + g and its up row
@@ -224,20 +222,6 @@ __device__ __forceinline__ void load_stage(uint4 (&A)[U], uint4 (&B)[U],
     for (int j = 0; j < MT; ++j)
 #pragma unroll
       for (int c = 0; c < XPER; ++c) X[u][j][c] = ok ? xl.load(j, XPER * v + c) : zero4();
-  }
-}
-
-// PREFETCH: before its PDL wait, the kernel asks L2 for every 128-byte line of the two weight
-// rows each thread streams (rows ra, rb of nvec 16-byte vectors; the 4 * KSPLIT threads of a
-// row take its lines in turn), so a weight that fits in L2 streams from DRAM while the
-// previous kernel (decode attention, a latency-bound chain) runs, and the loads after the
-// wait hit L2. Weights are immutable: reading them before the wait is allowed.
-template <int KSPLIT>
-__device__ __forceinline__ void prefetch_rows(const uint4* wa, const uint4* wb, int ks, int t,
-                                              int nvec) {
-  for (int v = (ks * 4 + t) * 8; v < nvec; v += 32 * KSPLIT) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(wa + v));
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + v));
   }
 }
 

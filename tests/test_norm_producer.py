@@ -31,8 +31,8 @@ class FakeGemv:
         n = self.widths[w] // (2 if kw.get("glu") else 1)
         return torch.zeros(*x.shape[:-1], n, dtype=torch.bfloat16)
 
-    def linear(self, x, w, prefetch=False):  # the unfused path (after the rmsnorm kernel)
-        self.calls.append((w, {"prefetch": True} if prefetch else {}))
+    def linear(self, x, w):  # the unfused path (after the rmsnorm kernel)
+        self.calls.append((w, {}))
         return torch.zeros(*x.shape[:-1], self.widths[w], dtype=torch.bfloat16)
 
 

@@ -95,13 +95,8 @@ class CupyBackend(GemvLinear, TorchBackend):
         # moe_route inside moe_gate_up (ops.moe_experts_routed: one launch fewer per MoE
         # layer); with moe_early, moe_down routes again from the logits before its wait and
         # issues its early loads, without it reads moe_gate_up's routing after its wait.
-        # Kernel experts (moe.cu) only. Slower on the H200 (qwen3-30b-a3b bf16 3.121 vs 2.894
-        # ms per step, bench/results/ablation_producer_moe_route_h200.log): off
+        # Kernel experts (moe.cu) only; not measured yet: off
         self.moe_fused_route = False
-        # the gemvs of these weights (last name part) ask L2 for their whole weight before
-        # their PDL wait when it fits (GemvLinear.prefetches): "o" streams while decode
-        # attention runs. Not measured yet: off
-        self.l2_prefetch: tuple[str, ...] = ()
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
         # keys per context split of the decode attention kernel, at least (attn_ops.attention)
         self.decode_min_keys = attn_ops.DECODE_MIN_KEYS
@@ -274,9 +269,7 @@ class CupyBackend(GemvLinear, TorchBackend):
     def linear_add(self, x, name, residual):
         self._ssq_last = None
         ssq = self._ssq_buffer(residual)  # "producer": the output's sums of squares too
-        w = self.weight(name)
-        y = self.gemv().fused(x, w, residual=residual, ssq_out=ssq,
-                              prefetch=self.prefetches(name, w))
+        y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq)
         if y is None:
             return super().linear_add(x, name, residual)
         if ssq is not None:

@@ -33,9 +33,6 @@ RSTD = 16  # + the row-scale RMSNorm: y[m] = rstd(x[m]) * (x[m] . W), norm weigh
 # (with RESIDUAL): what a later RSTD_IN kernel reads instead of squaring x itself
 SSQ = 32
 RSTD_IN = 64  # + RSTD's row scale with rstd from ssq_in [M, ceil(K / 16)] (an SSQ kernel's)
-# + the whole weight asked into L2 before the PDL wait (gemv_mma.cuh prefetch_rows): for a
-# gemv after a latency-bound kernel (the o projection after decode attention)
-PREFETCH = 128
 EXPERT_PROS = (PLAIN, SWIGLU)  # the expert-indexed kernels take no RMSNorm, no residual
 # The PROs the runtime and the tests compile: every prologue with and without the residual,
 # the SwiGLU epilogue (plain or after the RMSNorm prologue), and for the bf16 kernel the
@@ -47,13 +44,11 @@ BF16_PROS = (RSTD, RSTD | GLU)
 # gemv writing its sums of squares, the next gemv reading them (alone or with the SwiGLU
 # epilogue). CupyBackend.norm_row_scale "producer".
 SSQ_PROS = (RESIDUAL | SSQ, RSTD_IN, RSTD_IN | GLU)
-# The L2 prefetch (CupyBackend.l2_prefetch): the o projection (residual), qkv (plain x)
-PREFETCH_PROS = (PREFETCH, RESIDUAL | PREFETCH)
 
 
 def pros_of(file: str) -> tuple[int, ...]:
     """The PROs compiled for kernels/FILE.cu (see DENSE_PROS)."""
-    return DENSE_PROS + SSQ_PROS + PREFETCH_PROS + (BF16_PROS if file == "gemv" else ())
+    return DENSE_PROS + SSQ_PROS + (BF16_PROS if file == "gemv" else ())
 # A launch variant: (KSPLIT warps splitting K per tile, TPB tiles per block, U sub-steps per
 # loop iteration, PF L2 prefetch hint); blockDim = 32 * KSPLIT * TPB.
 GEOMETRIES = ((1, 8), (2, 4), (4, 2), (8, 1), (16, 1))

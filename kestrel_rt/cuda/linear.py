@@ -37,7 +37,6 @@ from kestrel_rt.cuda.gemv_variants import (
     GLU,
     KERNELS,
     MAX_ROWS,
-    PREFETCH,
     PLAIN,
     RESIDUAL,
     RMSNORM,
@@ -80,9 +79,7 @@ class Gemv:
         self._cupy = cupy
         device = torch.device(device)
         self.device_index = device.index if device.index is not None else torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(self.device_index)
-        self.sms = props.multi_processor_count
-        self.l2_bytes = props.L2_cache_size
+        self.sms = torch.cuda.get_device_properties(self.device_index).multi_processor_count
         self._modules: dict[tuple[str, int], object] = {}
         self._streams: dict[int, object] = {}
         self.tuned = load_tuned(tuned or TUNED_FILE)
@@ -131,8 +128,8 @@ class Gemv:
 
     def _launch(self, file: str, x: torch.Tensor, w, out, geom, norm, eps, residual,
                 swiglu: bool, glu: bool = False, rstd: bool = False,
-                ssq_out: torch.Tensor | None = None, ssq_in: torch.Tensor | None = None,
-                prefetch: bool = False) -> torch.Tensor:
+                ssq_out: torch.Tensor | None = None, ssq_in: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """y [M, N] = residual + act(x) @ W.T through kernels/FILE.cu; x [M, K] ([M, 2K] with
         swiglu), the weight's arguments from _weight_args. glu: W is [gate; up] (N = 2I) and
         y [M, I] = silu(act(x) @ gate.T) * (act(x) @ up.T), no residual. rstd (bf16 kernel,
@@ -164,7 +161,6 @@ class Gemv:
         pro |= RSTD if rstd else 0
         pro |= SSQ if ssq_out is not None else 0
         pro |= RSTD_IN if ssq_in is not None else 0
-        pro |= PREFETCH if prefetch else 0
         mt = 1 if m <= 8 else 2
         variant = self.variant(file, n, k, mt)
         if geom is not None:  # (ks, tpb) or a full (ks, tpb, u, pf)
@@ -185,28 +181,28 @@ class Gemv:
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
              glu: bool = False, rstd: bool = False, ssq_out: torch.Tensor | None = None,
-             ssq_in: torch.Tensor | None = None, prefetch: bool = False) -> torch.Tensor:
+             ssq_in: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] @ w[N, K].T -> [M, N] bf16, M <= 16, K % 8 == 0."""
         return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu, glu, rstd,
-                            ssq_out, ssq_in, prefetch)
+                            ssq_out, ssq_in)
 
     def int8(self, x: torch.Tensor, w: Int8Weight, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
              glu: bool = False, ssq_out: torch.Tensor | None = None,
-             ssq_in: torch.Tensor | None = None, prefetch: bool = False) -> torch.Tensor:
+             ssq_in: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] @ (q * scales).T -> [M, N] bf16, M <= 16, K % 16 == 0."""
         return self._launch("gemv_int8", x, w, out, geom, norm, eps, residual, swiglu, glu,
-                            False, ssq_out, ssq_in, prefetch)
+                            False, ssq_out, ssq_in)
 
     def int4(self, x: torch.Tensor, w: Int4Weight, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
              glu: bool = False, ssq_out: torch.Tensor | None = None,
-             ssq_in: torch.Tensor | None = None, prefetch: bool = False) -> torch.Tensor:
+             ssq_in: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] @ dequant(w).T -> [M, N] bf16, M <= 16, int4_fits(N, K)."""
         return self._launch("gemv_int4", x, w, out, geom, norm, eps, residual, swiglu, glu,
-                            False, ssq_out, ssq_in, prefetch)
+                            False, ssq_out, ssq_in)
 
     def dequantize(self, w: Int8Weight | Int4Weight) -> torch.Tensor:
         """The bf16 [N, K] weight of a quantized one, in one pass on the GPU (for prefill,
@@ -264,8 +260,7 @@ class Gemv:
     def fused(self, x: torch.Tensor, w, *, norm: torch.Tensor | None = None, eps: float = 0.0,
               swiglu: bool = False, residual: torch.Tensor | None = None,
               glu: bool = False, rstd: bool = False, ssq_out: torch.Tensor | None = None,
-              ssq_in: torch.Tensor | None = None, prefetch: bool = False
-              ) -> torch.Tensor | None:
+              ssq_in: torch.Tensor | None = None) -> torch.Tensor | None:
         """residual + act(x) @ W.T -> [..., N] bf16 in one kernel launch, or None when no
         kernel takes these inputs (rows, dtypes, alignment, K: see supports), so the caller
         composes the unfused ops.
@@ -282,9 +277,7 @@ class Gemv:
         results y[m, 16p:16p+16]. ssq_in float32 [M, ceil(K / 16)] (plain x, no residual, with
         eps; glu allowed): such sums of x's rows (an ssq_out of the kernel that wrote x), and
         act = RMSNorm(x) with a unit weight as a row scale, rstd[m] = rsqrt(sum(ssq_in[m]) /
-        K + eps): the caller vouches that ssq_in describes x. prefetch: the kernel asks L2 for
-        the whole weight before its PDL wait (gemv_variants.PREFETCH). Wrong shapes raise
-        ValueError.
+        K + eps): the caller vouches that ssq_in describes x. Wrong shapes raise ValueError.
         """
         if norm is not None and swiglu:
             raise ValueError("fused takes an RMSNorm (norm) or a SwiGLU (swiglu), not both")
@@ -305,7 +298,7 @@ class Gemv:
                 return None
             res2 = residual.reshape(-1, n)  # [M, N]
         kw = {"norm": norm, "eps": eps, "swiglu": swiglu, "residual": res2, "glu": glu,
-              "ssq_out": ssq_out, "ssq_in": ssq_in, "prefetch": prefetch}
+              "ssq_out": ssq_out, "ssq_in": ssq_in}
         if isinstance(w, Int8Weight):
             y = self.int8(x2, w, **kw)
         elif isinstance(w, Int4Weight):
@@ -314,29 +307,23 @@ class Gemv:
             y = self.bf16(x2, w, rstd=rstd, **kw)
         return y.reshape(*lead, y.shape[-1])
 
-    def linear(self, x: torch.Tensor, w, prefetch: bool = False) -> torch.Tensor:
-        """x [..., in] @ W.T -> [..., out]: kernel for <= 16 rows, else cuBLAS (prefetch:
-        see fused)."""
+    def linear(self, x: torch.Tensor, w) -> torch.Tensor:
+        """x [..., in] @ W.T -> [..., out]: kernel for <= 16 rows, else cuBLAS."""
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)  # [M, K]
         if self.supports(x2, w):
             if isinstance(w, Int8Weight):
-                y = self.int8(x2, w, prefetch=prefetch)
+                y = self.int8(x2, w)
             elif isinstance(w, Int4Weight):
-                y = self.int4(x2, w, prefetch=prefetch)
+                y = self.int4(x2, w)
             else:
-                y = self.bf16(x2, w, prefetch=prefetch)
+                y = self.bf16(x2, w)
             return y.reshape(*lead, w.shape[0])
         if isinstance(w, QuantizedWeight):
             if x.dtype == torch.bfloat16 and self.can_dequantize(w):
                 return F.linear(x, self.dequantize(w))
             return F.linear(x, w.dequantize(x.dtype))
         return F.linear(x, w)
-
-
-def weight_bytes(w) -> int:
-    """Bytes a gemv streams for weight w (a QuantizedWeight's own count, with scales)."""
-    return w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * w.element_size()
 
 
 def kernel_reads(w, n: int, k: int) -> bool:
@@ -413,15 +400,7 @@ class GemvLinear:
     """
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        w = self.weight(name)
-        return self.gemv().linear(x, w, prefetch=self.prefetches(name, w))
-
-    def prefetches(self, name: str, w) -> bool:
-        """Whether weight `name`'s gemv asks L2 for all of it before its PDL wait: its last
-        name part is in the backend's `l2_prefetch` and it fits in L2."""
-        parts = getattr(self, "l2_prefetch", ())
-        return (name.rsplit(".", 1)[-1] in parts and self.gemv()._pdl is not None
-                and weight_bytes(w) <= self.gemv().l2_bytes)
+        return self.gemv().linear(x, self.weight(name))
 
     def gemv(self) -> Gemv:
         """This backend's Gemv, made on first use (PDL when the backend's `pdl` is set)."""

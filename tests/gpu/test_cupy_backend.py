@@ -262,38 +262,3 @@ def test_moe_fused_route_gives_the_same_logits(variant, early, monkeypatch):
     assert len(got) == len(ref)
     for g, r in zip(got, ref):
         assert torch.equal(g, r)
-
-
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-def test_l2_prefetch_gives_the_same_logits(graphs, monkeypatch):
-    """CupyBackend.l2_prefetch ("o", "qkv": those gemvs ask L2 for their whole weight before
-    their PDL wait): the same logits as without, bit for bit, and the gemvs of exactly those
-    weights take it."""
-    from kestrel_rt.cuda.graphs import GraphModel
-    from kestrel_rt.cuda.linear import Gemv
-
-    asked: list[bool] = []
-    fused, linear = Gemv.fused, Gemv.linear
-    monkeypatch.setattr(Gemv, "fused", lambda self, x, w, **kw: (
-        asked.append(kw.get("prefetch", False)), fused(self, x, w, **kw))[1])
-    monkeypatch.setattr(Gemv, "linear", lambda self, x, w, prefetch=False: (
-        asked.append(prefetch), linear(self, x, w, prefetch))[1])
-
-    def run(parts: tuple[str, ...]):
-        be = CupyBackend("cuda", torch.bfloat16)
-        be.l2_prefetch = parts
-        shape, w = gm.weights("wide")
-        model = (GraphModel if graphs else Qwen3Model)(shape, w, be)
-        model.allocate_kv(4, 128)
-        return be, gm.run_script(model, LENGTHS, 6)
-
-    _, ref = run(())
-    assert not any(asked)
-    asked.clear()
-    be, got = run(("o", "qkv"))
-    assert be.prefetches("layers.0.o", be.weight("layers.0.o"))
-    assert not be.prefetches("layers.0.down", be.weight("layers.0.down"))
-    assert any(asked) and not all(asked)  # o and qkv do, gate_up / down / lm_head do not
-    assert len(got) == len(ref)
-    for g, r in zip(got, ref):
-        assert torch.equal(g, r)
