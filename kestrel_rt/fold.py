@@ -47,13 +47,20 @@ def fold_norms(shape: ModelShape, hf: dict, moe_only: bool = False) -> tuple[Mod
     return shape, hf
 
 
+# Float dense models up to this hidden size have their norms folded by fold_for_speed: measured
+# faster at qwen3-0.6b (1024), slower at qwen3-8b (4096); the sizes between are unmeasured.
+FOLD_DENSE_HIDDEN = 1024
+
+
 def fold_for_speed(shape: ModelShape, hf: dict, quant: str | None) -> tuple[ModelShape, dict]:
-    """What the cupy backend runs fastest (its norms then row scales: CupyBackend.norm_row_scale):
-    a float MoE model with every norm folded (H200, qwen3-30b-a3b bf16 2.883 ms per step
-    against 3.101 unfolded: bench/results/NOTES_decode.md); other models as they are (folding
-    made qwen3-8b bf16 and int4 slower: the row scale costs the dense gemvs more than the
-    rmsnorm launch it saves)."""
-    if quant is None and any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers)):
+    """What the cupy backend runs fastest (its norms then row scales: CupyBackend.norm_row_scale),
+    on the H200 (bench/results/NOTES_decode.md): a float MoE model with every norm folded
+    (qwen3-30b-a3b bf16 2.883 ms per step against 3.101 unfolded), a float dense model of
+    hidden size <= FOLD_DENSE_HIDDEN too (qwen3-0.6b bf16 0.787 against 0.837 ms); other models
+    as they are (folding made qwen3-8b bf16 and int4 slower: the row scale costs their larger
+    gemvs more than the rmsnorm launch it saves)."""
+    moe = any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers))
+    if quant is None and (moe or shape.hidden_size <= FOLD_DENSE_HIDDEN):
         return fold_norms(shape, hf)
     return shape, hf
 

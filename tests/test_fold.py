@@ -8,7 +8,7 @@ import tiny_models as tm
 import torch
 
 from kestrel_rt.backend.torch_backend import TorchBackend
-from kestrel_rt.fold import fold_for_speed, fold_norms
+from kestrel_rt.fold import FOLD_DENSE_HIDDEN, fold_for_speed, fold_norms
 from kestrel_rt.model import Qwen3Model
 from kestrel_sim.errors import KestrelError
 
@@ -45,7 +45,7 @@ def test_folded_model_gives_the_same_logits(name):
 def test_moe_only_folds_the_moe_post_norms(name):
     """moe_only: the same logits, the post-attention norms of MoE layers unit and every other
     norm (and a tied lm_head) as it was. fold_for_speed folds every norm of a float MoE model
-    and nothing else."""
+    or a small float dense one (these tiny ones are small) and nothing else."""
     ref = tm.in_memory(name)
     shape, hf = tm.shape_of(ref.config), tm.weights_of(ref)
     tokens = torch.tensor([[3, 17, 5, 60, 2, 9]])
@@ -59,11 +59,14 @@ def test_moe_only_folds_the_moe_post_norms(name):
         if n.endswith("norm.weight") or moe_post:
             assert torch.equal(t, torch.ones_like(t)) if moe_post else torch.equal(t, hf[n]), n
     _, fast = fold_for_speed(shape, {k: v.clone() for k, v in hf.items()}, None)
-    moe = any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers))
     _, every = fold_norms(shape, {k: v.clone() for k, v in hf.items()})
-    assert all(torch.equal(fast[n], (every if moe else hf)[n]) for n in hf)
+    assert all(torch.equal(fast[n], every[n]) for n in hf)
     _, kept = fold_for_speed(shape, {k: v.clone() for k, v in hf.items()}, "int8")
     assert all(torch.equal(kept[n], hf[n]) for n in hf)
+    big = shape.model_copy(update={"hidden_size": 2 * FOLD_DENSE_HIDDEN})  # (only a label)
+    moe = any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers))
+    _, large = fold_for_speed(big, {k: v.clone() for k, v in hf.items()}, None)
+    assert all(torch.equal(large[n], (every if moe else hf)[n]) for n in hf)
 
 
 def test_fold_refuses_quantized_or_missing_weights():

@@ -74,9 +74,11 @@ class CupyBackend(GemvLinear, TorchBackend):
         # rmsnorm launch: "all" (before qkv, gate_up, the router and moe_gate_up, lm_head),
         # "moe" (only a MoE layer's post-attention norm), "producer" or "none". H200,
         # bench/ablation.py: qwen3-30b-a3b bf16 with every norm folded 2.883 ms per step, with
-        # the MoE norms folded 2.975, none 3.101; a dense model gains nothing (qwen3-8b bf16
-        # every norm folded 4.578 vs 4.512 ms), so fold_for_speed folds MoE models only.
-        # "producer" (not measured yet): linear_add's gemv also writes the sums of squares of
+        # the MoE norms folded 2.975, none 3.101; qwen3-0.6b bf16 0.787 vs 0.837, but qwen3-8b
+        # bf16 4.578 vs 4.512 ms (slower), so fold_for_speed folds MoE and small dense models.
+        # "producer" (slower on the H200: qwen3-8b bf16 4.569, int4 2.416, qwen3-0.6b 0.799 ms
+        # against 4.574, 2.340, 0.789 with "all", bench/results/
+        # ablation_producer_moe_route_h200.log): linear_add's gemv also writes the sums of squares of
         # its output per 16-column tile (ssq_out) and the norm_linear / norm_linear_swiglu
         # right after it takes its rstd from them (ssq_in: no squares of x in that gemv); a
         # unit norm without such a producer (layer 0's input norm, the final norm after a
