@@ -17,8 +17,9 @@ CupyBackend.norm_row_scale: none, moe (a MoE layer's post-attention norm), all, 
 (every norm folded, its rstd from the sums of squares the residual gemv before it writes),
 or speed (what `kestrel generate` does); a model per value). Prints tok/s (overlapped loop,
 bench/measure.py) and the median device time of a step for each combination;
---breakdown adds each model's per-kernel times with PDL off (with PDL the profiler's kernel
-times include the waits of kernels launched early).
+--breakdown adds each model's per-kernel times with PDL on and off, and what each kernel adds
+to the step (bench/measure.py frontier: with PDL a kernel's own duration includes its wait
+for the previous one).
 """
 
 from __future__ import annotations
@@ -100,16 +101,16 @@ def main() -> None:
                   f"{r['tok_s']:.1f} tok/s, "
                   f"step {r['ms']:.3f} ms",
                   flush=True)
-        if args.breakdown:
-            set_features(model, "none", True, False, True)
-            breakdowns.append((f"{spec} fold={fold}", measure.kernel_breakdown(model, CONTEXT)))
+        if args.breakdown:  # this build's defaults, with PDL on and off
+            for pdl in ("all", "none"):
+                set_features(model, pdl, True, False, True)
+                breakdowns.append((f"{spec} fold={fold}, PDL {'off' if pdl == 'none' else 'on'}",
+                                   measure.kernel_breakdown(model, CONTEXT)))
         del model
         torch.cuda.empty_cache()
     for spec, b in breakdowns:
-        print(f"\n{spec}, PDL off: step {b['step_ms']:.3f} ms, kernels busy {b['busy_ms']:.3f} ms")
-        print("| kernel | launches / step | us / step | us each |\n| --- | ---: | ---: | ---: |")
-        for n, c, us in b["kernels"][:14]:
-            print(f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |")
+        print(f"\n{spec}: step {b['step_ms']:.3f} ms, kernels busy {b['busy_ms']:.3f} ms")
+        print("\n".join(measure.breakdown_table(b)))
     print("\n| model | quant | fold | pdl | late trigger | fuse | glu | min keys | "
           "moe early | moe route | tok/s | step ms |\n"
           "| --- | --- | --- | --- | --- | --- | --- | ---: | --- | --- | ---: | ---: |")

@@ -293,9 +293,8 @@ def render(meta: dict) -> str:
     for b in meta.get("breakdowns", []):
         lines += ["", (f"Where a batch-1 decode step of {b['model']} {b['quant']} goes: "
                   f"{b['step_ms']:.3f} ms per step, kernels busy {b['busy_ms']:.3f} ms "
-                  f"({sum(k[1] for k in b['kernels']):.0f} launches); top kernels:"), "",
-                  "| kernel | launches / step | us / step |", "| --- | ---: | ---: |"]
-        lines += [f"| `{k[0]}` | {k[1]:.0f} | {k[2]:.1f} |" for k in b["kernels"][:12]]
+                  f"({sum(k[1] for k in b['kernels']):.0f} launches); top kernels:"), ""]
+        lines += measure.breakdown_table(b, 12)
     if meta["errors"]:
         lines += ["", "Failed sections:", *[f"- {e}" for e in meta["errors"]]]
     return "\n".join(lines) + "\n"

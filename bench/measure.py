@@ -290,6 +290,7 @@ def kernel_breakdown(model, context: int, steps: int = 5) -> dict:
     finally:
         kv.free(slot)
     totals: dict[str, list[float]] = {}
+    spans = []  # (name, start us, end us) of every device event
     for ev in prof.events():
         if ev.device_type.name != "CUDA":
             continue
@@ -297,7 +298,46 @@ def kernel_breakdown(model, context: int, steps: int = 5) -> dict:
         t = totals.setdefault(name, [0, 0.0])
         t[0] += 1
         t[1] += ev.device_time
+        spans.append((name, ev.time_range.start, ev.time_range.end))
     kernels = sorted(((n, c / steps, us / steps) for n, (c, us) in totals.items()),
                      key=lambda r: -r[2])
+    advance, idle = frontier(spans)
     return {"step_ms": step_s * 1e3, "kernels": kernels,
-            "busy_ms": sum(r[2] for r in kernels) / 1e3}
+            "busy_ms": sum(r[2] for r in kernels) / 1e3,
+            "advance": sorted(((n, us / steps) for n, us in advance.items()), key=lambda r: -r[1]),
+            "idle_us": idle / steps}
+
+
+def breakdown_table(b: dict, top: int = 14) -> list[str]:
+    """Markdown lines of a kernel_breakdown: per kernel its launches, its summed duration and
+    what it adds to the step (frontier; with PDL the durations include early waits)."""
+    if "advance" not in b:  # (a breakdown measured before the frontier existed)
+        return ["| kernel | launches / step | us / step | us each |", "| --- | ---: | ---: | ---: |",
+                *[f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |" for n, c, us in b["kernels"][:top]]]
+    adds = dict(b["advance"])
+    lines = ["| kernel | launches / step | us / step | us each | adds us / step |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} | {adds.get(n, 0.0):.1f} |"
+              for n, c, us in b["kernels"][:top]]
+    lines.append(f"| (nothing running) | | | | {b['idle_us']:.1f} |")
+    return lines
+
+
+def frontier(spans) -> tuple[dict[str, float], float]:
+    """What each kernel adds to the device's timeline when kernels overlap (PDL): events
+    (name, start, end) in start order push the completion frontier (the latest end so far);
+    a kernel's share is how far its end moves it, the idle time is where nothing runs. The
+    shares and the idle time add up to the span from the first start to the last end, so
+    they say what a kernel costs the step rather than how long it was resident (with PDL a
+    kernel launched early waits inside its own duration). Returns ({name: share}, idle)."""
+    shares: dict[str, float] = {}
+    idle, front = 0.0, None
+    for name, start, end in sorted(spans, key=lambda r: (r[1], r[2])):
+        if front is None:
+            front = start
+        if start > front:
+            idle += start - front
+            front = start
+        shares[name] = shares.get(name, 0.0) + max(0.0, end - front)
+        front = max(front, end)
+    return shares, idle
