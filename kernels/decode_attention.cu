@@ -95,7 +95,7 @@ __device__ __forceinline__ void rope_prologue(
 // [max_pos, D] (16-byte aligned). A prologue (rope_prologue) spreads the block's q rows and
 // the new keys it reads over its warps; each is normalised and rotated once, into shared
 // memory, and each new key is written into the cache by the one block that reads it.
-template <typename T, int DL, int RB, bool ROPE>
+template <typename T, int DL, int RB, bool ROPE, bool FLAT>
 __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __restrict__ k_cache,
                                  T* __restrict__ v_cache, const long long* __restrict__ slots,
                                  const long long* __restrict__ positions,
@@ -289,13 +289,20 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
       part_ml[slot * 2 + 1] = den;
     }
   }
-  if (last_to_arrive(tickets + blockIdx.x, active))
-    merge_rows<T>(part_acc, part_ml, out, b, kvh, 0, rows, m_tokens, hq, hkv, D, splits, active);
+  if (last_to_arrive(tickets + blockIdx.x, active)) {
+    if constexpr (FLAT)
+      merge_rows_flat<T>(part_acc, part_ml, out, b, kvh, 0, rows, m_tokens, hq, hkv, D, splits,
+                         active);
+    else
+      merge_rows<T>(part_acc, part_ml, out, b, kvh, 0, rows, m_tokens, hq, hkv, D, splits,
+                    active);
+  }
 }
 
-// One entry point per (dtype, D / 32, RB), without and with the fused norm + RoPE; same
-// arguments (the norm ones are ignored without it).
-#define DECODE_ENTRY(NAME, T, DL, RB, ROPE)                                                    \
+// One entry point per (dtype, D / 32, RB), without and with the fused norm + RoPE, and each
+// again with common.cuh's merge_rows_flat instead of merge_rows (attn_decode[_rope]_flat_*);
+// same arguments (the norm ones are ignored without the RoPE).
+#define DECODE_ENTRY(NAME, T, DL, RB, ROPE, FLAT)                                              \
   extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS) NAME(                        \
       const T* q, long long q_st, T* k_cache, T* v_cache, const long long* slots,              \
       const long long* positions, long long stride_slot, long long stride_pos,                 \
@@ -304,15 +311,18 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
       const T* q_norm, const T* k_norm, const T* cos_t, const T* sin_t, float eps,            \
       int min_keys) {                                                                          \
     pdl_trigger();                                                                             \
-    attn_decode_impl<T, DL, RB, ROPE>(q, q_st, k_cache, v_cache, slots, positions,             \
-                                      stride_slot, stride_pos, part_acc, part_ml, out,         \
-                                      tickets, m_tokens, hq, hkv, scale, k_new, k_st, v_new,   \
-                                      v_st, q_norm, k_norm, cos_t, sin_t, eps, min_keys);      \
+    attn_decode_impl<T, DL, RB, ROPE, FLAT>(q, q_st, k_cache, v_cache, slots, positions,       \
+                                            stride_slot, stride_pos, part_acc, part_ml, out,   \
+                                            tickets, m_tokens, hq, hkv, scale, k_new, k_st,    \
+                                            v_new, v_st, q_norm, k_norm, cos_t, sin_t, eps,    \
+                                            min_keys);                                         \
   }
 
 #define DECODE_PAIR(SUFFIX, T, DL, RB)                                                         \
-  DECODE_ENTRY(attn_decode_##SUFFIX##_d##DL##_r##RB, T, DL, RB, false)                         \
-  DECODE_ENTRY(attn_decode_rope_##SUFFIX##_d##DL##_r##RB, T, DL, RB, true)
+  DECODE_ENTRY(attn_decode_##SUFFIX##_d##DL##_r##RB, T, DL, RB, false, false)                  \
+  DECODE_ENTRY(attn_decode_rope_##SUFFIX##_d##DL##_r##RB, T, DL, RB, true, false)              \
+  DECODE_ENTRY(attn_decode_flat_##SUFFIX##_d##DL##_r##RB, T, DL, RB, false, true)              \
+  DECODE_ENTRY(attn_decode_rope_flat_##SUFFIX##_d##DL##_r##RB, T, DL, RB, true, true)
 
 #define DECODE_ENTRIES(SUFFIX, T)                                                              \
   DECODE_PAIR(SUFFIX, T, 2, 2) DECODE_PAIR(SUFFIX, T, 2, 4) DECODE_PAIR(SUFFIX, T, 2, 8)       \

@@ -107,7 +107,7 @@ def nan_partials(monkeypatch):
     ([2], 1, 32, 8, 128, 4096),            # short context, large cache: one split holds keys
     ([0, 40, 9], 9, 32, 4, 128, 4096),     # the same on attn_partial, 3 row groups
 ])
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [False, True, "flat"])  # flat: fused, merge_rows_flat
 def test_decode_attention(km, sms, nan_partials, dtype, lengths, M, Hq, Hkv, D, max_len, fused):
     B = len(lengths)
     slots = list(range(B))[::-1]  # sequence b lives in slot B-1-b; slot B stays unused
@@ -116,11 +116,12 @@ def test_decode_attention(km, sms, nan_partials, dtype, lengths, M, Hq, Hkv, D, 
     q, k, v = _qkv(B, M, Hq, Hkv, D, dtype)
     out = poisoned(B, M, Hq, D, dtype=dtype)
     if fused:  # the attention op: the decode kernel writes the cache itself where it can
+        flat = fused == "flat"
         attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
-                            out=out)
+                            out=out, flat_merge=flat)
         again = poisoned(B, M, Hq, D, dtype=dtype)
         attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
-                            out=again)
+                            out=again, flat_merge=flat)
         assert torch.equal(again, out)  # deterministic, and rewriting the cache is harmless
     else:  # q a strided view: the warp kernel reads it in place, attn_partial copies it
         attention.kv_write(km, k, v, kv.k[0], kv.v[0], step.slots, step.positions)
@@ -146,7 +147,8 @@ def _cached(kv, positions, slots):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M,Hq,Hkv", [(1, 32, 8), (2, 32, 8), (9, 32, 4)])  # last: attn_partial
 @pytest.mark.parametrize("graph", [False, True])
-def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph):
+@pytest.mark.parametrize("flat", [False, True], ids=["merge", "flat_merge"])
+def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph, flat):
     """The same attention op again and again with other lengths, eagerly or as replays of one
     captured graph (inputs changed in place): each launch leaves the merge's tickets at zero
     for the next."""
@@ -161,7 +163,7 @@ def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph):
 
     def call():
         attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
-                            out=out)
+                            out=out, flat_merge=flat)
 
     if graph:
         side = torch.cuda.Stream()
@@ -255,6 +257,15 @@ def test_rope_attention(km, sms, dtype, D, case):
     again = attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[0], kv.v[0],
                                      step.slots, step.positions, EPS, sms)
     assert torch.equal(again, out)  # deterministic, and rewriting the cache is harmless
+
+    # merge_rows_flat: the same attention to rounding; fused and composed agree bit for bit
+    flat = attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[0], kv.v[0],
+                                    step.slots, step.positions, EPS, sms,
+                                    out=poisoned(B, M, Hq, D, dtype=dtype), flat_merge=True)
+    check(flat, ref, dtype)
+    composed = attention.attention(km, qn, kn, v, kv2.k[0], kv2.v[0], step.slots,
+                                   step.positions, sms, flat_merge=True)
+    assert torch.equal(flat, composed)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
