@@ -12,8 +12,9 @@ K loop, not at its top), fuse (RMSNorm in the gemv prologue; off: its own kernel
 gemv's epilogue; off: its own kernel), moe early (moe_down issues its first weight loads
 before its PDL wait), moe route (the routing inside moe_gate_up, no moe_route launch:
 CupyBackend.moe_fused_route), flat merge (the decode attention's last split block merges
-with merge_rows_flat: CupyBackend.decode_flat_merge) and fold (which RMSNorm weights are folded into the next
-linears at load, kestrel_rt/fold.py, those norms then a row scale inside the kernels,
+with merge_rows_flat: CupyBackend.decode_flat_merge) and fold (which RMSNorm weights are
+folded into the next linears at load, kestrel_rt/fold.py, those norms then a row scale inside
+the kernels,
 CupyBackend.norm_row_scale: none, moe (a MoE layer's post-attention norm), all, producer
 (every norm folded, its rstd from the sums of squares the residual gemv before it writes),
 or speed (what `kestrel generate` does); a model per value). Prints tok/s (overlapped loop,
@@ -102,7 +103,8 @@ def main() -> None:
             rows.append((name, quant, fold, pdl, late, fuse, glu, keys, early, route, flat,
                          r["tok_s"], r["ms"]))
             print(f"{name} {quant} fold={fold} pdl={pdl} late={late} fuse={fuse} "
-                  f"glu={glu} keys={keys} moe_early={early} moe_route={route} flat_merge={flat}: "
+                  f"glu={glu} keys={keys} moe_early={early} moe_route={route} "
+                  f"flat_merge={flat}: "
                   f"{r['tok_s']:.1f} tok/s, "
                   f"step {r['ms']:.3f} ms",
                   flush=True)

@@ -78,9 +78,10 @@ class CupyBackend(GemvLinear, TorchBackend):
         # bf16 4.578 vs 4.512 ms (slower), so fold_for_speed folds MoE and small dense models.
         # "producer" (slower on the H200: qwen3-8b bf16 4.569, int4 2.416, qwen3-0.6b 0.799 ms
         # against 4.574, 2.340, 0.789 with "all", bench/results/
-        # ablation_producer_moe_route_h200.log): linear_add's gemv also writes the sums of squares of
-        # its output per 16-column tile (ssq_out) and the norm_linear / norm_linear_swiglu
-        # right after it takes its rstd from them (ssq_in: no squares of x in that gemv); a
+        # ablation_producer_moe_route_h200.log): linear_add's gemv also writes the sums of
+        # squares of its output per 16-column tile (ssq_out) and the norm_linear /
+        # norm_linear_swiglu right after it takes its rstd from them (ssq_in: no squares of x
+        # in that gemv); a
         # unit norm without such a producer (layer 0's input norm, the final norm after a
         # gather) runs the rmsnorm kernel; a MoE layer's post-attention norm is a row scale
         # as in "moe"
