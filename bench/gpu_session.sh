@@ -26,7 +26,7 @@ step() {  # step NAME SECONDS COMMAND...: run, log to LOG/NAME.log, report its e
 step tests 240 python3 -m pytest -o addopts="" -q -n 12 --durations=25 -p no:cacheprovider tests/gpu tests/test_cli_generate.py
 step gemv 80 python3 bench/gemv_bench.py --out "$LOG" --ms 1,4
 step decode 200 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
-step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-30b-a3b:bf16,qwen3-8b:int4,qwen3-0.6b:bf16 --pdl all --late-trigger 1 --fold none,all,producer --moe-early 1 --glu 1 --breakdown
+step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-30b-a3b:bf16,qwen3-8b:int4,qwen3-0.6b:bf16 --pdl all --late-trigger 1 --glu 1 --flat-merge 0,1 --breakdown
 tar czf "$OUT/session.tgz" -C "$OUT" session
 cp "$LOG/summary.txt" "$OUT/" 2>/dev/null
 grep -E "passed|failed" "$LOG/tests.log" 2>/dev/null | tail -1
