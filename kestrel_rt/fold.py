@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from kestrel_rt.quant_weights import UNQUANTIZED
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.models import ModelShape
 
@@ -60,7 +61,7 @@ def fold_for_speed(shape: ModelShape, hf: dict, quant: str | None) -> tuple[Mode
     as they are (folding made qwen3-8b bf16 and int4 slower: the row scale costs their larger
     gemvs more than the rmsnorm launch it saves)."""
     moe = any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers))
-    if quant is None and (moe or shape.hidden_size <= FOLD_DENSE_HIDDEN):
+    if quant in UNQUANTIZED and (moe or shape.hidden_size <= FOLD_DENSE_HIDDEN):
         return fold_norms(shape, hf)
     return shape, hf
 

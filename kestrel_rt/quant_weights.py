@@ -192,13 +192,17 @@ def check_quantizable(name: str, w: torch.Tensor, mode: str) -> None:
         )
 
 
+# The `mode` spellings of "keep the float weights" (the CLI's --quant default is "none")
+UNQUANTIZED = (None, "none", "bf16")
+
+
 def quantize_weights(hf: dict, mode: str | None) -> dict:
     """Replace, in place, every projection weight of `hf` by its `mode` object; returns hf.
 
     Tensors are converted one at a time and the bf16 original dropped, so peak memory is
     the model plus one tensor. `mode` None or "none" leaves hf unchanged.
     """
-    if mode in (None, "none", "bf16"):
+    if mode in UNQUANTIZED:
         return hf
     if mode not in QUANT_MODES:
         raise KestrelError(f"--quant '{mode}' is not supported: expected one of "

@@ -59,6 +59,8 @@ def test_moe_only_folds_the_moe_post_norms(name):
         if n.endswith("norm.weight") or moe_post:
             assert torch.equal(t, torch.ones_like(t)) if moe_post else torch.equal(t, hf[n]), n
     _, fast = fold_for_speed(shape, {k: v.clone() for k, v in hf.items()}, None)
+    _, cli = fold_for_speed(shape, {k: v.clone() for k, v in hf.items()}, "none")  # (CLI)
+    assert all(torch.equal(cli[n], fast[n]) for n in hf)
     _, every = fold_norms(shape, {k: v.clone() for k, v in hf.items()})
     assert all(torch.equal(fast[n], every[n]) for n in hf)
     _, kept = fold_for_speed(shape, {k: v.clone() for k, v in hf.items()}, "int8")
