@@ -311,11 +311,6 @@ def kernel_breakdown(model, context: int, steps: int = 5) -> dict:
 def breakdown_table(b: dict, top: int = 14) -> list[str]:
     """Markdown lines of a kernel_breakdown: per kernel its launches, its summed duration and
     what it adds to the step (frontier; with PDL the durations include early waits)."""
-    if "advance" not in b:  # (a breakdown measured before the frontier existed)
-        return ["| kernel | launches / step | us / step | us each |",
-                "| --- | ---: | ---: | ---: |",
-                *[f"| `{n}` | {c:g} | {us:.1f} | {us / c:.2f} |"
-                  for n, c, us in b["kernels"][:top]]]
     adds = dict(b["advance"])
     lines = ["| kernel | launches / step | us / step | us each | adds us / step |",
              "| --- | ---: | ---: | ---: | ---: |"]

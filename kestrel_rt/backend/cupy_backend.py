@@ -23,9 +23,10 @@ when its weight is all ones (folded into the linear: kestrel_rt/fold.py) and
 `norm_row_scale` says so ("all", the default: in the bf16 gemvs' epilogue and in the router
 gemv and moe_gate_up; "moe": only a MoE layer's post-attention norm; "producer": the residual
 gemvs of `linear_add` write their output's sums of squares and the next gemv takes its rstd
-from them), apply it as a row scale. `moe_fused_route` (off: not measured yet) routes inside
-moe_gate_up, without the moe_route launch. `pdl` launches every kernel of the forward with
-programmatic dependent launch.
+from them; measured slower), apply it as a row scale. `moe_fused_route` (off: measured
+slower) routes inside moe_gate_up, without the moe_route launch; `decode_flat_merge` (off: not
+measured yet) merges the decode attention's splits with fewer round trips. `pdl` launches
+every kernel of the forward with programmatic dependent launch.
 """
 
 from __future__ import annotations
@@ -81,10 +82,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         # ablation_producer_moe_route_h200.log): linear_add's gemv also writes the sums of
         # squares of its output per 16-column tile (ssq_out) and the norm_linear /
         # norm_linear_swiglu right after it takes its rstd from them (ssq_in: no squares of x
-        # in that gemv); a
-        # unit norm without such a producer (layer 0's input norm, the final norm after a
-        # gather) runs the rmsnorm kernel; a MoE layer's post-attention norm is a row scale
-        # as in "moe"
+        # in that gemv); a unit norm without such a producer (layer 0's input norm, the final
+        # norm after a gather) runs the rmsnorm kernel; a MoE layer's post-attention norm is a
+        # row scale as in "moe"
         self.norm_row_scale = "all"
         # "producer": the sums-of-squares buffers per (rows, width) (kept: fixed addresses, so
         # a captured CUDA graph replays with them) and what the last linear_add wrote: (its
@@ -98,7 +98,8 @@ class CupyBackend(GemvLinear, TorchBackend):
         # moe_route inside moe_gate_up (ops.moe_experts_routed: one launch fewer per MoE
         # layer); with moe_early, moe_down routes again from the logits before its wait and
         # issues its early loads, without it reads moe_gate_up's routing after its wait.
-        # Kernel experts (moe.cu) only; not measured yet: off
+        # Kernel experts (moe.cu) only. Slower on the H200 (qwen3-30b-a3b bf16 3.121 vs 2.894
+        # ms per step, bench/results/ablation_producer_moe_route_h200.log): off
         self.moe_fused_route = False
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
         # keys per context split of the decode attention kernel, at least (attn_ops.attention)
