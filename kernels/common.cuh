@@ -268,59 +268,6 @@ __device__ __forceinline__ void split_sum4(const float* acc, const float* w, int
   for (int c = 0; c < 4; ++c) o[c] = (a[0][c] + a[1][c]) + (a[2][c] + a[3][c]);
 }
 
-// merge_rows with fewer round trips and no barrier (attn_decode with merge = 1): each thread
-// takes (row, 4 columns) items; per group of 16 splits it loads the group's (max, sum) pairs
-// and partial accumulators together, then folds them into a running (max, denominator,
-// accumulator), the online softmax over splits. Each thread computes its row's weights itself
-// (16 exps per group) instead of a warp per row sharing them through shared memory. Sums in
-// another order than merge_rows: equal to rounding, not bit for bit.
-template <typename T>
-__device__ void merge_rows_flat(const float* part_acc, const float* part_ml, T* out, int b,
-                                int kvh, int r0, int nrows, int m_tokens, int hq, int hkv, int d,
-                                int splits, int n) {
-  constexpr int G = 16;
-  const int g_size = hq / hkv, quads = d / 4;
-  const long long row0 = ((long long)b * hkv + kvh) * (m_tokens * g_size) + r0;
-  for (int e = threadIdx.x; e < nrows * quads; e += blockDim.x) {
-    const int r = e / quads, c = e % quads * 4, gr = r0 + r;
-    const float2* ml = reinterpret_cast<const float2*>(part_ml + (row0 + r) * splits * 2);
-    const float* acc = part_acc + (row0 + r) * splits * d + c;
-    float mx = -inf_f(), den = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int s0 = 0; s0 < n; s0 += G) {
-      float2 v[G];
-      float4 x[G];
-#pragma unroll
-      for (int u = 0; u < G; ++u) {  // every load of the group in flight
-        const int at = s0 + u < n ? s0 + u : n - 1;
-        v[u] = __ldcg(ml + at);
-        x[u] = __ldcg(reinterpret_cast<const float4*>(acc + (long long)at * d));
-      }
-      float gm = mx;
-#pragma unroll
-      for (int u = 0; u < G; ++u)
-        if (s0 + u < n) gm = fmaxf(gm, v[u].x);
-      if (gm == -inf_f()) continue;  // no visible key in the splits so far
-      const float sc = expf(mx - gm);  // 0 while mx is still -inf
-      den *= sc;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[i] *= sc;
-#pragma unroll
-      for (int u = 0; u < G; ++u) {
-        if (s0 + u < n && v[u].x != -inf_f()) {
-          const float w = expf(v[u].x - gm);
-          den = fmaf(w, v[u].y, den);
-          fma4(o, x[u], w);
-        }
-      }
-      mx = gm;
-    }
-    T* dst = out + (((long long)b * m_tokens + gr / g_size) * hq + kvh * g_size + gr % g_size)
-                       * d + c;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dst[i] = Num<T>::store(o[i] / den);
-  }
-}
-
 // Merge splits 0 .. n (n <= 64 of S = splits) of query rows r0 .. r0 + nrows of kv head kvh of
 // sequence b into out [B, M, Hq, D]. d % 4 == 0; the whole block calls it. Eight rows at a
 // time: a warp per row computes the weights, then each thread 4 columns of a row.

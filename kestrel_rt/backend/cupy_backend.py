@@ -24,8 +24,9 @@ when its weight is all ones (folded into the linear: kestrel_rt/fold.py) and
 gemv and moe_gate_up; "moe": only a MoE layer's post-attention norm; "producer": the residual
 gemvs of `linear_add` write their output's sums of squares and the next gemv takes its rstd
 from them; measured slower), apply it as a row scale. `moe_fused_route` (off: measured
-slower) routes inside moe_gate_up, without the moe_route launch; `decode_flat_merge` (off: not
-measured yet) merges the decode attention's splits with fewer round trips. `pdl` launches
+slower) routes inside moe_gate_up, without the moe_route launch; `decode_early` (off: not
+measured yet) has the decode attention load the RoPE tables and its first cached keys before
+its PDL wait. `pdl` launches
 every kernel of the forward with programmatic dependent launch.
 """
 
@@ -104,10 +105,12 @@ class CupyBackend(GemvLinear, TorchBackend):
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
         # keys per context split of the decode attention kernel, at least (attn_ops.attention)
         self.decode_min_keys = attn_ops.DECODE_MIN_KEYS
-        # the decode attention's last split block merges with merge_rows_flat (common.cuh:
-        # per thread, 16 splits' loads in flight, no barrier): built after the device time
-        # ran out, not measured yet: off
-        self.decode_flat_merge = False
+        # the decode attention loads the RoPE tables and its first pass of cached keys into
+        # registers before its PDL wait (attn_decode[_rope]_early_*), not measured yet: off.
+        # (merge_rows_flat, a merge with fewer round trips, measured slower on the H200:
+        # qwen3-8b bf16 4.512 vs 4.493 ms, int4 2.295 vs 2.262, qwen3-30b-a3b 2.946 vs 2.871,
+        # bench/results/ablation_flat_merge_h200.log; removed)
+        self.decode_early = False
         # SwiGLU in the gate_up gemv's epilogue (one launch fewer per dense layer; exact
         # rounding): faster everywhere on the H200 (bench/ablation.py: qwen3-8b bf16 4.98 vs
         # 5.04 ms, int4 2.70 vs 2.75, qwen3-0.6b 0.877 vs 0.909 ms per step)
@@ -194,7 +197,7 @@ class CupyBackend(GemvLinear, TorchBackend):
             return attn_ops.attention(self.kernels, q, k, v, kc, vc, step.slots,
                                       step.positions, self.num_sms,
                                       min_keys=self.decode_min_keys,
-                                      flat_merge=self.decode_flat_merge)
+                                      early=self.decode_early)
         except Unsupported:
             return super().attention(q, k, v, layer, step)
 
@@ -207,7 +210,7 @@ class CupyBackend(GemvLinear, TorchBackend):
                     self.weight(f"layers.{layer}.k_norm"), self._cos, self._sin,
                     self.kv.k[layer], self.kv.v[layer], step.slots, step.positions,
                     self.shape.rms_norm_eps, self.num_sms, min_keys=self.decode_min_keys,
-                    flat_merge=self.decode_flat_merge)
+                    early=self.decode_early)
             except Unsupported:
                 pass
         return super().rope_attention(q, k, v, layer, step)

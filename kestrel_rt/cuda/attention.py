@@ -124,14 +124,13 @@ def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Te
                  v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                  num_sms: int, out: torch.Tensor, new: tuple | None = None,
                  rope: tuple | None = None, min_keys: int = DECODE_MIN_KEYS,
-                 flat_merge: bool = False) -> torch.Tensor:
+                 early: bool = False) -> torch.Tensor:
     """attn_decode: q [B, M, Hq, D] over the cache -> out.
 
     new = (k, v) [B, M, Hkv, D]: the step's K/V, read from there and written into the cache
     by the kernel. rope = (q_norm, k_norm, cos, sin, eps): q and k are raw, the kernel
-    normalises and rotates them (needs `new`). flat_merge: the entry whose last split block
-    merges with common.cuh's merge_rows_flat (fewer round trips; equal to rounding, not bit
-    for bit)."""
+    normalises and rotates them (needs `new`). early: the entry that loads the RoPE tables
+    and its first pass of cached keys into registers before its PDL wait (the same bits)."""
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     rows = M * (Hq // Hkv)
@@ -145,12 +144,12 @@ def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Te
         k, k_st = _lane_rows(new[0])
         v, v_st = _lane_rows(new[1])
         new_args = (ptr(k), i64(k_st), ptr(v), i64(v_st))
-    flat = "flat_" if flat_merge else ""
+    early_ = "early_" if early else ""
     if rope is None:
-        name = f"attn_decode_{flat}{sfx}_d{D // 32}_r{rb}"
+        name = f"attn_decode_{early_}{sfx}_d{D // 32}_r{rb}"
         rope_args = (ptr(None), ptr(None), ptr(None), ptr(None), f32(0.0))
     else:
-        name = f"attn_decode_rope_{flat}{sfx}_d{D // 32}_r{rb}"
+        name = f"attn_decode_rope_{early_}{sfx}_d{D // 32}_r{rb}"
         q_norm, k_norm, cos, sin, eps = rope
         rope_args = (ptr(q_norm), ptr(k_norm), ptr(cos), ptr(sin), f32(eps))
     rope_args += (i32(min_keys),)
@@ -197,12 +196,12 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
 def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
               positions: torch.Tensor, num_sms: int, out: torch.Tensor | None = None,
-              min_keys: int = DECODE_MIN_KEYS, flat_merge: bool = False) -> torch.Tensor:
+              min_keys: int = DECODE_MIN_KEYS, early: bool = False) -> torch.Tensor:
     """The attention op: write k, v [B, M, Hkv, D] into one layer's cache at (slots[b],
     positions[b, m]) and attend q [B, M, Hq, D] over it -> [B, M, Hq, D].
 
     Where attn_decode takes the shapes it writes the cache itself (one launch; each context
-    split holds at least min_keys keys; flat_merge: see _warp_decode); otherwise kv_write +
+    split holds at least min_keys keys; early: see _warp_decode); otherwise kv_write +
     decode_attention (two)."""
     sfx = _suffix(q, k, v, k_cache, v_cache)
     B, M, Hq, D = q.shape
@@ -212,7 +211,7 @@ def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return decode_attention(km, q, k_cache, v_cache, slots, positions, num_sms, out=out)
     out = _dest(out, q.shape, q.dtype, q.device)
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
-                        new=(k, v), min_keys=min_keys, flat_merge=flat_merge)
+                        new=(k, v), min_keys=min_keys, early=early)
 
 
 def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -220,8 +219,8 @@ def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch
                    sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    slots: torch.Tensor, positions: torch.Tensor, eps: float, num_sms: int,
                    out: torch.Tensor | None = None, min_keys: int = DECODE_MIN_KEYS,
-                   flat_merge: bool = False) -> torch.Tensor:
-    """attention(*qk_norm_rope(q, k, ...), v, ...) in one launch (min_keys, flat_merge: see
+                   early: bool = False) -> torch.Tensor:
+    """attention(*qk_norm_rope(q, k, ...), v, ...) in one launch (min_keys, early: see
     attention).
 
     q [B, M, Hq, D], k, v [B, M, Hkv, D]: raw projections (strided views of the qkv output
@@ -251,4 +250,4 @@ def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch
         return out
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
                         new=(k, v), rope=(q_norm, k_norm, cos, sin, eps), min_keys=min_keys,
-                        flat_merge=flat_merge)
+                        early=early)

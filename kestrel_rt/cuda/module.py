@@ -93,9 +93,12 @@ class KernelModules:
     """The compiled kernels one backend uses, on one CUDA device.
 
     pdl: launch the kernels of PDL_FILES with programmatic dependent launch
-    (kestrel_rt/cuda/pdl.py; needs compute capability >= 9.0, else ignored)."""
+    (kestrel_rt/cuda/pdl.py; needs compute capability >= 9.0, else ignored). defines: macros
+    every file is compiled with (-DNAME), for diagnostic builds such as decode_attention.cu's
+    DECODE_PROBE (bench/attention_probe.py)."""
 
-    def __init__(self, device: torch.device, pdl: bool = False) -> None:
+    def __init__(self, device: torch.device, pdl: bool = False,
+                 defines: tuple[str, ...] = ()) -> None:
         try:
             import cupy
         except ImportError:
@@ -107,6 +110,7 @@ class KernelModules:
         if device.type != "cuda":
             raise KestrelError(f"the cupy backend runs on a CUDA device, not '{device}'")
         self._cupy = cupy
+        self.options = OPTIONS + tuple(f"-D{d}" for d in defines)
         self.device_index = device.index if device.index is not None else torch.cuda.current_device()
         self._modules: dict[str, object] = {}
         self._functions: dict[tuple[str, str], object] = {}
@@ -120,6 +124,11 @@ class KernelModules:
             from kestrel_rt.cuda.pdl import Launcher
 
             self.pdl = Launcher()
+
+    def module(self, file: str):
+        """The compiled cupy RawModule of kernels/FILE.cu (compiled now if need be)."""
+        self.compile_all((file,))
+        return self._modules[file]
 
     def function(self, file: str, name: str):
         """Kernel `name` of kernels/FILE.cu, compiled on first use."""
@@ -152,6 +161,6 @@ class KernelModules:
         for file in files:
             if file not in self._modules:
                 with self._cupy.cuda.Device(self.device_index):
-                    module = self._cupy.RawModule(code=full_source(file), options=OPTIONS)
+                    module = self._cupy.RawModule(code=full_source(file), options=self.options)
                     module.compile()
                 self._modules[file] = module

@@ -107,7 +107,7 @@ def nan_partials(monkeypatch):
     ([2], 1, 32, 8, 128, 4096),            # short context, large cache: one split holds keys
     ([0, 40, 9], 9, 32, 4, 128, 4096),     # the same on attn_partial, 3 row groups
 ])
-@pytest.mark.parametrize("fused", [False, True, "flat"])  # flat: fused, merge_rows_flat
+@pytest.mark.parametrize("fused", [False, True, "early"])  # early: fused, early loads
 def test_decode_attention(km, sms, nan_partials, dtype, lengths, M, Hq, Hkv, D, max_len, fused):
     B = len(lengths)
     slots = list(range(B))[::-1]  # sequence b lives in slot B-1-b; slot B stays unused
@@ -116,13 +116,14 @@ def test_decode_attention(km, sms, nan_partials, dtype, lengths, M, Hq, Hkv, D, 
     q, k, v = _qkv(B, M, Hq, Hkv, D, dtype)
     out = poisoned(B, M, Hq, D, dtype=dtype)
     if fused:  # the attention op: the decode kernel writes the cache itself where it can
-        flat = fused == "flat"
+        early = fused == "early"
         attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
-                            out=out, flat_merge=flat)
+                            out=out, early=early)
         again = poisoned(B, M, Hq, D, dtype=dtype)
         attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
-                            out=again, flat_merge=flat)
-        assert torch.equal(again, out)  # deterministic, and rewriting the cache is harmless
+                            out=again, early=not early)
+        # deterministic, rewriting the cache is harmless, early loads change no bit
+        assert torch.equal(again, out)
     else:  # q a strided view: the warp kernel reads it in place, attn_partial copies it
         attention.kv_write(km, k, v, kv.k[0], kv.v[0], step.slots, step.positions)
         attention.decode_attention(km, q, kv.k[0], kv.v[0], step.slots, step.positions, sms,
@@ -147,8 +148,8 @@ def _cached(kv, positions, slots):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M,Hq,Hkv", [(1, 32, 8), (2, 32, 8), (9, 32, 4)])  # last: attn_partial
 @pytest.mark.parametrize("graph", [False, True])
-@pytest.mark.parametrize("flat", [False, True], ids=["merge", "flat_merge"])
-def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph, flat):
+@pytest.mark.parametrize("early", [False, True], ids=["late", "early"])
+def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph, early):
     """The same attention op again and again with other lengths, eagerly or as replays of one
     captured graph (inputs changed in place): each launch leaves the merge's tickets at zero
     for the next."""
@@ -163,7 +164,7 @@ def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph, fla
 
     def call():
         attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
-                            out=out, flat_merge=flat)
+                            out=out, early=early)
 
     if graph:
         side = torch.cuda.Stream()
@@ -258,14 +259,12 @@ def test_rope_attention(km, sms, dtype, D, case):
                                      step.slots, step.positions, EPS, sms)
     assert torch.equal(again, out)  # deterministic, and rewriting the cache is harmless
 
-    # merge_rows_flat: the same attention to rounding; fused and composed agree bit for bit
-    flat = attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[0], kv.v[0],
-                                    step.slots, step.positions, EPS, sms,
-                                    out=poisoned(B, M, Hq, D, dtype=dtype), flat_merge=True)
-    check(flat, ref, dtype)
-    composed = attention.attention(km, qn, kn, v, kv2.k[0], kv2.v[0], step.slots,
-                                   step.positions, sms, flat_merge=True)
-    assert torch.equal(flat, composed)
+    # the early loads (RoPE tables, first cached keys before the PDL wait): the same bits
+    early = attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[0], kv.v[0],
+                                     step.slots, step.positions, EPS, sms,
+                                     out=poisoned(B, M, Hq, D, dtype=dtype), early=True)
+    assert torch.equal(early, out)
+    _written_where_expected(kv, kv2, slots, lengths, M)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
