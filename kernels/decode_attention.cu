@@ -65,16 +65,15 @@ __device__ long long probe_rec[PROBE_RECORDS * PROBE_WORDS];
 #endif
 
 // attn_decode's ROPE prologue, in two parts. Items: the new keys this block reads (tokens
-// key0 .. key0 + nkeys of sequence b), then its q rows; item it goes to warp it % NW (the
-// block's warps).
+// key0 .. key0 + nkeys of sequence b), then its q rows; item it goes to warp it % DECODE_WARPS.
 // RopeTables::load reads what no kernel of the step writes (the norm weights, each item's cos
 // and sin: positions are copied in before the step's first kernel), so EARLY calls it before
 // pdl_wait; rope_prologue then loads the items (x) and normalises and rotates them
 // (head_norm_rope): q rows into s_q[r], keys into s_knew[mm] and, with v, into the cache. Ends
 // at a barrier.
-template <typename T, int DL, int RB, int NW = DECODE_WARPS>
+template <typename T, int DL, int RB>
 struct RopeTables {
-  static constexpr int J = (2 * RB + NW - 1) / NW;  // items per warp, at most
+  static constexpr int J = (2 * RB + DECODE_WARPS - 1) / DECODE_WARPS;  // items per warp, at most
   float qw[DL], kw[DL], c[J][DL], s[J][DL];
 
   __device__ __forceinline__ void load(const T* __restrict__ q_norm, const T* __restrict__ k_norm,
@@ -88,7 +87,7 @@ struct RopeTables {
     load_lane<T, DL>(k_norm + lane_off, kw);
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-      const int it = warp + NW * j;
+      const int it = warp + DECODE_WARPS * j;
       if (it < nkeys + rows) {  // warp-uniform
         const int mm = it < nkeys ? key0 + it : (it - nkeys) / g_size;
         load_lane<T, DL>(cos_t + pos_b[mm] * D + pair_off, c[j]);
@@ -98,16 +97,16 @@ struct RopeTables {
   }
 };
 
-template <typename T, int DL, int RB, int NW = DECODE_WARPS>
+template <typename T, int DL, int RB>
 __device__ __forceinline__ void rope_prologue(
-    const RopeTables<T, DL, RB, NW>& tb, const T* __restrict__ q, long long q_st,
+    const RopeTables<T, DL, RB>& tb, const T* __restrict__ q, long long q_st,
     const T* __restrict__ k_new, long long k_st, const T* __restrict__ v_new, long long v_st,
     T* __restrict__ k_cache, T* __restrict__ v_cache, float eps,
     const long long* __restrict__ pos_b, int b, int m_tokens, int kvh, int g_size, int rows,
     int key0, int nkeys, long long lane_base, long long stride_pos, float (*s_q)[32 * DL],
     float (*s_knew)[32 * DL]) {
   constexpr int D = 32 * DL;
-  constexpr int J = RopeTables<T, DL, RB, NW>::J;
+  constexpr int J = RopeTables<T, DL, RB>::J;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int items = nkeys + rows;
   const long long tok0 = (long long)b * m_tokens;  // token row of (b, 0)
@@ -115,7 +114,7 @@ __device__ __forceinline__ void rope_prologue(
   float x[J][DL];
 #pragma unroll
   for (int j = 0; j < J; ++j) {  // every load in flight before any math
-    const int it = warp + NW * j;
+    const int it = warp + DECODE_WARPS * j;
     if (it < items) {  // warp-uniform
       const int mm = it < nkeys ? key0 + it : (it - nkeys) / g_size;
       const T* src = it < nkeys
@@ -126,7 +125,7 @@ __device__ __forceinline__ void rope_prologue(
   }
 #pragma unroll
   for (int j = 0; j < J; ++j) {
-    const int it = warp + NW * j;
+    const int it = warp + DECODE_WARPS * j;
     if (it < items) {  // warp-uniform
       const bool is_key = it < nkeys;
       float w[DL], c[DL], s[DL];
@@ -151,48 +150,6 @@ __device__ __forceinline__ void rope_prologue(
     }
   }
   __syncthreads();
-}
-
-// The block's result over its NW warps' partials (s_acc [NW][RB][D] unnormalised, s_ml
-// [NW][RB] (max, sum)) for row r, column c: returns the accumulator, sets mx and den.
-template <int RB, int D, int NW>
-__device__ __forceinline__ float combine_warps(const float (*s_acc)[RB][D],
-                                               const float (*s_ml)[RB][2], int r, int c,
-                                               float& mx, float& den) {
-  mx = -inf_f();
-#pragma unroll
-  for (int w = 0; w < NW; ++w) mx = fmaxf(mx, s_ml[w][r][0]);
-  float a = 0.f;
-  den = 0.f;
-  if (mx != -inf_f()) {
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      const float f = s_ml[w][r][0] == -inf_f() ? 0.f : expf(s_ml[w][r][0] - mx);
-      a = fmaf(s_acc[w][r][c], f, a);
-      den = fmaf(s_ml[w][r][1], f, den);
-    }
-  }
-  return a;
-}
-
-// Writes the block's partials of its rows (row_base + r, split `split` of `splits`) for the
-// merge (after a barrier that makes s_acc, s_ml complete).
-template <int RB, int D, int NW>
-__device__ __forceinline__ void store_partials(const float (*s_acc)[RB][D],
-                                               const float (*s_ml)[RB][2], float* part_acc,
-                                               float* part_ml, long long row_base, int rows,
-                                               int split, int splits) {
-  for (int e = threadIdx.x; e < rows * D; e += blockDim.x) {
-    const int r = e / D, c = e % D;
-    float mx, den;
-    const float a = combine_warps<RB, D, NW>(s_acc, s_ml, r, c, mx, den);
-    const long long slot = (row_base + r) * splits + split;
-    part_acc[slot * D + c] = a;
-    if (c == 0) {
-      part_ml[slot * 2] = mx;
-      part_ml[slot * 2 + 1] = den;
-    }
-  }
 }
 
 // Few query rows (R = M * G <= RB): one warp per key, no block barrier in the key loop. Lane l
@@ -405,8 +362,28 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
     }
   }
   __syncthreads();
-  store_partials<RB, D, DECODE_WARPS>(s_acc, s_ml, part_acc, part_ml,
-                                      ((long long)b * hkv + kvh) * rows, rows, split, splits);
+  const long long row_base = ((long long)b * hkv + kvh) * rows;
+  for (int e = threadIdx.x; e < rows * D; e += blockDim.x) {
+    const int r = e / D, c = e % D;
+    float mx = -inf_f();
+#pragma unroll
+    for (int w = 0; w < DECODE_WARPS; ++w) mx = fmaxf(mx, s_ml[w][r][0]);
+    float a = 0.f, den = 0.f;
+    if (mx != -inf_f()) {
+#pragma unroll
+      for (int w = 0; w < DECODE_WARPS; ++w) {
+        const float f = s_ml[w][r][0] == -inf_f() ? 0.f : expf(s_ml[w][r][0] - mx);
+        a = fmaf(s_acc[w][r][c], f, a);
+        den = fmaf(s_ml[w][r][1], f, den);
+      }
+    }
+    const long long slot = (row_base + r) * splits + split;
+    part_acc[slot * D + c] = a;
+    if (c == 0) {
+      part_ml[slot * 2] = mx;
+      part_ml[slot * 2 + 1] = den;
+    }
+  }
   PROBE_MARK(3)
   const bool merges = last_to_arrive(tickets + blockIdx.x, active);
   PROBE_MARK(4)
@@ -449,217 +426,3 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
 
 DECODE_ENTRIES(bf16, bf16_t)
 DECODE_ENTRIES(f32, float)
-
-// -- lane per key (attn_lanes_rope_*) --------------------------------------------------------
-// The same attention with the fused norm + RoPE for short and middle contexts, where the
-// warp-per-key loop above pays a warp reduction and an online-softmax update per key and row,
-// one after another. Here each of LANES_WARPS warps takes tiles of 32 keys, lane j key t0 + j:
-// the lane computes the RB scores of its key itself (the whole K row, q rows from shared
-// memory), the warp then updates each row's softmax once per tile (one max and one sum
-// reduction), and the tile's V rows are summed with each lane owning DL columns (p of key j
-// broadcast by a shuffle). Each K and V load of a tile is issued before its math. A split
-// holds at least 32 * LANES_WARPS keys, so up to that many keys need no merge at all: a
-// single split writes `out` itself. Otherwise partials and the last block's merge as above.
-// D = 32 * DL <= 128.
-#define LANES_WARPS 8
-
-template <typename T, int DL, int RB>
-__device__ void attn_lanes_impl(const T* __restrict__ q, long long q_st, T* __restrict__ k_cache,
-                                T* __restrict__ v_cache, const long long* __restrict__ slots,
-                                const long long* __restrict__ positions, long long stride_slot,
-                                long long stride_pos, float* __restrict__ part_acc,
-                                float* __restrict__ part_ml, T* __restrict__ out,
-                                int* __restrict__ tickets, int m_tokens, int hq, int hkv,
-                                float scale, const T* __restrict__ k_new, long long k_st,
-                                const T* __restrict__ v_new, long long v_st,
-                                const T* __restrict__ q_norm, const T* __restrict__ k_norm,
-                                const T* __restrict__ cos_t, const T* __restrict__ sin_t,
-                                float eps, int min_keys) {
-  PROBE_START()
-  constexpr int NW = LANES_WARPS, D = 32 * DL;
-  constexpr int E = 16 / (int)sizeof(T), CH = D / E;  // elements per 16 bytes, chunks per row
-  constexpr int CB = CH < 16 ? CH : 16;               // K chunks in flight per lane
-  static_assert(D <= 128, "attn_lanes: head_dim <= 128");
-  __shared__ __align__(16) float s_q[RB][D];     // q rows, normalised and rotated
-  __shared__ __align__(16) float s_knew[RB][D];  // the new keys, normalised and rotated
-  __shared__ float s_acc[NW][RB][D];
-  __shared__ float s_ml[NW][RB][2];
-  const int g_size = hq / hkv;
-  const int rows = m_tokens * g_size;
-  const int b = blockIdx.x / hkv, kvh = blockIdx.x % hkv;
-  const int split = blockIdx.y, splits = gridDim.y;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const long long* pos_b = positions + (long long)b * m_tokens;
-  const long long first_new = pos_b[0];
-  const long long ctx = pos_b[m_tokens - 1] + 1;
-  const long long least = min_keys > 32 * NW ? min_keys : 32 * NW;
-  long long chunk = (ctx + splits - 1) / splits;
-  chunk = chunk > least ? chunk : least;
-  const int active = (int)((ctx + chunk - 1) / chunk);
-  if (split >= active) return;
-  const long long k_begin = (long long)split * chunk;
-  const long long k_end = ctx < k_begin + chunk ? ctx : k_begin + chunk;
-  const long long kbase = slots[b] * stride_slot + (long long)kvh * D;  // key rows of this head
-  const long long base = kbase + lane * DL;                             // this lane's columns
-  const long long new_off = (long long)b * m_tokens;
-  const int head_off = kvh * D + lane * DL;
-
-  // Before the PDL wait: the block's cached K/V rows into L2 (written by earlier steps) and
-  // the RoPE tables into registers (see RopeTables).
-  for (long long key = k_begin + threadIdx.x; key < k_end && key < first_new;
-       key += blockDim.x) {
-#pragma unroll
-    for (int h = 0; h < D * (int)sizeof(T); h += 128) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)(k_cache + kbase + key * stride_pos) + h));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)(v_cache + kbase + key * stride_pos) + h));
-    }
-  }
-  const long long lo = k_begin > first_new ? k_begin : first_new;
-  const int key0 = (int)(lo - first_new), nkeys = k_end > lo ? (int)(k_end - lo) : 0;
-  RopeTables<T, DL, RB, NW> tables;
-  tables.load(q_norm, k_norm, cos_t, sin_t, pos_b, g_size, key0, nkeys, rows);
-  pdl_wait();
-  PROBE_MARK(0)
-  rope_prologue<T, DL, RB, NW>(tables, q, q_st, k_new, k_st, v_new, v_st, k_cache, v_cache, eps,
-                               pos_b, b, m_tokens, kvh, g_size, rows, key0, nkeys, base,
-                               stride_pos, s_q, s_knew);
-  PROBE_MARK(1)
-
-  float acc[RB][DL], m[RB], l[RB];
-  long long last[RB];  // last visible key of each row (-1: no such row)
-#pragma unroll
-  for (int r = 0; r < RB; ++r) {
-    m[r] = -inf_f();
-    l[r] = 0.f;
-    last[r] = r < rows ? pos_b[r / g_size] : -1;
-#pragma unroll
-    for (int i = 0; i < DL; ++i) acc[r][i] = 0.f;
-  }
-  for (long long t0 = k_begin + 32 * warp; t0 < k_end; t0 += 32 * NW) {
-    const long long kk = t0 + lane;  // this lane's key
-    float s[RB];
-#pragma unroll
-    for (int r = 0; r < RB; ++r) s[r] = 0.f;
-    if (kk < k_end && kk < first_new) {  // a cached key: its row from the cache
-      const uint4* kp = reinterpret_cast<const uint4*>(k_cache + kbase + kk * stride_pos);
-#pragma unroll
-      for (int c0 = 0; c0 < CH; c0 += CB) {
-        uint4 kc[CB];
-#pragma unroll
-        for (int u = 0; u < CB; ++u) kc[u] = kp[c0 + u];
-#pragma unroll
-        for (int u = 0; u < CB; ++u) {
-          const T* e = reinterpret_cast<const T*>(&kc[u]);
-#pragma unroll
-          for (int i = 0; i < E; ++i) {
-            const float kf = Num<T>::load(e[i]);
-#pragma unroll
-            for (int r = 0; r < RB; ++r) s[r] = fmaf(s_q[r][(c0 + u) * E + i], kf, s[r]);
-          }
-        }
-      }
-    } else if (kk < k_end) {  // a new key of this step: normalised and rotated in s_knew
-      const float* kn = s_knew[kk - first_new];
-      for (int d = 0; d < D; ++d) {
-        const float kf = kn[d];
-#pragma unroll
-        for (int r = 0; r < RB; ++r) s[r] = fmaf(s_q[r][d], kf, s[r]);
-      }
-    }
-    float p[RB];
-#pragma unroll
-    for (int r = 0; r < RB; ++r) {  // one softmax update per row and tile
-      const bool ok = kk < k_end && kk <= last[r];
-      const float sr = ok ? s[r] * scale : -inf_f();
-      const float m_new = fmaxf(m[r], warp_max(sr));
-      const float sc = m_new == -inf_f() ? 1.f : expf(m[r] - m_new);
-      p[r] = ok ? expf(sr - m_new) : 0.f;
-      l[r] = l[r] * sc + warp_sum(p[r]);
-#pragma unroll
-      for (int i = 0; i < DL; ++i) acc[r][i] *= sc;
-      m[r] = m_new;
-    }
-    const int nk = k_end - t0 < 32 ? (int)(k_end - t0) : 32;  // keys of the tile, warp-uniform
-#pragma unroll
-    for (int j0 = 0; j0 < 32; j0 += 16) {
-      if (j0 >= nk) break;
-      float v[16][DL];
-#pragma unroll
-      for (int u = 0; u < 16; ++u) {
-        const long long key = t0 + j0 + u;
-        if (j0 + u < nk)
-          load_lane<T, DL>(key < first_new ? v_cache + base + key * stride_pos
-                                           : v_new + (new_off + key - first_new) * v_st + head_off,
-                           v[u]);
-      }
-#pragma unroll
-      for (int u = 0; u < 16; ++u) {
-        if (j0 + u < nk) {
-#pragma unroll
-          for (int r = 0; r < RB; ++r) {
-            const float pj = __shfl_sync(0xffffffffu, p[r], j0 + u);
-#pragma unroll
-            for (int i = 0; i < DL; ++i) acc[r][i] = fmaf(pj, v[u][i], acc[r][i]);
-          }
-        }
-      }
-    }
-  }
-  PROBE_MARK(2)
-#pragma unroll
-  for (int r = 0; r < RB; ++r) {
-#pragma unroll
-    for (int i = 0; i < DL; ++i) s_acc[warp][r][lane * DL + i] = acc[r][i];
-    if (lane == 0) {
-      s_ml[warp][r][0] = m[r];
-      s_ml[warp][r][1] = l[r];
-    }
-  }
-  __syncthreads();
-  if (active == 1) {  // the whole context in this block: the result itself, no merge
-    for (int e = threadIdx.x; e < rows * D; e += blockDim.x) {
-      const int r = e / D, c = e % D;
-      float mx, den;
-      const float a = combine_warps<RB, D, NW>(s_acc, s_ml, r, c, mx, den);
-      const int mm = r / g_size, g = r % g_size;
-      out[((new_off + mm) * hq + kvh * g_size + g) * D + c] = Num<T>::store(a / den);
-    }
-    PROBE_MARK(3)
-    PROBE_SAVE()
-    return;
-  }
-  store_partials<RB, D, NW>(s_acc, s_ml, part_acc, part_ml, ((long long)b * hkv + kvh) * rows,
-                            rows, split, splits);
-  PROBE_MARK(3)
-  const bool merges = last_to_arrive(tickets + blockIdx.x, active);
-  PROBE_MARK(4)
-  if (merges) {
-    merge_rows<T>(part_acc, part_ml, out, b, kvh, 0, rows, m_tokens, hq, hkv, D, splits, active);
-    PROBE_MARK(5)
-  }
-  PROBE_SAVE()
-}
-
-// attn_lanes_rope_*: DECODE_ENTRY's arguments (k_new, v_new and the norm / RoPE ones needed).
-#define LANES_ENTRY(SUFFIX, T, DL, RB)                                                         \
-  extern "C" __global__ void __launch_bounds__(32 * LANES_WARPS)                               \
-      attn_lanes_rope_##SUFFIX##_d##DL##_r##RB(                                                \
-          const T* q, long long q_st, T* k_cache, T* v_cache, const long long* slots,          \
-          const long long* positions, long long stride_slot, long long stride_pos,             \
-          float* part_acc, float* part_ml, T* out, int* tickets, int m_tokens, int hq,         \
-          int hkv, float scale, const T* k_new, long long k_st, const T* v_new, long long v_st, \
-          const T* q_norm, const T* k_norm, const T* cos_t, const T* sin_t, float eps,        \
-          int min_keys) {                                                                      \
-    pdl_trigger();                                                                             \
-    attn_lanes_impl<T, DL, RB>(q, q_st, k_cache, v_cache, slots, positions, stride_slot,       \
-                               stride_pos, part_acc, part_ml, out, tickets, m_tokens, hq, hkv, \
-                               scale, k_new, k_st, v_new, v_st, q_norm, k_norm, cos_t, sin_t,  \
-                               eps, min_keys);                                                 \
-  }
-
-#define LANES_ENTRIES(SUFFIX, T)                                                               \
-  LANES_ENTRY(SUFFIX, T, 2, 2) LANES_ENTRY(SUFFIX, T, 2, 4) LANES_ENTRY(SUFFIX, T, 2, 8)       \
-  LANES_ENTRY(SUFFIX, T, 4, 2) LANES_ENTRY(SUFFIX, T, 4, 4) LANES_ENTRY(SUFFIX, T, 4, 8)
-
-LANES_ENTRIES(bf16, bf16_t)
-LANES_ENTRIES(f32, float)

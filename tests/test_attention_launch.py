@@ -40,8 +40,7 @@ class _Recorder:
 
 @pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("early", [False, True])
-@pytest.mark.parametrize("lanes", [False, True])
-def test_decode_launch_matches_the_kernel(monkeypatch, rope, early, lanes):
+def test_decode_launch_matches_the_kernel(monkeypatch, rope, early):
     monkeypatch.setattr(attention, "_tickets", lambda km, n, device: torch.zeros(1024,
                                                                                  dtype=torch.int32))
     B, M, Hq, Hkv, D, max_len = 2, 1, 32, 8, 128, 64
@@ -56,24 +55,19 @@ def test_decode_launch_matches_the_kernel(monkeypatch, rope, early, lanes):
     km = _Recorder()
     attention._warp_decode(km, "bf16", q, cache, cache.clone(), slots, positions, 132,
                            torch.empty_like(q), new=(k, v), rope=tables if rope else None,
-                           min_keys=16, early=early, lanes=lanes)
+                           min_keys=16, early=early)
     (file, name, grid, block, args), = km.launches
-    lanes = lanes and rope  # the lane-per-key kernel has the RoPE fused, always
-    warps = attention.LANES_WARPS if lanes else attention.DECODE_WARPS
-    assert file == "decode_attention" and block == (32 * warps,)
+    assert file == "decode_attention" and block == (32 * attention.DECODE_WARPS,)
     assert grid == (B * Hkv, attention.decode_splits(B, Hkv, max_len, 132))
-    if lanes:
-        assert name == "attn_lanes_rope_bf16_d4_r4"
-    else:
-        assert name == f"attn_decode_{'rope_' if rope else ''}{'early_' if early else ''}bf16_d4_r4"
+    assert name == f"attn_decode_{'rope_' if rope else ''}{'early_' if early else ''}bf16_d4_r4"
     assert [type(a) for a in args] == _signature()
     assert int(args[-1]) == 16
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_every_decode_entry_is_compiled(tmp_path):
-    """Each name _warp_decode can ask for (dtype, rope, early, head_dim / 32, rows; lanes for
-    head_dim <= 128) is an entry of the compiled module."""
+    """Each name _warp_decode can ask for (dtype, rope, early, head_dim / 32, rows) is an entry
+    of the compiled module."""
     from kestrel_rt.cuda.module import full_source
 
     src = tmp_path / "decode_attention.cu"
@@ -86,5 +80,3 @@ def test_every_decode_entry_is_compiled(tmp_path):
             for d in attention.DECODE_HEAD_DIMS:
                 for rb in (2, 4, 8):
                     assert f"attn_decode_{pre}{sfx}_d{d // 32}_r{rb}" in entries
-                    if d <= 128:
-                        assert f"attn_lanes_rope_{sfx}_d{d // 32}_r{rb}" in entries

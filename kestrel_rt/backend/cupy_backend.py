@@ -26,7 +26,7 @@ gemvs of `linear_add` write their output's sums of squares and the next gemv tak
 from them; measured slower), apply it as a row scale. `moe_fused_route` (off: measured
 slower) routes inside moe_gate_up, without the moe_route launch; `decode_early` (off: not
 measured yet) has the decode attention load the RoPE tables and its first cached keys before
-its PDL wait; `decode_lanes` (off: not measured yet) takes the lane-per-key decode attention. `pdl` launches
+its PDL wait. `pdl` launches
 every kernel of the forward with programmatic dependent launch.
 """
 
@@ -111,9 +111,6 @@ class CupyBackend(GemvLinear, TorchBackend):
         # qwen3-8b bf16 4.512 vs 4.493 ms, int4 2.295 vs 2.262, qwen3-30b-a3b 2.946 vs 2.871,
         # bench/results/ablation_flat_merge_h200.log; removed)
         self.decode_early = False
-        # the decode attention with a lane per key (attn_lanes_rope_*: one softmax update per
-        # row and 32 keys, no merge up to 256 keys), not measured yet: off
-        self.decode_lanes = False
         # SwiGLU in the gate_up gemv's epilogue (one launch fewer per dense layer; exact
         # rounding): faster everywhere on the H200 (bench/ablation.py: qwen3-8b bf16 4.98 vs
         # 5.04 ms, int4 2.70 vs 2.75, qwen3-0.6b 0.877 vs 0.909 ms per step)
@@ -213,7 +210,7 @@ class CupyBackend(GemvLinear, TorchBackend):
                     self.weight(f"layers.{layer}.k_norm"), self._cos, self._sin,
                     self.kv.k[layer], self.kv.v[layer], step.slots, step.positions,
                     self.shape.rms_norm_eps, self.num_sms, min_keys=self.decode_min_keys,
-                    early=self.decode_early, lanes=self.decode_lanes)
+                    early=self.decode_early)
             except Unsupported:
                 pass
         return super().rope_attention(q, k, v, layer, step)

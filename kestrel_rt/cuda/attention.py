@@ -26,7 +26,6 @@ from kestrel_rt.cuda.ops import Unsupported, _aligned, _dest, _round_up, _suffix
 ATTN_THREADS = 256
 ATTN_ELEMS = 4096  # rows-per-block * head_dim held in registers by one attn_partial block
 DECODE_WARPS = 4  # warps of the warp-per-key decode kernel
-LANES_WARPS = 8  # warps of the lane-per-key one (attn_lanes_rope_*: head_dim <= 128, RoPE fused)
 DECODE_MAX_ROWS = 8  # query rows (M * Hq / Hkv) it takes; more go to attn_partial
 DECODE_HEAD_DIMS = (64, 128, 256)  # head_dim = 32 lanes * 2, 4 or 8 elements
 MAX_SPLITS = 64  # context splits (the merge holds one weight per split)
@@ -125,15 +124,13 @@ def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Te
                  v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                  num_sms: int, out: torch.Tensor, new: tuple | None = None,
                  rope: tuple | None = None, min_keys: int = DECODE_MIN_KEYS,
-                 early: bool = False, lanes: bool = False) -> torch.Tensor:
+                 early: bool = False) -> torch.Tensor:
     """attn_decode: q [B, M, Hq, D] over the cache -> out.
 
     new = (k, v) [B, M, Hkv, D]: the step's K/V, read from there and written into the cache
     by the kernel. rope = (q_norm, k_norm, cos, sin, eps): q and k are raw, the kernel
     normalises and rotates them (needs `new`). early: the entry that loads the RoPE tables
-    and its first pass of cached keys into registers before its PDL wait (the same bits).
-    lanes (with rope, head_dim <= 128): attn_lanes_rope_*, a lane per key (the same attention
-    to rounding; min_keys then at least 32 * LANES_WARPS)."""
+    and its first pass of cached keys into registers before its PDL wait (the same bits)."""
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     rows = M * (Hq // Hkv)
@@ -152,13 +149,11 @@ def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Te
         name = f"attn_decode_{early_}{sfx}_d{D // 32}_r{rb}"
         rope_args = (ptr(None), ptr(None), ptr(None), ptr(None), f32(0.0))
     else:
-        name = (f"attn_lanes_rope_{sfx}_d{D // 32}_r{rb}" if lanes
-                else f"attn_decode_rope_{early_}{sfx}_d{D // 32}_r{rb}")
+        name = f"attn_decode_rope_{early_}{sfx}_d{D // 32}_r{rb}"
         q_norm, k_norm, cos, sin, eps = rope
         rope_args = (ptr(q_norm), ptr(k_norm), ptr(cos), ptr(sin), f32(eps))
     rope_args += (i32(min_keys),)
-    warps = LANES_WARPS if lanes and rope is not None else DECODE_WARPS
-    km.launch("decode_attention", name, (B * Hkv, splits), (32 * warps,),
+    km.launch("decode_attention", name, (B * Hkv, splits), (32 * DECODE_WARPS,),
               (ptr(q), i64(q_st), ptr(k_cache), ptr(v_cache), ptr(slots.contiguous()),
                ptr(positions.contiguous()), i64(k_cache.stride(0)), i64(k_cache.stride(1)),
                ptr(part_acc), ptr(part_ml), ptr(out), ptr(_tickets(km, B * Hkv, q.device)),
@@ -224,8 +219,8 @@ def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch
                    sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    slots: torch.Tensor, positions: torch.Tensor, eps: float, num_sms: int,
                    out: torch.Tensor | None = None, min_keys: int = DECODE_MIN_KEYS,
-                   early: bool = False, lanes: bool = False) -> torch.Tensor:
-    """attention(*qk_norm_rope(q, k, ...), v, ...) in one launch (min_keys, early, lanes: see
+                   early: bool = False) -> torch.Tensor:
+    """attention(*qk_norm_rope(q, k, ...), v, ...) in one launch (min_keys, early: see
     attention).
 
     q [B, M, Hq, D], k, v [B, M, Hkv, D]: raw projections (strided views of the qkv output
@@ -255,4 +250,4 @@ def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch
         return out
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
                         new=(k, v), rope=(q_norm, k_norm, cos, sin, eps), min_keys=min_keys,
-                        early=early, lanes=lanes and D <= 128)
+                        early=early)

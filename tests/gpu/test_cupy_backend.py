@@ -290,36 +290,3 @@ def test_decode_early_reaches_the_kernel_and_keeps_the_logits(monkeypatch):
     assert seen and all(seen)
     for g, r in zip(got, ref, strict=True):
         assert torch.equal(g, r)
-
-
-@pytest.mark.parametrize("graphs", [False, True])
-def test_decode_lanes_keeps_the_logits(monkeypatch, graphs):
-    """CupyBackend.decode_lanes: the decode attention launches ask for the lane-per-key
-    kernel, eagerly and in CUDA graphs (with PDL), and the logits stay those of the
-    warp-per-key kernel to rounding (another summation order)."""
-    from kestrel_rt.cuda import attention as attn
-    from kestrel_rt.cuda.graphs import GraphModel
-
-    seen: list[bool] = []
-    warp_decode = attn._warp_decode
-
-    def spy(*args, **kw):
-        seen.append(kw.get("lanes", False))
-        return warp_decode(*args, **kw)
-
-    monkeypatch.setattr(attn, "_warp_decode", spy)
-
-    def run(lanes: bool, cls):
-        be = CupyBackend("cuda", torch.float32)
-        be.decode_lanes = lanes
-        return gm.run_script(gm.model("wide", be, cls=cls, slots=5, max_len=384),
-                             LENGTHS + [300], 6)
-
-    ref = run(False, Qwen3Model)
-    assert seen and not any(seen)
-    seen.clear()
-    got = run(True, GraphModel if graphs else Qwen3Model)
-    assert seen and all(seen)
-    for g, r in zip(got, ref, strict=True):
-        assert gm.rel_err(g, r) <= 1e-5
-
