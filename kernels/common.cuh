@@ -215,36 +215,27 @@ __device__ __forceinline__ bool last_to_arrive(int* ticket, int n) {
   return s_last;
 }
 
-// A row's (max, sum) pairs of its first n (<= 64) splits, for split_weights: lane l takes
-// splits l and l + 32 (max -inf past n).
-struct SplitML {
-  float m[2], l[2];
-  __device__ __forceinline__ void load(const float* ml, int n) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      m[h] = -inf_f();
-      l[h] = 0.f;
-      if (lane + 32 * h < n) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(ml) + lane + 32 * h);
-        m[h] = v.x;
-        l[h] = v.y;
-      }
-    }
-  }
-};
-
-// w[s] = exp(max_s - max) of the row's splits s < n, 0 where max_s = -inf; returns the
-// denominator sum_s w[s] * sum_s. One whole warp.
-__device__ __forceinline__ float split_weights(const SplitML& v, int n, float* w) {
+// w[s] = exp(max_s - max) of a row's first n (<= 64) splits, 0 where max_s = -inf; returns
+// the denominator sum_s w[s] * sum_s. One whole warp: lane l takes splits l and l + 32.
+__device__ __forceinline__ float split_weights(const float* ml, int n, float* w) {
   const int lane = threadIdx.x & 31;
-  float den[2];
-  const float mx = warp_max(fmaxf(v.m[0], v.m[1]));
+  float m[2], l[2], den[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float wgt = v.m[h] == -inf_f() ? 0.f : expf(v.m[h] - mx);
+    m[h] = -inf_f();
+    l[h] = 0.f;
+    if (lane + 32 * h < n) {
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(ml) + lane + 32 * h);
+      m[h] = v.x;
+      l[h] = v.y;
+    }
+  }
+  const float mx = warp_max(fmaxf(m[0], m[1]));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float wgt = m[h] == -inf_f() ? 0.f : expf(m[h] - mx);
     if (lane + 32 * h < n) w[lane + 32 * h] = wgt;
-    den[h] = warp_sum(wgt * v.l[h]);
+    den[h] = warp_sum(wgt * l[h]);
   }
   return den[0] + den[1];
 }
@@ -256,30 +247,21 @@ __device__ __forceinline__ void fma4(float (&a)[4], float4 x, float w) {
   a[3] = fmaf(x.w, w, a[3]);
 }
 
-// Splits whose partials one thread has in flight at once in the merge.
-#define MERGE_BATCH 16
-
-// x[u] = acc[(s + u) * d + 0..4) for u < MERGE_BATCH (the index clamped to n - 1).
-__device__ __forceinline__ void load_splits(const float* acc, int s, int n, int d,
-                                            float4 (&x)[MERGE_BATCH]) {
-#pragma unroll
-  for (int u = 0; u < MERGE_BATCH; ++u) {
-    const int at = s + u < n ? s + u : n - 1;
-    x[u] = __ldcg(reinterpret_cast<const float4*>(acc + (long long)at * d));
-  }
-}
-
-// o[0..4) = sum over splits s < n of w[s] * acc[s * d + 0..4) (acc 16-byte aligned), with x
-// holding splits 0 .. MERGE_BATCH - 1 already (load_splits(acc, 0, ...)): split s adds into
-// accumulator s % 4, then (a0 + a1) + (a2 + a3), so splits past n with w = 0 would not change
-// a bit.
+// o[0..4) = sum over splits s < n of w[s] * acc[s * d + 0..4) (acc 16-byte aligned): split s
+// adds into accumulator s % 4, then (a0 + a1) + (a2 + a3), so splits past n with w = 0 would
+// not change a bit. Eight splits' loads in flight (the last group's index clamped to n - 1).
 __device__ __forceinline__ void split_sum4(const float* acc, const float* w, int n, int d,
-                                           float4 (&x)[MERGE_BATCH], float (&o)[4]) {
+                                           float (&o)[4]) {
   float a[4][4] = {};  // [accumulator][column]
-  for (int s = 0; s < n; s += MERGE_BATCH) {
-    if (s > 0) load_splits(acc, s, n, d, x);
+  for (int s = 0; s < n; s += 8) {
+    float4 x[8];
 #pragma unroll
-    for (int u = 0; u < MERGE_BATCH; ++u)
+    for (int u = 0; u < 8; ++u) {
+      const int at = s + u < n ? s + u : n - 1;
+      x[u] = __ldcg(reinterpret_cast<const float4*>(acc + (long long)at * d));
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
       if (s + u < n) fma4(a[u & 3], x[u], w[s + u]);
   }
 #pragma unroll
@@ -288,10 +270,7 @@ __device__ __forceinline__ void split_sum4(const float* acc, const float* w, int
 
 // Merge splits 0 .. n (n <= 64 of S = splits) of query rows r0 .. r0 + nrows of kv head kvh of
 // sequence b into out [B, M, Hq, D]. d % 4 == 0; the whole block calls it. Eight rows at a
-// time: a warp per row computes the weights, then each thread 4 columns of a row. Each
-// thread's first item has its first MERGE_BATCH splits' partials in flight while the (max,
-// sum) pairs load (both of a warp's rows at once), so n <= MERGE_BATCH costs one round trip
-// to L2 before the sums, not two or more.
+// time: a warp per row computes the weights, then each thread 4 columns of a row.
 template <typename T>
 __device__ void merge_rows(const float* part_acc, const float* part_ml, T* out, int b, int kvh,
                            int r0, int nrows, int m_tokens, int hq, int hkv, int d, int splits,
@@ -303,25 +282,13 @@ __device__ void merge_rows(const float* part_acc, const float* part_ml, T* out, 
   for (int c0 = 0; c0 < nrows; c0 += 8) {
     const int rows = nrows - c0 < 8 ? nrows - c0 : 8;
     const long long row0 = ((long long)b * hkv + kvh) * (m_tokens * g_size) + r0 + c0;
-    float4 x[MERGE_BATCH];
-    if ((int)threadIdx.x < rows * quads) {
-      const int r = threadIdx.x / quads, c = threadIdx.x % quads * 4;
-      load_splits(part_acc + (row0 + r) * splits * d + c, 0, n, d, x);
-    }
-    for (int r = warp; r < rows; r += 2 * warps) {
-      SplitML v[2];  // rows r and r + warps
-      v[0].load(part_ml + (row0 + r) * splits * 2, n);
-      if (r + warps < rows) v[1].load(part_ml + (row0 + r + warps) * splits * 2, n);
-      s_den[r] = split_weights(v[0], n, s_w[r]);
-      if (r + warps < rows) s_den[r + warps] = split_weights(v[1], n, s_w[r + warps]);
-    }
+    for (int r = warp; r < rows; r += warps)
+      s_den[r] = split_weights(part_ml + (row0 + r) * splits * 2, n, s_w[r]);
     __syncthreads();
     for (int e = threadIdx.x; e < rows * quads; e += blockDim.x) {
       const int r = e / quads, c = e % quads * 4, gr = r0 + c0 + r;
-      const float* acc = part_acc + (row0 + r) * splits * d + c;
-      if (e != (int)threadIdx.x) load_splits(acc, 0, n, d, x);
       float o[4];
-      split_sum4(acc, s_w[r], n, d, x, o);
+      split_sum4(part_acc + (row0 + r) * splits * d + c, s_w[r], n, d, o);
       T* dst = out + (((long long)b * m_tokens + gr / g_size) * hq + kvh * g_size + gr % g_size)
                          * d + c;
 #pragma unroll
