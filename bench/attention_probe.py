@@ -8,8 +8,7 @@ block that holds keys appends a record of clock64 marks, see the kernel's header
 36 layers of rope_attention (the model's heads, M = 1, bf16, `ctx` cached tokens) in one CUDA
 graph, in three settings: "hot" (the layers back to back, the KV cache in L2), "cold" (a
 96 MB copy before each layer evicts L2, as the decode step's weight stream does) and "pdl"
-(hot, each launch programmatic-dependent on the one before), each with the early loads off
-and on (CupyBackend.decode_early). Prints, per setting, the graph's time per layer and the
+(hot, each launch programmatic-dependent on the one before). Prints, per setting, the graph's time per layer and the
 median over blocks and layers of each phase in microseconds: the PDL wait, the RoPE prologue,
 the key loop, storing the partials, the arrival ticket, the merge (merging blocks only), and
 the span from the first block's start to the last block's end.
@@ -76,7 +75,7 @@ def phases(rec, per_launch: int) -> dict[str, float]:
     return out
 
 
-def case(km_plain, km_pdl, shape, ctx: int, early: bool, mode: str) -> dict[str, float]:
+def case(km_plain, km_pdl, shape, ctx: int, mode: str) -> dict[str, float]:
     dt, D = torch.bfloat16, shape.head_dim
     Hq, Hkv = shape.num_attention_heads, shape.num_key_value_heads
     km = km_pdl if mode == "pdl" else km_plain
@@ -102,8 +101,7 @@ def case(km_plain, km_pdl, shape, ctx: int, early: bool, mode: str) -> dict[str,
             if mode == "cold":
                 flush_b.copy_(flush_a)
             attention.rope_attention(km, q, k, v, norm, norm, cos, sin, kv.k[i], kv.v[i],
-                                     step.slots, step.positions, 1e-6, sms, out=out,
-                                     early=early)
+                                     step.slots, step.positions, 1e-6, sms, out=out)
 
     n, rec = records(km)
     layer_s = measure.time_graph(run, 20)
@@ -134,16 +132,14 @@ def main() -> None:
     cols = ("layer", "span") + PHASES
     print(f"decode attention phases, batch 1, {args.ctx} cached tokens, bf16, "
           f"median us over blocks and {LAYERS} layers (diagnostic build)\n")
-    print("| model | mode | early | " + " | ".join(cols) + " | GHz |")
-    print("| --- | --- | --- | " + " | ".join("---:" for _ in cols) + " | ---: |")
+    print("| model | mode | " + " | ".join(cols) + " | GHz |")
+    print("| --- | --- | " + " | ".join("---:" for _ in cols) + " | ---: |")
     for name in args.models.split(","):
         shape = preset(name)
         for mode in ("hot", "cold", "pdl"):
-            for early in (False, True):
-                r = case(km_plain, km_pdl, shape, args.ctx, early, mode)
-                print(f"| {name} | {mode} | {early} | "
-                      + " | ".join(f"{r[c]:.2f}" for c in cols) + f" | {r['GHz']:.2f} |",
-                      flush=True)
+            r = case(km_plain, km_pdl, shape, args.ctx, mode)
+            print(f"| {name} | {mode} | " + " | ".join(f"{r[c]:.2f}" for c in cols)
+                  + f" | {r['GHz']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

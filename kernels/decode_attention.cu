@@ -64,54 +64,27 @@ __device__ long long probe_rec[PROBE_RECORDS * PROBE_WORDS];
 #define PROBE_SAVE()
 #endif
 
-// attn_decode's ROPE prologue, in two parts. Items: the new keys this block reads (tokens
-// key0 .. key0 + nkeys of sequence b), then its q rows; item it goes to warp it % DECODE_WARPS.
-// RopeTables::load reads what no kernel of the step writes (the norm weights, each item's cos
-// and sin: positions are copied in before the step's first kernel), so EARLY calls it before
-// pdl_wait; rope_prologue then loads the items (x) and normalises and rotates them
-// (head_norm_rope): q rows into s_q[r], keys into s_knew[mm] and, with v, into the cache. Ends
-// at a barrier.
-template <typename T, int DL, int RB>
-struct RopeTables {
-  static constexpr int J = (2 * RB + DECODE_WARPS - 1) / DECODE_WARPS;  // items per warp, at most
-  float qw[DL], kw[DL], c[J][DL], s[J][DL];
-
-  __device__ __forceinline__ void load(const T* __restrict__ q_norm, const T* __restrict__ k_norm,
-                                       const T* __restrict__ cos_t, const T* __restrict__ sin_t,
-                                       const long long* __restrict__ pos_b, int g_size,
-                                       int key0, int nkeys, int rows) {
-    constexpr int D = 32 * DL;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int lane_off = lane * DL, pair_off = (lane & 15) * DL;
-    load_lane<T, DL>(q_norm + lane_off, qw);
-    load_lane<T, DL>(k_norm + lane_off, kw);
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-      const int it = warp + DECODE_WARPS * j;
-      if (it < nkeys + rows) {  // warp-uniform
-        const int mm = it < nkeys ? key0 + it : (it - nkeys) / g_size;
-        load_lane<T, DL>(cos_t + pos_b[mm] * D + pair_off, c[j]);
-        load_lane<T, DL>(sin_t + pos_b[mm] * D + pair_off, s[j]);
-      }
-    }
-  }
-};
-
+// attn_decode's ROPE prologue. Items: the new keys this block reads (tokens key0 .. key0 +
+// nkeys of sequence b), then its q rows; item it goes to warp it % DECODE_WARPS. Each warp
+// first loads all its items (x, cos, sin), then normalises and rotates them (head_norm_rope):
+// q rows into s_q[r], keys into s_knew[mm] and, with v, into the cache. Ends at a barrier.
 template <typename T, int DL, int RB>
 __device__ __forceinline__ void rope_prologue(
-    const RopeTables<T, DL, RB>& tb, const T* __restrict__ q, long long q_st,
-    const T* __restrict__ k_new, long long k_st, const T* __restrict__ v_new, long long v_st,
-    T* __restrict__ k_cache, T* __restrict__ v_cache, float eps,
-    const long long* __restrict__ pos_b, int b, int m_tokens, int kvh, int g_size, int rows,
-    int key0, int nkeys, long long lane_base, long long stride_pos, float (*s_q)[32 * DL],
-    float (*s_knew)[32 * DL]) {
+    const T* __restrict__ q, long long q_st, const T* __restrict__ k_new, long long k_st,
+    const T* __restrict__ v_new, long long v_st, T* __restrict__ k_cache, T* __restrict__ v_cache,
+    const T* __restrict__ q_norm, const T* __restrict__ k_norm, const T* __restrict__ cos_t,
+    const T* __restrict__ sin_t, float eps, const long long* __restrict__ pos_b, int b,
+    int m_tokens, int kvh, int g_size, int rows, int key0, int nkeys, long long lane_base,
+    long long stride_pos, float (*s_q)[32 * DL], float (*s_knew)[32 * DL]) {
   constexpr int D = 32 * DL;
-  constexpr int J = RopeTables<T, DL, RB>::J;
+  constexpr int J = (2 * RB + DECODE_WARPS - 1) / DECODE_WARPS;  // items per warp, at most
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int items = nkeys + rows;
   const long long tok0 = (long long)b * m_tokens;  // token row of (b, 0)
-  const int lane_off = lane * DL;
-  float x[J][DL];
+  const int lane_off = lane * DL, pair_off = (lane & 15) * DL;
+  float qw[DL], kw[DL], x[J][DL], c[J][DL], s[J][DL];
+  load_lane<T, DL>(q_norm + lane_off, qw);
+  load_lane<T, DL>(k_norm + lane_off, kw);
 #pragma unroll
   for (int j = 0; j < J; ++j) {  // every load in flight before any math
     const int it = warp + DECODE_WARPS * j;
@@ -121,6 +94,8 @@ __device__ __forceinline__ void rope_prologue(
           ? k_new + (tok0 + mm) * k_st + kvh * D
           : q + (tok0 + mm) * q_st + (kvh * g_size + (it - nkeys) % g_size) * D;
       load_lane<T, DL>(src + lane_off, x[j]);
+      load_lane<T, DL>(cos_t + pos_b[mm] * D + pair_off, c[j]);
+      load_lane<T, DL>(sin_t + pos_b[mm] * D + pair_off, s[j]);
     }
   }
 #pragma unroll
@@ -128,14 +103,10 @@ __device__ __forceinline__ void rope_prologue(
     const int it = warp + DECODE_WARPS * j;
     if (it < items) {  // warp-uniform
       const bool is_key = it < nkeys;
-      float w[DL], c[DL], s[DL];
+      float w[DL];
 #pragma unroll
-      for (int i = 0; i < DL; ++i) {
-        w[i] = is_key ? tb.kw[i] : tb.qw[i];
-        c[i] = tb.c[j][i];
-        s[i] = tb.s[j][i];
-      }
-      head_norm_rope<T, DL>(x[j], w, c, s, lane, eps);
+      for (int i = 0; i < DL; ++i) w[i] = is_key ? kw[i] : qw[i];
+      head_norm_rope<T, DL>(x[j], w, c[j], s[j], lane, eps);
       if (is_key) {
         const int mm = key0 + it;
 #pragma unroll
@@ -165,7 +136,7 @@ __device__ __forceinline__ void rope_prologue(
 // [max_pos, D] (16-byte aligned). A prologue (rope_prologue) spreads the block's q rows and
 // the new keys it reads over its warps; each is normalised and rotated once, into shared
 // memory, and each new key is written into the cache by the one block that reads it.
-template <typename T, int DL, int RB, bool ROPE, bool EARLY>
+template <typename T, int DL, int RB, bool ROPE>
 __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __restrict__ k_cache,
                                  T* __restrict__ v_cache, const long long* __restrict__ slots,
                                  const long long* __restrict__ positions,
@@ -208,35 +179,12 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   // PDL (kernels/pdl.cuh): the cached keys before the new tokens were written by earlier
   // steps, so fetch this block's share of them into L2 while the previous kernel (the qkv
   // projection) finishes; q and the new K/V are read, and the cache written, after the wait.
-  // EARLY: the key loop's first pass of cached keys goes into registers instead (kv, vv,
-  // `held`), and the RoPE tables too; only the rest is fetched into L2.
-  float kv[2][DL], vv[2][DL];  // two keys' loads in flight per lane
-  bool held[2] = {false, false};  // kv[u], vv[u] hold the first pass's key u already
-  if constexpr (EARLY) {
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const long long kk = k_begin + warp + u * DECODE_WARPS;
-      if (kk < k_end && kk < first_new) {
-        load_lane<T, DL>(k_cache + base + kk * stride_pos, kv[u]);
-        load_lane<T, DL>(v_cache + base + kk * stride_pos, vv[u]);
-        held[u] = true;
-      }
-    }
-  }
-  for (long long key = k_begin + warp + (EARLY ? 2 * DECODE_WARPS : 0);
-       key < k_end && key < first_new; key += DECODE_WARPS) {
+  for (long long key = k_begin + warp; key < k_end && key < first_new; key += DECODE_WARPS) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(k_cache + base + key * stride_pos));
     asm volatile("prefetch.global.L2 [%0];" ::"l"(v_cache + base + key * stride_pos));
   }
-  const long long lo = k_begin > first_new ? k_begin : first_new;  // ROPE: new keys read here
-  const int key0 = (int)(lo - first_new), nkeys = k_end > lo ? (int)(k_end - lo) : 0;
-  RopeTables<T, DL, ROPE ? RB : 1> tables;
-  if constexpr (ROPE && EARLY)
-    tables.load(q_norm, k_norm, cos_t, sin_t, pos_b, g_size, key0, nkeys, rows);
   pdl_wait();
   PROBE_MARK(0)
-  if constexpr (ROPE && !EARLY)
-    tables.load(q_norm, k_norm, cos_t, sin_t, pos_b, g_size, key0, nkeys, rows);
 
   if constexpr (!ROPE) {
     if (k_new && split == 0) {  // the new K/V go into the cache
@@ -250,9 +198,11 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
 
   float (*s_q)[D] = s_acc[0];  // ROPE: normalised q rows, until the key loop (then s_acc)
   if constexpr (ROPE) {
-    rope_prologue<T, DL, RB>(tables, q, q_st, k_new, k_st, v_new, v_st, k_cache, v_cache, eps,
-                             pos_b, b, m_tokens, kvh, g_size, rows, key0, nkeys, base,
-                             stride_pos, s_q, s_knew);
+    const long long lo = k_begin > first_new ? k_begin : first_new;  // new keys read here
+    rope_prologue<T, DL, RB>(q, q_st, k_new, k_st, v_new, v_st, k_cache, v_cache, q_norm,
+                             k_norm, cos_t, sin_t, eps, pos_b, b, m_tokens, kvh, g_size, rows,
+                             (int)(lo - first_new), k_end > lo ? (int)(k_end - lo) : 0,
+                             base, stride_pos, s_q, s_knew);
   }
 
   float qr[RB][DL], acc[RB][DL], m[RB], l[RB];
@@ -283,10 +233,11 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   PROBE_MARK(1)
 
   for (long long key = k_begin + warp; key < k_end; key += 2 * DECODE_WARPS) {
+    float kv[2][DL], vv[2][DL];  // two keys' loads in flight per lane
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const long long kk = key + u * DECODE_WARPS;
-      if (kk < k_end && !held[u]) {
+      if (kk < k_end) {
         if (kk >= first_new) {
           const long long row = kk - first_new;  // new token mm of this sequence
           if constexpr (ROPE) {
@@ -349,7 +300,6 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
         }
       }
     }
-    held[0] = held[1] = false;
   }
   PROBE_MARK(2)
 #pragma unroll
@@ -394,34 +344,31 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   PROBE_SAVE()
 }
 
-// One entry point per (dtype, D / 32, RB), without and with the fused norm + RoPE, and each
-// again with EARLY loads before the PDL wait (attn_decode[_rope]_early_*); same arguments (the
-// norm ones are ignored without the RoPE).
-#define DECODE_ENTRY(NAME, T, DL, RB, ROPE, EARLY)                                                 \
-  extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS) NAME(                            \
-      const T* q, long long q_st, T* k_cache, T* v_cache, const long long* slots,                  \
-      const long long* positions, long long stride_slot, long long stride_pos,                     \
-      float* part_acc, float* part_ml, T* out, int* tickets, int m_tokens, int hq, int hkv,        \
-      float scale, const T* k_new, long long k_st, const T* v_new, long long v_st,                 \
-      const T* q_norm, const T* k_norm, const T* cos_t, const T* sin_t, float eps,                 \
-      int min_keys) {                                                                              \
-    pdl_trigger();                                                                                 \
-    attn_decode_impl<T, DL, RB, ROPE, EARLY>(q, q_st, k_cache, v_cache, slots, positions,          \
-                                            stride_slot, stride_pos, part_acc, part_ml, out,       \
-                                            tickets, m_tokens, hq, hkv, scale, k_new, k_st,        \
-                                            v_new, v_st, q_norm, k_norm, cos_t, sin_t, eps,        \
-                                            min_keys);                                             \
+// One entry point per (dtype, D / 32, RB), without and with the fused norm + RoPE; same
+// arguments (the norm ones are ignored without the RoPE).
+#define DECODE_ENTRY(NAME, T, DL, RB, ROPE)                                                    \
+  extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS) NAME(                        \
+      const T* q, long long q_st, T* k_cache, T* v_cache, const long long* slots,              \
+      const long long* positions, long long stride_slot, long long stride_pos,                 \
+      float* part_acc, float* part_ml, T* out, int* tickets, int m_tokens, int hq, int hkv,    \
+      float scale, const T* k_new, long long k_st, const T* v_new, long long v_st,             \
+      const T* q_norm, const T* k_norm, const T* cos_t, const T* sin_t, float eps,             \
+      int min_keys) {                                                                          \
+    pdl_trigger();                                                                             \
+    attn_decode_impl<T, DL, RB, ROPE>(q, q_st, k_cache, v_cache, slots, positions,             \
+                                            stride_slot, stride_pos, part_acc, part_ml, out,   \
+                                            tickets, m_tokens, hq, hkv, scale, k_new, k_st,    \
+                                            v_new, v_st, q_norm, k_norm, cos_t, sin_t, eps,    \
+                                            min_keys);                                         \
   }
 
-#define DECODE_PAIR(SUFFIX, T, DL, RB)                                                             \
-  DECODE_ENTRY(attn_decode_##SUFFIX##_d##DL##_r##RB, T, DL, RB, false, false)                      \
-  DECODE_ENTRY(attn_decode_rope_##SUFFIX##_d##DL##_r##RB, T, DL, RB, true, false)                  \
-  DECODE_ENTRY(attn_decode_early_##SUFFIX##_d##DL##_r##RB, T, DL, RB, false, true)                 \
-  DECODE_ENTRY(attn_decode_rope_early_##SUFFIX##_d##DL##_r##RB, T, DL, RB, true, true)
+#define DECODE_PAIR(SUFFIX, T, DL, RB)                                                         \
+  DECODE_ENTRY(attn_decode_##SUFFIX##_d##DL##_r##RB, T, DL, RB, false)                         \
+  DECODE_ENTRY(attn_decode_rope_##SUFFIX##_d##DL##_r##RB, T, DL, RB, true)
 
-#define DECODE_ENTRIES(SUFFIX, T)                                                                  \
-  DECODE_PAIR(SUFFIX, T, 2, 2) DECODE_PAIR(SUFFIX, T, 2, 4) DECODE_PAIR(SUFFIX, T, 2, 8)           \
-  DECODE_PAIR(SUFFIX, T, 4, 2) DECODE_PAIR(SUFFIX, T, 4, 4) DECODE_PAIR(SUFFIX, T, 4, 8)           \
+#define DECODE_ENTRIES(SUFFIX, T)                                                              \
+  DECODE_PAIR(SUFFIX, T, 2, 2) DECODE_PAIR(SUFFIX, T, 2, 4) DECODE_PAIR(SUFFIX, T, 2, 8)       \
+  DECODE_PAIR(SUFFIX, T, 4, 2) DECODE_PAIR(SUFFIX, T, 4, 4) DECODE_PAIR(SUFFIX, T, 4, 8)       \
   DECODE_PAIR(SUFFIX, T, 8, 2) DECODE_PAIR(SUFFIX, T, 8, 4) DECODE_PAIR(SUFFIX, T, 8, 8)
 
 DECODE_ENTRIES(bf16, bf16_t)

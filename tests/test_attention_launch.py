@@ -1,6 +1,6 @@
 """The decode attention kernel's launch on the host (CPU: no kernel runs here): the argument
 list _warp_decode builds has the kinds of kernels/decode_attention.cu's entry macro (min_keys
-last), and early picks the attn_decode[_rope]_early_* entry."""
+last)."""
 
 from __future__ import annotations
 
@@ -39,8 +39,7 @@ class _Recorder:
 
 
 @pytest.mark.parametrize("rope", [False, True])
-@pytest.mark.parametrize("early", [False, True])
-def test_decode_launch_matches_the_kernel(monkeypatch, rope, early):
+def test_decode_launch_matches_the_kernel(monkeypatch, rope):
     monkeypatch.setattr(attention, "_tickets", lambda km, n, device: torch.zeros(1024,
                                                                                  dtype=torch.int32))
     B, M, Hq, Hkv, D, max_len = 2, 1, 32, 8, 128, 64
@@ -55,18 +54,18 @@ def test_decode_launch_matches_the_kernel(monkeypatch, rope, early):
     km = _Recorder()
     attention._warp_decode(km, "bf16", q, cache, cache.clone(), slots, positions, 132,
                            torch.empty_like(q), new=(k, v), rope=tables if rope else None,
-                           min_keys=16, early=early)
+                           min_keys=16)
     (file, name, grid, block, args), = km.launches
     assert file == "decode_attention" and block == (32 * attention.DECODE_WARPS,)
     assert grid == (B * Hkv, attention.decode_splits(B, Hkv, max_len, 132))
-    assert name == f"attn_decode_{'rope_' if rope else ''}{'early_' if early else ''}bf16_d4_r4"
+    assert name == f"attn_decode_{'rope_' if rope else ''}bf16_d4_r4"
     assert [type(a) for a in args] == _signature()
     assert int(args[-1]) == 16
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_every_decode_entry_is_compiled(tmp_path):
-    """Each name _warp_decode can ask for (dtype, rope, early, head_dim / 32, rows) is an entry
+    """Each name _warp_decode can ask for (dtype, rope, head_dim / 32, rows) is an entry
     of the compiled module."""
     from kestrel_rt.cuda.module import full_source
 
@@ -76,7 +75,7 @@ def test_every_decode_entry_is_compiled(tmp_path):
                     str(tmp_path / "d.ptx")], check=True, capture_output=True)
     entries = set(re.findall(r"\.entry\s+(\w+)", (tmp_path / "d.ptx").read_text()))
     for sfx in ("bf16", "f32"):
-        for pre in ("", "rope_", "early_", "rope_early_"):
+        for pre in ("", "rope_"):
             for d in attention.DECODE_HEAD_DIMS:
                 for rb in (2, 4, 8):
                     assert f"attn_decode_{pre}{sfx}_d{d // 32}_r{rb}" in entries

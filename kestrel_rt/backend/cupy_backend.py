@@ -24,10 +24,8 @@ when its weight is all ones (folded into the linear: kestrel_rt/fold.py) and
 gemv and moe_gate_up; "moe": only a MoE layer's post-attention norm; "producer": the residual
 gemvs of `linear_add` write their output's sums of squares and the next gemv takes its rstd
 from them; measured slower), apply it as a row scale. `moe_fused_route` (off: measured
-slower) routes inside moe_gate_up, without the moe_route launch; `decode_early` (off: no
-gain in the decode step) has the decode attention load the RoPE tables and its first cached
-keys before its PDL wait. `pdl` launches
-every kernel of the forward with programmatic dependent launch.
+slower) routes inside moe_gate_up, without the moe_route launch. `pdl` launches every kernel
+of the forward with programmatic dependent launch.
 """
 
 from __future__ import annotations
@@ -105,16 +103,6 @@ class CupyBackend(GemvLinear, TorchBackend):
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
         # keys per context split of the decode attention kernel, at least (attn_ops.attention)
         self.decode_min_keys = attn_ops.DECODE_MIN_KEYS
-        # the decode attention loads the RoPE tables and its first pass of cached keys into
-        # registers before its PDL wait (attn_decode[_rope]_early_*): inside the kernel the
-        # RoPE prologue and key loop shrink by ~0.85 us and the wait grows by ~0.7
-        # (bench/attention_probe.py), and the decode step does not move beyond run-to-run
-        # noise (qwen3-8b bf16 4.495 vs 4.532 ms in one run, 4.521 vs 4.523 in another;
-        # qwen3-30b-a3b and int4 within 0.4%, bench/results/ablation_attn_early*_h200.log): off.
-        # (merge_rows_flat, a merge with fewer round trips, measured slower on the H200:
-        # qwen3-8b bf16 4.512 vs 4.493 ms, int4 2.295 vs 2.262, qwen3-30b-a3b 2.946 vs 2.871,
-        # bench/results/ablation_flat_merge_h200.log; removed)
-        self.decode_early = False
         # SwiGLU in the gate_up gemv's epilogue (one launch fewer per dense layer; exact
         # rounding): faster everywhere on the H200 (bench/ablation.py: qwen3-8b bf16 4.98 vs
         # 5.04 ms, int4 2.70 vs 2.75, qwen3-0.6b 0.877 vs 0.909 ms per step)
@@ -200,8 +188,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         try:
             return attn_ops.attention(self.kernels, q, k, v, kc, vc, step.slots,
                                       step.positions, self.num_sms,
-                                      min_keys=self.decode_min_keys,
-                                      early=self.decode_early)
+                                      min_keys=self.decode_min_keys)
         except Unsupported:
             return super().attention(q, k, v, layer, step)
 
@@ -213,8 +200,7 @@ class CupyBackend(GemvLinear, TorchBackend):
                     self.kernels, q, k, v, self.weight(f"layers.{layer}.q_norm"),
                     self.weight(f"layers.{layer}.k_norm"), self._cos, self._sin,
                     self.kv.k[layer], self.kv.v[layer], step.slots, step.positions,
-                    self.shape.rms_norm_eps, self.num_sms, min_keys=self.decode_min_keys,
-                    early=self.decode_early)
+                    self.shape.rms_norm_eps, self.num_sms, min_keys=self.decode_min_keys)
             except Unsupported:
                 pass
         return super().rope_attention(q, k, v, layer, step)

@@ -123,14 +123,12 @@ def _lane_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                  num_sms: int, out: torch.Tensor, new: tuple | None = None,
-                 rope: tuple | None = None, min_keys: int = DECODE_MIN_KEYS,
-                 early: bool = False) -> torch.Tensor:
+                 rope: tuple | None = None, min_keys: int = DECODE_MIN_KEYS) -> torch.Tensor:
     """attn_decode: q [B, M, Hq, D] over the cache -> out.
 
     new = (k, v) [B, M, Hkv, D]: the step's K/V, read from there and written into the cache
     by the kernel. rope = (q_norm, k_norm, cos, sin, eps): q and k are raw, the kernel
-    normalises and rotates them (needs `new`). early: the entry that loads the RoPE tables
-    and its first pass of cached keys into registers before its PDL wait (the same bits)."""
+    normalises and rotates them (needs `new`)."""
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     rows = M * (Hq // Hkv)
@@ -144,12 +142,11 @@ def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Te
         k, k_st = _lane_rows(new[0])
         v, v_st = _lane_rows(new[1])
         new_args = (ptr(k), i64(k_st), ptr(v), i64(v_st))
-    early_ = "early_" if early else ""
     if rope is None:
-        name = f"attn_decode_{early_}{sfx}_d{D // 32}_r{rb}"
+        name = f"attn_decode_{sfx}_d{D // 32}_r{rb}"
         rope_args = (ptr(None), ptr(None), ptr(None), ptr(None), f32(0.0))
     else:
-        name = f"attn_decode_rope_{early_}{sfx}_d{D // 32}_r{rb}"
+        name = f"attn_decode_rope_{sfx}_d{D // 32}_r{rb}"
         q_norm, k_norm, cos, sin, eps = rope
         rope_args = (ptr(q_norm), ptr(k_norm), ptr(cos), ptr(sin), f32(eps))
     rope_args += (i32(min_keys),)
@@ -196,13 +193,12 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
 def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
               positions: torch.Tensor, num_sms: int, out: torch.Tensor | None = None,
-              min_keys: int = DECODE_MIN_KEYS, early: bool = False) -> torch.Tensor:
+              min_keys: int = DECODE_MIN_KEYS) -> torch.Tensor:
     """The attention op: write k, v [B, M, Hkv, D] into one layer's cache at (slots[b],
     positions[b, m]) and attend q [B, M, Hq, D] over it -> [B, M, Hq, D].
 
     Where attn_decode takes the shapes it writes the cache itself (one launch; each context
-    split holds at least min_keys keys; early: see _warp_decode); otherwise kv_write +
-    decode_attention (two)."""
+    split holds at least min_keys keys); otherwise kv_write + decode_attention (two)."""
     sfx = _suffix(q, k, v, k_cache, v_cache)
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -211,17 +207,16 @@ def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return decode_attention(km, q, k_cache, v_cache, slots, positions, num_sms, out=out)
     out = _dest(out, q.shape, q.dtype, q.device)
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
-                        new=(k, v), min_keys=min_keys, early=early)
+                        new=(k, v), min_keys=min_keys)
 
 
 def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    slots: torch.Tensor, positions: torch.Tensor, eps: float, num_sms: int,
-                   out: torch.Tensor | None = None, min_keys: int = DECODE_MIN_KEYS,
-                   early: bool = False) -> torch.Tensor:
-    """attention(*qk_norm_rope(q, k, ...), v, ...) in one launch (min_keys, early: see
-    attention).
+                   out: torch.Tensor | None = None, min_keys: int = DECODE_MIN_KEYS
+                   ) -> torch.Tensor:
+    """attention(*qk_norm_rope(q, k, ...), v, ...) in one launch (min_keys: see attention).
 
     q [B, M, Hq, D], k, v [B, M, Hkv, D]: raw projections (strided views of the qkv output
     are fine); q_norm, k_norm [D]; cos, sin [max_len, D] RoPE tables (TorchBackend.allocate_kv);
@@ -249,5 +244,4 @@ def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch
     if B * M == 0:
         return out
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
-                        new=(k, v), rope=(q_norm, k_norm, cos, sin, eps), min_keys=min_keys,
-                        early=early)
+                        new=(k, v), rope=(q_norm, k_norm, cos, sin, eps), min_keys=min_keys)

@@ -107,7 +107,7 @@ def nan_partials(monkeypatch):
     ([2], 1, 32, 8, 128, 4096),            # short context, large cache: one split holds keys
     ([0, 40, 9], 9, 32, 4, 128, 4096),     # the same on attn_partial, 3 row groups
 ])
-@pytest.mark.parametrize("fused", [False, True, "early"])  # early: fused, early loads
+@pytest.mark.parametrize("fused", [False, True])
 def test_decode_attention(km, sms, nan_partials, dtype, lengths, M, Hq, Hkv, D, max_len, fused):
     B = len(lengths)
     slots = list(range(B))[::-1]  # sequence b lives in slot B-1-b; slot B stays unused
@@ -116,14 +116,12 @@ def test_decode_attention(km, sms, nan_partials, dtype, lengths, M, Hq, Hkv, D, 
     q, k, v = _qkv(B, M, Hq, Hkv, D, dtype)
     out = poisoned(B, M, Hq, D, dtype=dtype)
     if fused:  # the attention op: the decode kernel writes the cache itself where it can
-        early = fused == "early"
         attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
-                            out=out, early=early)
+                            out=out)
         again = poisoned(B, M, Hq, D, dtype=dtype)
         attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
-                            out=again, early=not early)
-        # deterministic, rewriting the cache is harmless, early loads change no bit
-        assert torch.equal(again, out)
+                            out=again)
+        assert torch.equal(again, out)  # deterministic, and rewriting the cache is harmless
     else:  # q a strided view: the warp kernel reads it in place, attn_partial copies it
         attention.kv_write(km, k, v, kv.k[0], kv.v[0], step.slots, step.positions)
         attention.decode_attention(km, q, kv.k[0], kv.v[0], step.slots, step.positions, sms,
@@ -148,8 +146,7 @@ def _cached(kv, positions, slots):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M,Hq,Hkv", [(1, 32, 8), (2, 32, 8), (9, 32, 4)])  # last: attn_partial
 @pytest.mark.parametrize("graph", [False, True])
-@pytest.mark.parametrize("early", [False, True], ids=["late", "early"])
-def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph, early):
+def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph):
     """The same attention op again and again with other lengths, eagerly or as replays of one
     captured graph (inputs changed in place): each launch leaves the merge's tickets at zero
     for the next."""
@@ -164,7 +161,7 @@ def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph, ear
 
     def call():
         attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
-                            out=out, early=early)
+                            out=out)
 
     if graph:
         side = torch.cuda.Stream()
@@ -258,13 +255,6 @@ def test_rope_attention(km, sms, dtype, D, case):
     again = attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[0], kv.v[0],
                                      step.slots, step.positions, EPS, sms)
     assert torch.equal(again, out)  # deterministic, and rewriting the cache is harmless
-
-    # the early loads (RoPE tables, first cached keys before the PDL wait): the same bits
-    early = attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[0], kv.v[0],
-                                     step.slots, step.positions, EPS, sms,
-                                     out=poisoned(B, M, Hq, D, dtype=dtype), early=True)
-    assert torch.equal(early, out)
-    _written_where_expected(kv, kv2, slots, lengths, M)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -262,31 +262,3 @@ def test_moe_fused_route_gives_the_same_logits(variant, early, monkeypatch):
     assert len(got) == len(ref)
     for g, r in zip(got, ref):
         assert torch.equal(g, r)
-
-
-def test_decode_early_reaches_the_kernel_and_keeps_the_logits(monkeypatch):
-    """CupyBackend.decode_early: the decode attention launches ask for the early-load entries,
-    and the logits keep every bit (only where the loads are issued changes)."""
-    from kestrel_rt.cuda import attention as attn
-
-    seen: list[bool] = []
-    warp_decode = attn._warp_decode
-
-    def spy(*args, **kw):
-        seen.append(kw.get("early", False))
-        return warp_decode(*args, **kw)
-
-    monkeypatch.setattr(attn, "_warp_decode", spy)
-
-    def run(early: bool):
-        be = CupyBackend("cuda", torch.float32)
-        be.decode_early = early
-        return gm.run_script(gm.model("wide", be), LENGTHS, 6)
-
-    ref = run(False)
-    assert seen and not any(seen)
-    seen.clear()
-    got = run(True)
-    assert seen and all(seen)
-    for g, r in zip(got, ref, strict=True):
-        assert torch.equal(g, r)
