@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Checks and measures the GPU runtime: the GPU tests, the gemv stream, the decode benchmark
-# and the feature ablation, each under its own time limit (all four take up to 12 minutes:
-# on a device with a 10-minute call, run STEPS tests,gemv then decode,ablation); logs and
+# Checks and measures the GPU runtime: the GPU tests, the gemv stream, the decode benchmark,
+# the decode attention's phase probe and the feature ablation, each under its own time limit
+# (all five take up to 14 minutes: on a device with a 10-minute call, run STEPS tests,gemv
+# then decode,probe,ablation); logs and
 # tables under OUT/session, packed into OUT/session.tgz (the device hands back <= 8 files).
 #
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
-# STEPS: a comma list of tests, gemv, decode, ablation (default all four). The tests step
+# STEPS: a comma list of tests, gemv, decode, probe, ablation (default all five). The tests step
 # compiles every kernel module first, in parallel (tests/conftest.py, kestrel_rt/cuda/precompile.py).
 # (The device's copy of .git may be older than the working tree: pass the commit from here.)
 set -u
 COMMIT=${1:?usage: bash bench/gpu_session.sh COMMIT [OUT] [STEPS]}
 OUT=${2:-${OUT:-runs/gpu}}
-STEPS=,${3:-tests,gemv,decode,ablation},
+STEPS=,${3:-tests,gemv,decode,probe,ablation},
 LOG=$OUT/session
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
@@ -26,7 +27,8 @@ step() {  # step NAME SECONDS COMMAND...: run, log to LOG/NAME.log, report its e
 step tests 240 python3 -m pytest -o addopts="" -q -n 12 --durations=25 -p no:cacheprovider tests/gpu tests/test_cli_generate.py
 step gemv 80 python3 bench/gemv_bench.py --out "$LOG" --ms 1,4
 step decode 200 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
-step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-30b-a3b:bf16,qwen3-8b:int4,qwen3-0.6b:bf16 --pdl all --late-trigger 1 --glu 1 --flat-merge 0,1 --breakdown
+step probe 120 python3 bench/attention_probe.py
+step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-30b-a3b:bf16,qwen3-8b:int4,qwen3-0.6b:bf16 --pdl all --late-trigger 1 --glu 1 --breakdown
 tar czf "$OUT/session.tgz" -C "$OUT" session
 cp "$LOG/summary.txt" "$OUT/" 2>/dev/null
 grep -E "passed|failed" "$LOG/tests.log" 2>/dev/null | tail -1
