@@ -8,10 +8,11 @@ block that holds keys appends a record of clock64 marks, see the kernel's header
 36 layers of rope_attention (the model's heads, M = 1, bf16, `ctx` cached tokens) in one CUDA
 graph, in three settings: "hot" (the layers back to back, the KV cache in L2), "cold" (a
 96 MB copy before each layer evicts L2, as the decode step's weight stream does) and "pdl"
-(hot, each launch programmatic-dependent on the one before). Prints, per setting, the graph's time per layer and the
-median over blocks and layers of each phase in microseconds: the PDL wait, the RoPE prologue,
-the key loop, storing the partials, the arrival ticket, the merge (merging blocks only), and
-the span from the first block's start to the last block's end.
+(hot, each launch programmatic-dependent on the one before). Prints, per setting, the
+graph's time per layer and the median over blocks and layers of each phase in microseconds:
+the PDL wait, the RoPE prologue, the key loop, storing the partials, the arrival ticket, the
+merge (merging blocks only), and the span from the first block's start to the last block's
+end (with PDL, launches overlap and the span is approximate).
 """
 
 from __future__ import annotations
