@@ -356,10 +356,9 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
       int min_keys) {                                                                          \
     pdl_trigger();                                                                             \
     attn_decode_impl<T, DL, RB, ROPE>(q, q_st, k_cache, v_cache, slots, positions,             \
-                                            stride_slot, stride_pos, part_acc, part_ml, out,   \
-                                            tickets, m_tokens, hq, hkv, scale, k_new, k_st,    \
-                                            v_new, v_st, q_norm, k_norm, cos_t, sin_t, eps,    \
-                                            min_keys);                                         \
+                                      stride_slot, stride_pos, part_acc, part_ml, out,         \
+                                      tickets, m_tokens, hq, hkv, scale, k_new, k_st, v_new,   \
+                                      v_st, q_norm, k_norm, cos_t, sin_t, eps, min_keys);      \
   }
 
 #define DECODE_PAIR(SUFFIX, T, DL, RB)                                                         \

@@ -9,6 +9,23 @@
 #include "common.cuh"
 #include "pdl.cuh"
 
+// One 16-byte vector of the row at i into a: s = residual + x rounded to T (also stored into
+// res_out) when residual is given, else x.
+template <typename T>
+__device__ __forceinline__ void load_sum_vec(const T* __restrict__ x,
+                                             const T* __restrict__ residual,
+                                             T* __restrict__ res_out, long long i,
+                                             float (&a)[Vec<T>::N]) {
+  load_vec(x + i, a);
+  if (residual) {
+    float r[Vec<T>::N];
+    load_vec(residual + i, r);
+#pragma unroll
+    for (int j = 0; j < Vec<T>::N; ++j) a[j] = Num<T>::round(r[j] + a[j]);
+    store_vec(res_out + i, a);
+  }
+}
+
 template <typename T>
 __device__ void rmsnorm_row(const T* __restrict__ x, const T* __restrict__ residual,
                             const T* __restrict__ w, T* __restrict__ out,
@@ -27,14 +44,7 @@ __device__ void rmsnorm_row(const T* __restrict__ x, const T* __restrict__ resid
   if (vec) {
     for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
       float a[V];
-      load_vec(x + i, a);
-      if (residual) {
-        float r[V];
-        load_vec(residual + i, r);
-#pragma unroll
-        for (int j = 0; j < V; ++j) a[j] = Num<T>::round(r[j] + a[j]);
-        store_vec(res_out + i, a);
-      }
+      load_sum_vec(x, residual, res_out, i, a);
 #pragma unroll
       for (int j = 0; j < V; ++j) ss += a[j] * a[j];
     }
@@ -83,14 +93,7 @@ __device__ void rmsnorm_row_early(const T* __restrict__ x, const T* __restrict__
   pdl_wait();
   float ss = 0.f;
   if (mine) {
-    load_vec(x + at, a);
-    if (residual) {
-      float r[V];
-      load_vec(residual + at, r);
-#pragma unroll
-      for (int j = 0; j < V; ++j) a[j] = Num<T>::round(r[j] + a[j]);
-      store_vec(res_out + at, a);
-    }
+    load_sum_vec(x, residual, res_out, at, a);
 #pragma unroll
     for (int j = 0; j < V; ++j) ss += a[j] * a[j];
   }
