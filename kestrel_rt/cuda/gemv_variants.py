@@ -46,6 +46,25 @@ BF16_PROS = (RSTD, RSTD | GLU)
 SSQ_PROS = (RESIDUAL | SSQ, RSTD_IN, RSTD_IN | GLU)
 
 
+# The persistent ring kernels (kernels/gemv_ring.cu): (KSPLIT warps per block, S ring slots
+# per thread) variants compiled, the prologues they take, the most bytes of x they stage in
+# shared memory (M * K * 2), and which weight kinds have one.
+RING_VARIANTS = ((8, 8), (8, 4), (16, 4), (16, 8), (4, 16))
+RING_PROS = (PLAIN, RESIDUAL, GLU)
+RING_X_BYTES = 32 * 1024
+RING_KERNELS = {"gemv": "gemv_ring_bf16", "gemv_int4": "gemv_ring_int4"}
+RING_SLOT_BYTES = {"gemv": 32, "gemv_int4": 40}  # shared bytes per thread and ring slot
+
+
+def ring_name(file: str, ksplit: int, slots: int, pro: int) -> str:
+    return f"{RING_KERNELS[file]}<{ksplit}, {slots}, {pro}>"
+
+
+def ring_shared_bytes(file: str, ksplit: int, slots: int, m: int, k: int) -> int:
+    """Dynamic shared memory of a ring launch: the slots, then x's m rows of k bf16."""
+    return slots * 32 * ksplit * RING_SLOT_BYTES[file] + m * k * 2
+
+
 def pros_of(file: str) -> tuple[int, ...]:
     """The PROs compiled for kernels/FILE.cu (see DENSE_PROS)."""
     return DENSE_PROS + SSQ_PROS + (BF16_PROS if file == "gemv" else ())

@@ -39,6 +39,10 @@ from kestrel_rt.cuda.gemv_variants import (
     MAX_ROWS,
     PLAIN,
     RESIDUAL,
+    RING_KERNELS,
+    RING_PROS,
+    RING_VARIANTS,
+    RING_X_BYTES,
     RMSNORM,
     RSTD,
     RSTD_IN,
@@ -49,8 +53,10 @@ from kestrel_rt.cuda.gemv_variants import (
     kernel_name,
     load_tuned,
     module_names,
+    ring_name,
+    ring_shared_bytes,
 )
-from kestrel_rt.cuda.module import current_stream, full_source
+from kestrel_rt.cuda.module import current_stream, full_source, set_max_dynamic_shared
 from kestrel_rt.quant import int4_fits
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
 
@@ -87,19 +93,41 @@ class Gemv:
         self.options = ("-std=c++17",) + (("-DGEMV_LATE_TRIGGER",) if late_trigger else ())
         self._pdl = None
         self.pdl_enabled = True  # switch PDL off for a comparison (bench/ablation.py)
+        # The persistent ring kernels (kernels/gemv_ring.cu) for bf16 and int4 weights at
+        # M <= 8 with plain x, a residual or the SwiGLU epilogue: (KSPLIT warps per block,
+        # S ring slots per thread, blocks per SM), or None (the tuned kernels). See ring.
+        self._ring: tuple[int, int, int] | None = None
+        self._shared_set: dict[str, int] = {}  # kernel -> dynamic shared bytes allowed
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
             from kestrel_rt.cuda.pdl import Launcher
 
             self._pdl = Launcher()
 
-    def _run(self, fn, grid: tuple, block: tuple, args: tuple) -> None:
+    @property
+    def ring(self) -> tuple[int, int, int] | None:
+        return self._ring
+
+    @ring.setter
+    def ring(self, value: tuple[int, int, int] | None) -> None:
+        """(KSPLIT, S, BPS): route bf16 / int4 decode shapes to the ring kernels with KSPLIT
+        warps per block, S shared-memory slots per thread and at most BPS blocks per SM;
+        None: the tuned kernels."""
+        if value is not None:
+            value = tuple(int(v) for v in value)
+            if len(value) != 3 or value[:2] not in RING_VARIANTS or not 1 <= value[2] <= 4:
+                raise ValueError(f"Gemv.ring must be None or (KSPLIT, S, blocks per SM) with "
+                                 f"(KSPLIT, S) one of {list(RING_VARIANTS)} and 1..4 blocks "
+                                 f"per SM, got {value!r}")
+        self._ring = value
+
+    def _run(self, fn, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         """Launch a gemv kernel on torch's current stream (PDL when enabled)."""
         if self._pdl is not None and self.pdl_enabled:
             handle = torch.cuda.current_stream(self.device_index).cuda_stream
-            self._pdl(fn, grid, block, args, handle)
+            self._pdl(fn, grid, block, args, handle, shared_mem)
             return
         with self._cupy.cuda.Device(self.device_index):
-            fn(grid, block, args, stream=self._stream())
+            fn(grid, block, args, shared_mem=shared_mem, stream=self._stream())
 
     def compile(self, pros: tuple[int, ...] = (PLAIN,)) -> None:
         """Compile the three files' modules for these prologues now (before timing or a
@@ -118,6 +146,39 @@ class Gemv:
                 module.compile()
             self._modules[(file, pro)] = module
         return module
+
+    def _ring_module(self, pro: int):
+        """kernels/gemv_ring.cu for prologue `pro`, every RING_VARIANTS kernel of both
+        weight kinds (compiled on first use)."""
+        key = ("gemv_ring", pro)
+        module = self._modules.get(key)
+        if module is None:
+            names = [ring_name(f, ks, s, pro) for f in RING_KERNELS for ks, s in RING_VARIANTS]
+            with self._cupy.cuda.Device(self.device_index):
+                module = self._cupy.RawModule(code=_source("gemv_ring"), options=self.options,
+                                              name_expressions=names)
+                module.compile()
+            self._modules[key] = module
+        return module
+
+    def takes_ring(self, file: str, pro: int, m: int, k: int) -> bool:
+        """True when a launch of kernels/FILE.cu with these goes to the ring kernel."""
+        return (self._ring is not None and file in RING_KERNELS and pro in RING_PROS
+                and m <= 8 and m * k * 2 <= RING_X_BYTES)
+
+    def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int
+                     ) -> None:
+        """y [M, N] = residual + x @ W.T (or the GLU epilogue) through gemv_ring.cu: one wave
+        of at most BPS blocks per SM, each looping over tiles."""
+        ks, slots, bps = self._ring
+        name = ring_name(file, ks, slots, pro)
+        fn = self._ring_module(pro).get_function(name)
+        smem = ring_shared_bytes(file, ks, slots, m, k)
+        if self._shared_set.get(name, 0) < smem:
+            set_max_dynamic_shared(fn, smem)
+            self._shared_set[name] = smem
+        args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(residual))
+        self._run(fn, (min(math.ceil(n / 16), self.sms * bps),), (32 * ks,), args, smem)
 
     def _stream(self):
         return current_stream(self._cupy, self.device_index, self._streams)
@@ -161,6 +222,9 @@ class Gemv:
         pro |= RSTD if rstd else 0
         pro |= SSQ if ssq_out is not None else 0
         pro |= RSTD_IN if ssq_in is not None else 0
+        if geom is None and self.takes_ring(file, pro, m, k):
+            self._launch_ring(file, x, w, y, m, n, k, residual, pro)
+            return y
         mt = 1 if m <= 8 else 2
         variant = self.variant(file, n, k, mt)
         if geom is not None:  # (ks, tpb) or a full (ks, tpb, u, pf)

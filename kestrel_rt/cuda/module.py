@@ -43,6 +43,23 @@ def full_source(name: str) -> str:
     return INCLUDE.sub(paste, source(name))
 
 
+MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute (cuda.h)
+
+
+def set_max_dynamic_shared(fn, nbytes: int) -> None:
+    """Let compiled kernel `fn` (a cupy Function or RawKernel) launch with up to `nbytes` of
+    dynamic shared memory (above 48 KiB a kernel must ask for it: cuFuncSetAttribute)."""
+    import ctypes
+
+    driver = ctypes.CDLL("libcuda.so.1")
+    func = getattr(fn, "kernel", fn).ptr
+    err = driver.cuFuncSetAttribute(ctypes.c_void_p(func), MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    ctypes.c_int(nbytes))
+    if err != 0:
+        raise KestrelError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes}) failed "
+                           f"with CUresult {err}: more shared memory than the device allows?")
+
+
 def ptr(t: torch.Tensor | None) -> np.uint64:
     """A tensor's device address as a kernel argument (None -> null)."""
     return np.uint64(0 if t is None else t.data_ptr())

@@ -1,0 +1,264 @@
+// Persistent skinny matmul for decode (M <= 8 activation rows): y[M, N] = x[M, K] @ W^T with
+// bf16 or int4 (AWQ, gemv_int4.cu's layout) weights, plain x, and the residual or SwiGLU
+// epilogue of gemv_mma.cuh (PRO 0, 4 or 8). The same mma arithmetic as gemv.cu / gemv_int4.cu;
+// what differs is how the weights reach the registers and how many blocks there are.
+//
+// Why: at batch 1 a decode step is ~7 dependent kernels per layer. The tuned gemvs launch one
+// block per 16-row tile (several waves) and let the next kernel launch only after their K
+// loop, so at every boundary DRAM idles while the last loads drain, the next grid launches,
+// waits for this one, loads x and only then asks for its first weights. Here:
+//   * the grid is at most one block per SM (BPS blocks with BPS > 1), each block looping
+//     over tiles blockIdx.x, + gridDim.x, ...: one wave, so the kernel lets its dependents
+//     launch at its top and they find room on the SMs beside it;
+//   * each thread streams its weights through a private ring of S slots in shared memory with
+//     cp.async (no registers held by loads in flight: S - 1 items in flight per thread), and
+//     fills the first S - 1 slots BEFORE pdl_wait (weights are immutable): while the previous
+//     kernels finish, this one already pulls up to (S - 1) * 32 * 32 * KSPLIT bytes per SM;
+//   * x (M rows, <= XS_BYTES) is staged in shared memory once per block after the wait.
+// A ring slot is written and read by the same thread only: cp.async.wait_group is the only
+// synchronization it needs. Item i of a thread is sub-step (ks + q KSPLIT) of its block's
+// tile number i / per (per = sub-steps of the warp per tile); the KSPLIT warps of the block
+// meet in shared memory per tile (reduce_ksplit, double-buffered by tile parity).
+#include "int4_math.cuh"
+
+// 16 bytes global -> shared, L2 only, with gemv's 256-byte L2 prefetch hint.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const u32 s = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s), "l"(src)
+               : "memory");
+}
+
+// 4 bytes global -> shared (int4 zeros / scales words).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  const u32 s = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Where the ring's items come from, advanced one item at a time: the tile (blockIdx.x +
+// tt gridDim.x), the item's index q among the warp's `per` sub-steps of it, the ring slot.
+struct RingCursor {
+  int tile, q, slot;
+};
+
+template <int S>
+__device__ __forceinline__ void ring_advance(RingCursor& c, int per) {
+  c.slot = c.slot == S - 1 ? 0 : c.slot + 1;
+  if (++c.q == per) {
+    c.q = 0;
+    c.tile += gridDim.x;
+  }
+}
+
+// act(x) rows m < M of x [M, K] into xs [M][K / 8] (plain x); the whole block calls it
+// (one __syncthreads).
+__device__ __forceinline__ void stage_x(uint4* xs, const uint4* x, int M, int kv) {
+#pragma unroll 4
+  for (int c = threadIdx.x; c < M * kv; c += blockDim.x) xs[c] = ld_cached(x + c);
+  __syncthreads();
+}
+
+// x chunk v of activation row g + 8 j from the staged rows (zero for rows >= M: gemv.cu's
+// convention, so absent rows never meet a NaN weight product).
+__device__ __forceinline__ uint4 xs_chunk(const uint4* xs, int g, int M, int kv, int v) {
+  return g < M ? xs[g * kv + v] : zero4();
+}
+
+// The per-tile K-split sum and the store of tile `tile` (bf16 kernel order: thread (g, t)
+// holds weight rows g, g + 8 of the tile).
+template <int KSPLIT, int PRO>
+__device__ __forceinline__ void ring_store(float (&acc)[1][4], float* red, int tt, u16* y,
+                                           const u16* res, int tile, int g, int t, int ks,
+                                           int lane, int M, int N) {
+  reduce_ksplit<KSPLIT, 4>(&acc[0][0], red + (tt & 1) * KSPLIT * 4 * 32, 0, ks, lane);
+  if (ks == 0) store_out<1, PRO>(y, res, acc, tile, g, t, M, N, 1.f, 1.f, nullptr);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
+}
+
+// bf16 weights W [N, K]: a ring item is the thread's 16-byte chunks v = 4 s + t of its two
+// weight rows (tile_rows) at sub-step s. smem: ring [S][2][32 KSPLIT] uint4, then xs.
+template <int KSPLIT, int S, int PRO>
+__global__ void __launch_bounds__(32 * KSPLIT)
+gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N,
+               int K, const u16* res) {
+  static_assert(GEMV_ACT(PRO) == 0 && !GEMV_RSTD(PRO) && !GEMV_SSQ(PRO) && !GEMV_RSTD_IN(PRO),
+                "the ring kernels take plain x, a residual or the SwiGLU epilogue");
+  constexpr int T = 32 * KSPLIT;
+  extern __shared__ uint4 smem[];
+  __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
+  pdl_trigger();  // one wave: the next kernel's blocks fit beside this one's
+  const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int kv = K >> 3, nsub = (kv + 3) >> 2, tiles = (N + 15) >> 4;
+  const int per = (nsub - ks + KSPLIT - 1) / KSPLIT;  // this warp's sub-steps per tile
+  const int mine = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int total = mine * per;
+  uint4* ring = smem;  // slot s: A at [2 s T + tid], B at [(2 s + 1) T + tid]
+  uint4* xs = smem + 2 * S * T;
+  RingCursor in{(int)blockIdx.x, 0, 0};  // the next item to issue
+  const uint4 *wa, *wb;                  // its tile's two rows
+  auto rows = [&](int tile) {
+    int ra, rb;
+    tile_rows<GEMV_GLU(PRO)>(tile, g, N, ra, rb);
+    wa = w + (size_t)ra * kv;
+    wb = w + (size_t)rb * kv;
+  };
+  rows(in.tile);
+  auto issue = [&](int i) {  // item i into slot in.slot (nothing past the end); one group
+    if (i < total) {
+      const int v = (ks + in.q * KSPLIT) * 4 + t;
+      if (v < kv) {
+        cp_async16(ring + 2 * in.slot * T + threadIdx.x, wa + v);
+        cp_async16(ring + (2 * in.slot + 1) * T + threadIdx.x, wb + v);
+      }
+      const int tile = in.tile;
+      ring_advance<S>(in, per);
+      if (in.tile != tile && i + 1 < total) rows(in.tile);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) issue(i);  // before the wait: weights only
+  pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
+  stage_x(xs, x, M, kv);
+  float acc[2][1][4] = {};
+  int ci = 0, slot = 0;
+  for (int tt = 0; tt < mine; ++tt) {
+    for (int q = 0; q < per; ++q, ++ci) {
+      const int v = (ks + q * KSPLIT) * 4 + t;
+      const uint4 X = v < kv ? xs_chunk(xs, g, M, kv, v) : zero4();
+      cp_async_wait<S - 2>();  // item ci has landed
+      uint4 A = ring[2 * slot * T + threadIdx.x], B = ring[(2 * slot + 1) * T + threadIdx.x];
+      if (v >= kv) A = B = zero4();
+      issue(ci + S - 1);  // into the slot item ci - 1 used
+      slot = slot == S - 1 ? 0 : slot + 1;
+      mma_bf16(acc[0][0], A.x, B.x, A.y, B.y, X.x, X.y);
+      mma_bf16(acc[1][0], A.z, B.z, A.w, B.w, X.z, X.w);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      acc[0][0][c] += acc[1][0][c];
+      acc[1][0][c] = 0.f;
+    }
+    ring_store<KSPLIT, PRO>(acc[0], red, tt, y, res, blockIdx.x + tt * gridDim.x, g, t, ks,
+                            lane, M, N);
+  }
+}
+
+// The staged x rows as int4_math's activation source (x_chunk, found by argument lookup).
+struct XSmem {
+  const uint4* xs;
+  int g, M, kv;
+};
+
+__device__ __forceinline__ uint4 x_chunk(const XSmem& xl, int j, int c) {
+  return xs_chunk(xl.xs, xl.g, xl.M, xl.kv, c);
+}
+
+// Where thread g's two adjacent int4 rows a, a + 1 of a tile start (gemv_int4.cu's pairing;
+// past the end the last pair again, read, never stored).
+template <bool GLU>
+__device__ __forceinline__ Int4Src int4_rows(const uint4* q, const u32* zeros, const u32* scales,
+                                             int tile, int g, int t, int N, int K, u32& zsh) {
+  int a;
+  if (GLU) {
+    const int half = N >> 1;
+    a = min(8 * tile + 2 * (g & 3), half - 2) + (g >= 4 ? half : 0);
+  } else {
+    a = min(16 * tile + 2 * g, N - 2);
+  }
+  Int4Src src;
+  src.q = q;
+  src.zeros = zeros;
+  src.scales = scales;
+  src.wrow = (u32)K >> 5;
+  src.wo = a * src.wrow + t;
+  src.zo = a >> 3;
+  src.zstep = (u32)N >> 3;
+  src.so = a >> 1;
+  src.sstep = (u32)N >> 1;
+  zsh = 2 * (a & 7);
+  return src;
+}
+
+// int4 weights (q [N, K / 8] kernel layout, AWQ zeros / fp16 scales: gemv_int4.cu): a ring
+// item is group grp = ks + q KSPLIT (128 k) of the thread's rows a, a + 1: two 16-byte
+// vectors, its zeros word and its two scales. smem: A [S][T], B [S][T] uint4, Z [S][T],
+// SC [S][T] u32, then xs.
+template <int KSPLIT, int S, int PRO>
+__global__ void __launch_bounds__(32 * KSPLIT)
+gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
+               const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M, int N,
+               int K, const u16* res) {
+  static_assert(GEMV_ACT(PRO) == 0 && !GEMV_RSTD(PRO) && !GEMV_SSQ(PRO) && !GEMV_RSTD_IN(PRO),
+                "the ring kernels take plain x, a residual or the SwiGLU epilogue");
+  constexpr int T = 32 * KSPLIT;
+  extern __shared__ uint4 smem[];
+  __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
+  pdl_trigger();  // one wave: the next kernel's blocks fit beside this one's
+  const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int kv = K >> 3, groups = K >> 7, tiles = (N + 15) >> 4;
+  const int per = (groups - ks + KSPLIT - 1) / KSPLIT;
+  const int mine = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int total = mine * per;
+  const u32* sc32 = reinterpret_cast<const u32*>(scales);
+  uint4* ra = smem;           // [S][T]
+  uint4* rb = smem + S * T;   // [S][T]
+  u32* rz = reinterpret_cast<u32*>(smem + 2 * S * T);  // [S][T]
+  u32* rs = rz + S * T;                                 // [S][T]
+  uint4* xs = smem + 2 * S * T + (2 * S * T) / 4;
+  RingCursor in{(int)blockIdx.x, 0, 0};
+  u32 zsh_in;
+  Int4Src src = int4_rows<GEMV_GLU(PRO)>(qw, zeros, sc32, in.tile, g, t, N, K, zsh_in);
+  auto issue = [&](int i) {  // item i into slot in.slot (nothing past the end); one group
+    if (i < total) {
+      const u32 grp = ks + in.q * KSPLIT, o = in.slot * T + threadIdx.x;
+      const u32 wv = src.wo + 4 * grp;
+      cp_async16(ra + o, src.q + wv);
+      cp_async16(rb + o, src.q + (wv + src.wrow));
+      cp_async4(rz + o, src.zeros + (src.zo + grp * src.zstep));
+      cp_async4(rs + o, src.scales + (src.so + grp * src.sstep));
+      const int tile = in.tile;
+      ring_advance<S>(in, per);
+      if (in.tile != tile && i + 1 < total)
+        src = int4_rows<GEMV_GLU(PRO)>(qw, zeros, sc32, in.tile, g, t, N, K, zsh_in);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) issue(i);  // before the wait: weights only
+  pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
+  stage_x(xs, x, M, kv);
+  const XSmem xl{xs, g, M, kv};
+  float acc[1][4] = {};
+  int ci = 0, slot = 0;
+  for (int tt = 0; tt < mine; ++tt) {
+    const int tile = blockIdx.x + tt * gridDim.x;
+    u32 zsh;
+    int4_rows<GEMV_GLU(PRO)>(qw, zeros, sc32, tile, g, t, N, K, zsh);
+    for (int q = 0; q < per; ++q, ++ci) {
+      cp_async_wait<S - 2>();  // item ci has landed
+      Int4Stage<1> st;
+      const int o = slot * T + threadIdx.x;
+      st.a[0] = ra[o];
+      st.b[0] = rb[o];
+      st.zw[0] = rz[o];
+      st.sw[0] = rs[o];
+      issue(ci + S - 1);  // into the slot item ci - 1 used
+      slot = slot == S - 1 ? 0 : slot + 1;
+      const u32 grp = ks + q * KSPLIT;
+      int4_math<1, 1>(acc, st, xl, grp, (u32)groups, t, zsh);
+    }
+    int4_store_order<1>(acc, g, t);
+    ring_store<KSPLIT, PRO>(acc, red, tt, y, res, tile, g, t, ks, lane, M, N);
+  }
+}

@@ -1,0 +1,129 @@
+// The int4 weight stream's pieces shared by gemv_int4.cu and gemv_ring.cu: where a thread
+// reads (Int4Src), one pipeline stage of loads (Int4Stage, int4_load), the dequantizing mma
+// math of a stage (int4_math: see gemv_int4.cu's header for the arithmetic) and the shuffle
+// that brings a tile's sums to store_out's order (int4_store_order).
+#pragma once
+#include "gemv_mma.cuh"
+
+// p itself, but opaque to the compiler, which then keeps it in registers rather than
+// recomputing it from the kernel's parameters at every use in the loop (ptxas, sm_90).
+template <class T>
+__device__ __forceinline__ const T* kept(const T* p) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(p));
+  return p;
+}
+
+// Chunk c (8 k) of act(x) for n-tile j: XLoad::load, except that PRO 0 reads row 0 again for
+// absent rows (row >= M) instead of zeros: an mma's column of B only reaches the same column
+// of C, never stored for those rows, and an unpredicated load needs no zeroing.
+template <int PRO, int MT>
+__device__ __forceinline__ uint4 x_chunk(const XLoad<PRO, MT>& xl, int j, int c) {
+  if constexpr (PRO == 0)
+    return ld_cached(xl.row[j] + c);
+  else
+    return xl.load(j, c);
+}
+
+// Where a thread reads (32-bit offsets from the arrays' starts: fewer registers than
+// pointers, ptxas sm_90): group grp of its rows a, a + 1 is the 16-byte vector wo + 4 grp of
+// q and that + wrow, their zeros word zo + grp zstep, their two fp16 scales (one u32) so +
+// grp sstep.
+struct Int4Src {
+  const uint4* q;
+  const u32 *zeros, *scales;
+  u32 wo, wrow, zo, zstep, so, sstep;
+};
+
+// One pipeline stage: U groups of the thread's two rows (a, b: 32 k of each), the zeros word
+// and the scales.
+template <int U>
+struct Int4Stage {
+  uint4 a[U], b[U];
+  u32 zw[U], sw[U];
+};
+
+// Loads groups s0 .. s0 + U - 1 (past the end: nothing, never used).
+template <int U, bool PF>
+__device__ __forceinline__ void int4_load(Int4Stage<U>& s, const Int4Src& src, u32 s0,
+                                          u32 groups) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const u32 grp = s0 + u;
+    if (grp < groups) {
+      const u32 w = src.wo + 4 * grp;
+      s.a[u] = ld_stream<PF>(src.q + w);
+      s.b[u] = ld_stream<PF>(src.q + (w + src.wrow));
+      s.zw[u] = __ldg(src.zeros + (src.zo + grp * src.zstep));
+      s.sw[u] = __ldg(src.scales + (src.so + grp * src.sstep));
+    }
+  }
+}
+
+// acc += groups s0 .. s0 + U - 1 (those < groups) of the thread's rows (the mma's rows g,
+// g + 8) times act(x) (n-tile j: rows 8j + g of thread (g, t)).
+template <int MT, int U, class XL>
+__device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U>& s,
+                                          const XL& xl, u32 s0, u32 groups, int t, u32 zsh) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const u32 grp = s0 + u;
+    if (u > 0 && grp >= groups) break;  // the same in the whole warp
+    const int c0 = 16 * (int)grp + 4 * t;  // the thread's first x chunk of the group
+    const u32 wa[4] = {s.a[u].x, s.a[u].y, s.a[u].z, s.a[u].w};
+    const u32 wb[4] = {s.b[u].x, s.b[u].y, s.b[u].z, s.b[u].w};
+    // -(128 + zero) of rows a, b, each in both bf16 halves
+    const u32 z2 = and_or(s.zw[u] >> zsh, 0x000F000Fu, 0xC300C300u);
+    const u32 nza = __byte_perm(z2, 0u, 0x1010), nzb = __byte_perm(z2, 0u, 0x3232);
+    float cg[MT][4] = {};  // the group's sum of -(128 + z) x + (128 + q) x, one chain
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint4 xv[MT];  // k 8i..8i+7 of this thread's 32
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        xv[j] = x_chunk(xl, j, c0 + i);
+        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].x, xv[j].y);
+        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].z, xv[j].w);
+      }
+      u32 pa[4], pb[4];  // 128 + q of k pairs (2p, 2p + 1) of word i, rows a and b
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        pa[p] = and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+        pb[p] = and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+      }
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        mma_bf16(cg[j], pa[0], pb[0], pa[1], pb[1], xv[j].x, xv[j].y);
+        mma_bf16(cg[j], pa[2], pb[2], pa[3], pb[3], xv[j].z, xv[j].w);
+      }
+    }
+    const float sa = f16_to_f32((u16)s.sw[u]), sb = f16_to_f32((u16)(s.sw[u] >> 16));
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      acc[j][0] = fmaf(sa, cg[j][0], acc[j][0]);
+      acc[j][1] = fmaf(sa, cg[j][1], acc[j][1]);
+      acc[j][2] = fmaf(sb, cg[j][2], acc[j][2]);
+      acc[j][3] = fmaf(sb, cg[j][3], acc[j][3]);
+    }
+  }
+}
+
+// A tile's sums to store_out's order after its K loop: thread (g, t) then holds tile rows g
+// (acc[j][0..1]) and g + 8 (acc[j][2..3]); row g was computed by thread (g / 2, t), row g + 8
+// by (4 + g / 2, t), as its row a (acc[j][0..1]) or b (acc[j][2..3]) for g even or odd. The
+// whole warp calls it.
+template <int MT>
+__device__ __forceinline__ void int4_store_order(float (&acc)[MT][4], int g, int t) {
+  const int from = 4 * (g >> 1) + t;
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float r0a = __shfl_sync(0xffffffffu, acc[j][e], from);
+      const float r0b = __shfl_sync(0xffffffffu, acc[j][e + 2], from);
+      const float r8a = __shfl_sync(0xffffffffu, acc[j][e], from + 16);
+      const float r8b = __shfl_sync(0xffffffffu, acc[j][e + 2], from + 16);
+      acc[j][e] = g & 1 ? r0b : r0a;
+      acc[j][e + 2] = g & 1 ? r8b : r8a;
+    }
+  }
+}

@@ -1,0 +1,70 @@
+"""The ring gemv kernels (kernels/gemv_ring.cu) on the CPU: every name Gemv asks cupy for
+instantiates for sm_90 with nvcc, without spills (skipped where nvcc is not on PATH); the
+shared-memory sizes and the routing rule (which launches take the ring)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from kestrel_rt.cuda import gemv_variants as V
+from kestrel_rt.cuda import linear as L
+
+NVCC = shutil.which("nvcc")
+
+
+def _gemv(ring):
+    """A Gemv without a device (only the routing state)."""
+    g = L.Gemv.__new__(L.Gemv)
+    g._ring = None
+    if ring is not None:
+        g.ring = ring
+    return g
+
+
+def test_routing_rule():
+    g = _gemv((8, 8, 1))
+    assert g.takes_ring("gemv", V.PLAIN, 1, 4096)
+    assert g.takes_ring("gemv_int4", V.RESIDUAL, 8, 2048)
+    assert g.takes_ring("gemv", V.GLU, 1, 12288)
+    assert not g.takes_ring("gemv", V.PLAIN, 9, 1024)  # more rows than one n-tile
+    assert not g.takes_ring("gemv", V.PLAIN, 2, 12288)  # 48 KiB of x to stage
+    assert not g.takes_ring("gemv", V.RMSNORM, 1, 4096)
+    assert not g.takes_ring("gemv", V.RSTD, 1, 4096)
+    assert not g.takes_ring("gemv_int8", V.PLAIN, 1, 4096)
+    assert not _gemv(None).takes_ring("gemv", V.PLAIN, 1, 4096)
+
+
+@pytest.mark.parametrize("bad", [(8, 5, 1), (3, 8, 1), (8, 8, 0), (8, 8, 5), (8, 8)])
+def test_ring_setting_is_checked(bad):
+    with pytest.raises(ValueError, match="Gemv.ring"):
+        _gemv(None).ring = bad
+
+
+def test_shared_bytes():
+    # bf16: 8 slots x 256 threads x 32 bytes, then one row of 4096 bf16
+    assert V.ring_shared_bytes("gemv", 8, 8, 1, 4096) == 8 * 256 * 32 + 8192
+    assert V.ring_shared_bytes("gemv_int4", 16, 4, 2, 2048) == 4 * 512 * 40 + 8192
+    worst = max(V.ring_shared_bytes(f, ks, s, 8, V.RING_X_BYTES // 16)
+                for f in V.RING_KERNELS for ks, s in V.RING_VARIANTS)
+    assert worst <= 227 * 1024  # what one H100 / H200 block may have
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+def test_every_ring_kernel_instantiates_without_spills(tmp_path):
+    names = [V.ring_name(f, ks, s, pro) for pro in V.RING_PROS for f in V.RING_KERNELS
+             for ks, s in V.RING_VARIANTS]
+    keep = ",\n".join(f"  (void*)&{n}" for n in names)
+    src = tmp_path / "ring_inst.cu"
+    src.write_text(L._source("gemv_ring") + f"\nstatic void* keep_kernels[] = {{\n{keep}\n}};\n")
+    result = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v",
+                             str(src), "-o", str(tmp_path / "ring.cubin")],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    entries = re.findall(r"Compiling entry function '(\w+)'", result.stderr)
+    assert len(entries) == len(names)
+    spills = re.findall(r"(\d+) bytes spill stores", result.stderr)
+    assert spills and all(s == "0" for s in spills), result.stderr[-2000:]
