@@ -3,6 +3,8 @@
     python bench/gemv_bench.py [--out DIR]
     python bench/gemv_bench.py --sweep --out DIR   # every launch variant; writes the best
                                                    # per shape as DIR/gemv_tuned.json
+    python bench/gemv_bench.py --kinds bf16,int4 --ms 1 --ring off,8.8.1 [--pdl]
+                                                   # the ring kernels (gemv_ring.cu) too
 
 
 For each kernel (bf16, int8, int4, and torch's own F.linear on bf16) and each qwen3-8b decode
@@ -16,6 +18,7 @@ outputs, each once. Prints a table last; writes gemv_bench.json to --out.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -145,9 +148,15 @@ def main() -> None:
     parser.add_argument("--kinds", default="bf16,int8,int4,torch")
     parser.add_argument("--ms", default="1,4,16")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--ring", default="off",
+                        help="bf16 / int4 through gemv_ring.cu: off or KSPLIT.S.BPS, a list")
+    parser.add_argument("--pdl", action="store_true",
+                        help="launch with programmatic dependent launch (consecutive calls "
+                             "overlap)")
+    parser.add_argument("--late-trigger", type=int, default=1)
     args = parser.parse_args()
     gen = torch.Generator("cuda").manual_seed(0)
-    gemv = Gemv("cuda", sweep=args.sweep)
+    gemv = Gemv("cuda", sweep=args.sweep, pdl=args.pdl, late_trigger=bool(args.late_trigger))
     gemv.compile()
     copy_bw = copy_bandwidth()
     props = torch.cuda.get_device_properties(0)
@@ -166,23 +175,27 @@ def main() -> None:
         gemv = Gemv("cuda", tuned=args.out / "gemv_tuned.json")  # the table just measured
         gemv.compile()
     rows = []
-    for kind in args.kinds.split(","):
+    for ring, kind in itertools.product(args.ring.split(","), args.kinds.split(",")):
+        if ring != "off" and kind not in ("bf16", "int4"):
+            continue
+        gemv.ring = None if ring == "off" else tuple(int(v) for v in ring.split("."))
         for m in [int(v) for v in args.ms.split(",")]:
             for name, (n, k) in SHAPES_8B.items():
                 if name == "lm_head" and m != 1:
                     continue
-                rows.append(bench_shape(gemv, kind, name, n, k, m, gen))
+                rows.append({**bench_shape(gemv, kind, name, n, k, m, gen), "ring": ring})
                 print(json.dumps(rows[-1]), flush=True)
-            rows.append(bench_layers(gemv, kind, m, gen))
+            rows.append({**bench_layers(gemv, kind, m, gen), "ring": ring})
             print(json.dumps(rows[-1]), flush=True)
             torch.cuda.empty_cache()
     result = {"device": props.name, "copy_gbps": copy_bw / 1e9, "rows": rows}
     (args.out / "gemv_bench.json").write_text(json.dumps(result, indent=1))
     print(f"\n{props.name}: copy bandwidth {copy_bw / 1e9:.0f} GB/s (read + write)")
-    print(f"{'kernel':7} {'shape':10} {'M':>3} {'us':>9} {'GB/s':>7} {'of copy':>7}")
+    print(f"PDL {'on' if args.pdl else 'off'}, late trigger {args.late_trigger}")
+    print(f"{'kernel':7} {'ring':7} {'shape':10} {'M':>3} {'us':>9} {'GB/s':>7} {'of copy':>7}")
     for r in rows:
-        print(f"{r['kernel']:7} {r['shape']:10} {r['m']:3d} {r['us']:9.1f} {r['gbps']:7.0f} "
-              f"{r['gbps'] * 1e9 / copy_bw:7.1%}")
+        print(f"{r['kernel']:7} {r['ring']:7} {r['shape']:10} {r['m']:3d} {r['us']:9.1f} "
+              f"{r['gbps']:7.0f} {r['gbps'] * 1e9 / copy_bw:7.1%}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@
 // loop, so at every boundary DRAM idles while the last loads drain, the next grid launches,
 // waits for this one, loads x and only then asks for its first weights. Here:
 //   * the grid is at most one block per SM (BPS blocks with BPS > 1), each block looping
-//     over tiles blockIdx.x, + gridDim.x, ...: one wave, so the kernel lets its dependents
-//     launch at its top and they find room on the SMs beside it;
+//     over tiles blockIdx.x, + gridDim.x, ...: one wave, so the kernel may let its dependents
+//     launch at its top and they find room on the SMs beside it (Gemv's late_trigger option
+//     moves the trigger after the last tile's K loop, as in the other gemvs: pdl.cuh);
 //   * each thread streams its weights through a private ring of S slots in shared memory with
 //     cp.async (no registers held by loads in flight: S - 1 items in flight per thread), and
 //     fills the first S - 1 slots BEFORE pdl_wait (weights are immutable): while the previous
@@ -96,7 +97,7 @@ gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
   __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
-  pdl_trigger();  // one wave: the next kernel's blocks fit beside this one's
+  GEMV_TRIGGER_TOP();  // one wave: the next kernel's blocks fit beside this one's
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int kv = K >> 3, nsub = (kv + 3) >> 2, tiles = (N + 15) >> 4;
   const int per = (nsub - ks + KSPLIT - 1) / KSPLIT;  // this warp's sub-steps per tile
@@ -149,6 +150,7 @@ gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
       acc[0][0][c] += acc[1][0][c];
       acc[1][0][c] = 0.f;
     }
+    if (tt == mine - 1) GEMV_TRIGGER_END();
     ring_store<KSPLIT, PRO>(acc[0], red, tt, y, res, blockIdx.x + tt * gridDim.x, g, t, ks,
                             lane, M, N);
   }
@@ -204,7 +206,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
   __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
-  pdl_trigger();  // one wave: the next kernel's blocks fit beside this one's
+  GEMV_TRIGGER_TOP();  // one wave: the next kernel's blocks fit beside this one's
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int kv = K >> 3, groups = K >> 7, tiles = (N + 15) >> 4;
   const int per = (groups - ks + KSPLIT - 1) / KSPLIT;
@@ -259,6 +261,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
       int4_math<1, 1>(acc, st, xl, grp, (u32)groups, t, zsh);
     }
     int4_store_order<1>(acc, g, t);
+    if (tt == mine - 1) GEMV_TRIGGER_END();
     ring_store<KSPLIT, PRO>(acc, red, tt, y, res, tile, g, t, ks, lane, M, N);
   }
 }
