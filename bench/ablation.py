@@ -4,7 +4,7 @@
                              [--fuse 0,1] [--glu 0,1] [--late-trigger 0,1]
                              [--min-keys 8,32] [--fold none,moe,all,producer] [--moe-early 0,1]
                              [--moe-route 0,1] [--norm-early 0,1]
-                             [--ring off,8.8.1,16.4.1] [--breakdown]
+                             [--ring off,8.8.1,16.4.1] [--carveout -1,100] [--breakdown]
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
 other kernels only, or of none), late trigger (a gemv lets the next kernel launch after its
@@ -15,7 +15,8 @@ before its PDL wait), moe route (the routing inside moe_gate_up, no moe_route la
 CupyBackend.moe_fused_route), norm early (the rmsnorm kernel's weight loaded before its PDL
 wait: CupyBackend.norm_early), ring (the bf16 / int4 decode gemvs through the persistent
 ring kernels of kernels/gemv_ring.cu, KSPLIT.S.BPS: warps per block, shared-memory slots per
-thread, blocks per SM; Gemv.ring) and fold (which RMSNorm weights are folded into the next
+thread, blocks per SM; Gemv.ring), carveout (the shared-memory percent every kernel asks
+for, -1 the driver's choice per kernel: kestrel_rt/cuda/module.py Carveout) and fold (which RMSNorm weights are folded into the next
 linears at load, kestrel_rt/fold.py, those norms then a row scale inside the kernels,
 CupyBackend.norm_row_scale: none, moe (a MoE layer's post-attention norm), all, producer
 (every norm folded, its rstd from the sums of squares the residual gemv before it writes),
@@ -47,7 +48,8 @@ PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
 
 def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool, min_keys: int = 8,
                  moe_early: bool = True, moe_route: bool = False,
-                 norm_early: bool = False, ring: tuple | None = None) -> None:
+                 norm_early: bool = False, ring: tuple | None = None,
+                 carveout: int = -1) -> None:
     """pdl: a key of PDL_MODES; late: the gemvs' compile option (a new Gemv for the backend
     when it changes)."""
     from kestrel_rt.cuda.linear import Gemv
@@ -68,6 +70,8 @@ def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool, min_keys: i
     be.moe_fused_route = moe_route
     be.norm_early = norm_early
     be.gemv().ring = ring
+    be.kernels.carveout.percent = carveout
+    be.gemv().carveout.percent = carveout
     model.graphs.clear()
 
 
@@ -93,6 +97,7 @@ def main() -> None:
     ap.add_argument("--moe-route", default="0")
     ap.add_argument("--norm-early", default="0", help="rmsnorm's weight before its wait")
     ap.add_argument("--ring", default="off", help="off or KSPLIT.S.BPS (gemv_ring.cu)")
+    ap.add_argument("--carveout", default="-1", help="shared-memory percent, -1: driver's")
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
@@ -101,26 +106,28 @@ def main() -> None:
                                   flags(args.fuse), flags(args.glu),
                                   [int(v) for v in args.min_keys.split(",")],
                                   flags(args.moe_early), flags(args.moe_route),
-                                  flags(args.norm_early), rings(args.ring)))
+                                  flags(args.norm_early), rings(args.ring),
+                                  [int(v) for v in args.carveout.split(",")]))
     for spec, fold in itertools.product(args.models.split(","), args.fold.split(",")):
         name, quant = spec.split(":")
         model = build(name, quant, fold=fold)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, late, fuse, glu, keys, early, route, norm, ring in grid:
-            set_features(model, pdl, late, fuse, glu, keys, early, route, norm, ring)
+        for pdl, late, fuse, glu, keys, early, route, norm, ring, carve in grid:
+            set_features(model, pdl, late, fuse, glu, keys, early, route, norm, ring, carve)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
             ring_s = "off" if ring is None else ".".join(map(str, ring))
             rows.append((name, quant, fold, pdl, late, fuse, glu, keys, early, route, norm,
-                         ring_s, r["tok_s"], r["ms"]))
+                         ring_s, carve, r["tok_s"], r["ms"]))
             print(f"{name} {quant} fold={fold} pdl={pdl} late={late} fuse={fuse} "
                   f"glu={glu} keys={keys} moe_early={early} moe_route={route} "
-                  f"norm_early={norm} ring={ring_s}: "
+                  f"norm_early={norm} ring={ring_s} carveout={carve}: "
                   f"{r['tok_s']:.1f} tok/s, "
                   f"step {r['ms']:.3f} ms",
                   flush=True)
         if args.breakdown:  # this build's defaults, with PDL on and off
             for pdl in ("all", "none"):
-                set_features(model, pdl, True, False, True, ring=rings(args.ring)[-1])
+                set_features(model, pdl, True, False, True, ring=rings(args.ring)[-1],
+                             carveout=int(args.carveout.split(",")[-1]))
                 breakdowns.append((f"{spec} fold={fold}, PDL {'off' if pdl == 'none' else 'on'}",
                                    measure.kernel_breakdown(model, CONTEXT)))
         del model
@@ -129,10 +136,11 @@ def main() -> None:
         print(f"\n{spec}: step {b['step_ms']:.3f} ms, kernels busy {b['busy_ms']:.3f} ms")
         print("\n".join(measure.breakdown_table(b)))
     print("\n| model | quant | fold | pdl | late trigger | fuse | glu | min keys | "
-          "moe early | moe route | norm early | ring | tok/s | step ms |\n"
-          "| --- | --- | --- | --- | --- | --- | --- | ---: | --- | --- | --- | --- | ---: | ---: |")
+          "moe early | moe route | norm early | ring | carveout | tok/s | step ms |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | ---: | --- | --- | --- | --- | ---: | ---: "
+          "| ---: |")
     for r in rows:
-        print("| " + " | ".join(str(v) for v in r[:12]) + f" | {r[12]:.1f} | {r[13]:.3f} |")
+        print("| " + " | ".join(str(v) for v in r[:13]) + f" | {r[13]:.1f} | {r[14]:.3f} |")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ from kestrel_rt.cuda.gemv_variants import (
     ring_name,
     ring_shared_bytes,
 )
-from kestrel_rt.cuda.module import current_stream, full_source, set_max_dynamic_shared
+from kestrel_rt.cuda.module import Carveout, current_stream, full_source, set_max_dynamic_shared
 from kestrel_rt.quant import int4_fits
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
 
@@ -98,6 +98,7 @@ class Gemv:
         # S ring slots per thread, blocks per SM), or None (the tuned kernels). See ring.
         self._ring: tuple[int, int, int] | None = None
         self._shared_set: dict[str, int] = {}  # kernel -> dynamic shared bytes allowed
+        self.carveout = Carveout()  # the L1 / shared split its kernels ask for (module.py)
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
             from kestrel_rt.cuda.pdl import Launcher
 
@@ -122,6 +123,7 @@ class Gemv:
 
     def _run(self, fn, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         """Launch a gemv kernel on torch's current stream (PDL when enabled)."""
+        self.carveout.apply(fn)
         if self._pdl is not None and self.pdl_enabled:
             handle = torch.cuda.current_stream(self.device_index).cuda_stream
             self._pdl(fn, grid, block, args, handle, shared_mem)
@@ -292,6 +294,7 @@ class Gemv:
         stream (kestrel_rt/cuda/gemv_moe.py). Never with PDL: the expert kernels hit an
         illegal address under PDL on the H200 (2026-11-30; cause not found yet)."""
         fn = self._module(file, pro).get_function(name)
+        self.carveout.apply(fn)
         with self._cupy.cuda.Device(self.device_index):
             fn(grid, block, args, stream=self._stream())
 
