@@ -4,7 +4,8 @@
                              [--fuse 0,1] [--glu 0,1] [--late-trigger 0,1]
                              [--min-keys 8,32] [--fold none,moe,all,producer] [--moe-early 0,1]
                              [--moe-route 0,1] [--norm-early 0,1]
-                             [--ring off,8.8.1,16.4.1] [--carveout -1,100] [--breakdown]
+                             [--ring off,16.8.1] [--ring-int4 off,16.8.1]
+                             [--carveout=-1,100] [--breakdown]
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
 other kernels only, or of none), late trigger (a gemv lets the next kernel launch after its
@@ -13,9 +14,9 @@ K loop, not at its top), fuse (RMSNorm in the gemv prologue; off: its own kernel
 gemv's epilogue; off: its own kernel), moe early (moe_down issues its first weight loads
 before its PDL wait), moe route (the routing inside moe_gate_up, no moe_route launch:
 CupyBackend.moe_fused_route), norm early (the rmsnorm kernel's weight loaded before its PDL
-wait: CupyBackend.norm_early), ring (the bf16 / int4 decode gemvs through the persistent
-ring kernels of kernels/gemv_ring.cu, KSPLIT.S.BPS: warps per block, shared-memory slots per
-thread, blocks per SM; Gemv.ring), carveout (the shared-memory percent every kernel asks
+wait: CupyBackend.norm_early), ring / ring int4 (the bf16 / int4 decode gemvs through the
+persistent ring kernels of kernels/gemv_ring.cu, KSPLIT.S.BPS: warps per block, shared-memory
+slots per thread, blocks per SM; Gemv.ring, Gemv.ring_int4), carveout (the shared-memory percent every kernel asks
 for, -1 the driver's choice per kernel: kestrel_rt/cuda/module.py Carveout) and fold (which RMSNorm weights are folded into the next
 linears at load, kestrel_rt/fold.py, those norms then a row scale inside the kernels,
 CupyBackend.norm_row_scale: none, moe (a MoE layer's post-attention norm), all, producer
@@ -42,14 +43,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import measure
 from h200_decode import CONTEXT, build
 
+from kestrel_rt.cuda.gemv_variants import RING_DEFAULT
+
 PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
              "none": (False, False)}
 
 
 def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool, min_keys: int = 8,
                  moe_early: bool = True, moe_route: bool = False,
-                 norm_early: bool = False, ring: tuple | None = None,
-                 carveout: int = -1) -> None:
+                 norm_early: bool = False, ring: tuple | None = RING_DEFAULT,
+                 carveout: int = -1, ring_int4: tuple | None = None) -> None:
     """pdl: a key of PDL_MODES; late: the gemvs' compile option (a new Gemv for the backend
     when it changes)."""
     from kestrel_rt.cuda.linear import Gemv
@@ -70,6 +73,7 @@ def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool, min_keys: i
     be.moe_fused_route = moe_route
     be.norm_early = norm_early
     be.gemv().ring = ring
+    be.gemv().ring_int4 = ring_int4
     be.kernels.carveout.percent = carveout
     be.gemv().carveout.percent = carveout
     model.graphs.clear()
@@ -96,7 +100,9 @@ def main() -> None:
     ap.add_argument("--moe-early", default="1")
     ap.add_argument("--moe-route", default="0")
     ap.add_argument("--norm-early", default="0", help="rmsnorm's weight before its wait")
-    ap.add_argument("--ring", default="off", help="off or KSPLIT.S.BPS (gemv_ring.cu)")
+    ap.add_argument("--ring", default=".".join(map(str, RING_DEFAULT)),
+                    help="bf16: off or KSPLIT.S.BPS (gemv_ring.cu)")
+    ap.add_argument("--ring-int4", default="off", help="int4: off or KSPLIT.S.BPS")
     ap.add_argument("--carveout", default="-1", help="shared-memory percent, -1: driver's")
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
@@ -107,15 +113,17 @@ def main() -> None:
                                   [int(v) for v in args.min_keys.split(",")],
                                   flags(args.moe_early), flags(args.moe_route),
                                   flags(args.norm_early), rings(args.ring),
-                                  [int(v) for v in args.carveout.split(",")]))
+                                  [int(v) for v in args.carveout.split(",")],
+                                  rings(args.ring_int4)))
     for spec, fold in itertools.product(args.models.split(","), args.fold.split(",")):
         name, quant = spec.split(":")
         model = build(name, quant, fold=fold)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, late, fuse, glu, keys, early, route, norm, ring, carve in grid:
-            set_features(model, pdl, late, fuse, glu, keys, early, route, norm, ring, carve)
+        for pdl, late, fuse, glu, keys, early, route, norm, ring, carve, ring4 in grid:
+            set_features(model, pdl, late, fuse, glu, keys, early, route, norm, ring, carve,
+                         ring4)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            ring_s = "off" if ring is None else ".".join(map(str, ring))
+            ring_s = "/".join("off" if v is None else ".".join(map(str, v)) for v in (ring, ring4))
             rows.append((name, quant, fold, pdl, late, fuse, glu, keys, early, route, norm,
                          ring_s, carve, r["tok_s"], r["ms"]))
             print(f"{name} {quant} fold={fold} pdl={pdl} late={late} fuse={fuse} "
@@ -127,7 +135,8 @@ def main() -> None:
         if args.breakdown:  # this build's defaults, with PDL on and off
             for pdl in ("all", "none"):
                 set_features(model, pdl, True, False, True, ring=rings(args.ring)[-1],
-                             carveout=int(args.carveout.split(",")[-1]))
+                             carveout=int(args.carveout.split(",")[-1]),
+                             ring_int4=rings(args.ring_int4)[-1])
                 breakdowns.append((f"{spec} fold={fold}, PDL {'off' if pdl == 'none' else 'on'}",
                                    measure.kernel_breakdown(model, CONTEXT)))
         del model
@@ -136,7 +145,7 @@ def main() -> None:
         print(f"\n{spec}: step {b['step_ms']:.3f} ms, kernels busy {b['busy_ms']:.3f} ms")
         print("\n".join(measure.breakdown_table(b)))
     print("\n| model | quant | fold | pdl | late trigger | fuse | glu | min keys | "
-          "moe early | moe route | norm early | ring | carveout | tok/s | step ms |\n"
+          "moe early | moe route | norm early | ring bf16/int4 | carveout | tok/s | step ms |\n"
           "| --- | --- | --- | --- | --- | --- | --- | ---: | --- | --- | --- | --- | ---: | ---: "
           "| ---: |")
     for r in rows:

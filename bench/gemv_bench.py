@@ -178,7 +178,8 @@ def main() -> None:
     for ring, kind in itertools.product(args.ring.split(","), args.kinds.split(",")):
         if ring != "off" and kind not in ("bf16", "int4"):
             continue
-        gemv.ring = None if ring == "off" else tuple(int(v) for v in ring.split("."))
+        gemv.ring = gemv.ring_int4 = (None if ring == "off"
+                                      else tuple(int(v) for v in ring.split(".")))
         for m in [int(v) for v in args.ms.split(",")]:
             for name, (n, k) in SHAPES_8B.items():
                 if name == "lm_head" and m != 1:

@@ -7,15 +7,20 @@
 // block per 16-row tile (several waves) and let the next kernel launch only after their K
 // loop, so at every boundary DRAM idles while the last loads drain, the next grid launches,
 // waits for this one, loads x and only then asks for its first weights. Here:
-//   * the grid is at most one block per SM (BPS blocks with BPS > 1), each block looping
-//     over tiles blockIdx.x, + gridDim.x, ...: one wave, so the kernel may let its dependents
-//     launch at its top and they find room on the SMs beside it (Gemv's late_trigger option
-//     moves the trigger after the last tile's K loop, as in the other gemvs: pdl.cuh);
+//   * the grid is one block per SM (BPS = 1; the tiles blockIdx.x, + gridDim.x, ... of each
+//     block are fixed), and the kernel lets its dependents launch at its top: the next
+//     kernels' blocks get onto the SMs while this one streams;
 //   * each thread streams its weights through a private ring of S slots in shared memory with
 //     cp.async (no registers held by loads in flight: S - 1 items in flight per thread), and
 //     fills the first S - 1 slots BEFORE pdl_wait (weights are immutable): while the previous
-//     kernels finish, this one already pulls up to (S - 1) * 32 * 32 * KSPLIT bytes per SM;
-//   * x (M rows, <= XS_BYTES) is staged in shared memory once per block after the wait.
+//     kernels finish, this one already pulls (S - 1) * 32 * 32 * KSPLIT bytes per SM;
+//   * x (M rows, <= RING_X_BYTES) is staged in shared memory once per block after the wait.
+// The static tile split needs the blocks spread one per SM. Blocks launched early (PDL) are
+// placed wherever the running kernels leave room, so two of them can land on one SM, which
+// then streams twice the bytes of the others: on the H200 a ring of 64 KB per block made the
+// qwen3-8b bf16 decode step slower (5.58 ms against 4.50), the default (16, 8): 128 KB + x,
+// more than half an SM's shared memory, so no two ring blocks ever share an SM, made it
+// faster (4.20 ms; bench/results/NOTES_decode.md, session 7).
 // A ring slot is written and read by the same thread only: cp.async.wait_group is the only
 // synchronization it needs. Item i of a thread is sub-step (ks + q KSPLIT) of its block's
 // tile number i / per (per = sub-steps of the warp per tile); the KSPLIT warps of the block
@@ -97,7 +102,7 @@ gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
   __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
-  GEMV_TRIGGER_TOP();  // one wave: the next kernel's blocks fit beside this one's
+  pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int kv = K >> 3, nsub = (kv + 3) >> 2, tiles = (N + 15) >> 4;
   const int per = (nsub - ks + KSPLIT - 1) / KSPLIT;  // this warp's sub-steps per tile
@@ -150,7 +155,6 @@ gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
       acc[0][0][c] += acc[1][0][c];
       acc[1][0][c] = 0.f;
     }
-    if (tt == mine - 1) GEMV_TRIGGER_END();
     ring_store<KSPLIT, PRO>(acc[0], red, tt, y, res, blockIdx.x + tt * gridDim.x, g, t, ks,
                             lane, M, N);
   }
@@ -206,7 +210,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
   __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
-  GEMV_TRIGGER_TOP();  // one wave: the next kernel's blocks fit beside this one's
+  pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int kv = K >> 3, groups = K >> 7, tiles = (N + 15) >> 4;
   const int per = (groups - ks + KSPLIT - 1) / KSPLIT;
@@ -261,7 +265,6 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
       int4_math<1, 1>(acc, st, xl, grp, (u32)groups, t, zsh);
     }
     int4_store_order<1>(acc, g, t);
-    if (tt == mine - 1) GEMV_TRIGGER_END();
     ring_store<KSPLIT, PRO>(acc, red, tt, y, res, tile, g, t, ks, lane, M, N);
   }
 }

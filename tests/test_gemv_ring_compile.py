@@ -17,16 +17,17 @@ NVCC = shutil.which("nvcc")
 
 
 def _gemv(ring):
-    """A Gemv without a device (only the routing state)."""
+    """A Gemv without a device (only the routing state), ring set for both weight kinds."""
     g = L.Gemv.__new__(L.Gemv)
-    g._ring = None
+    g._rings = {"gemv": None, "gemv_int4": None}
     if ring is not None:
-        g.ring = ring
+        g.ring = g.ring_int4 = ring
     return g
 
 
 def test_routing_rule():
     g = _gemv((8, 8, 1))
+    assert g.ring == g.ring_int4 == (8, 8, 1)
     assert g.takes_ring("gemv", V.PLAIN, 1, 4096)
     assert g.takes_ring("gemv_int4", V.RESIDUAL, 8, 2048)
     assert g.takes_ring("gemv", V.GLU, 1, 12288)
@@ -40,8 +41,19 @@ def test_routing_rule():
 
 @pytest.mark.parametrize("bad", [(8, 5, 1), (3, 8, 1), (8, 8, 0), (8, 8, 5), (8, 8)])
 def test_ring_setting_is_checked(bad):
-    with pytest.raises(ValueError, match="Gemv.ring"):
+    with pytest.raises(ValueError, match="Gemv.ring "):
         _gemv(None).ring = bad
+    with pytest.raises(ValueError, match="Gemv.ring_int4"):
+        _gemv(None).ring_int4 = bad
+
+
+def test_default_ring_keeps_two_blocks_off_one_sm():
+    """The default (bf16) ring takes more than half of an H100 / H200 SM's 228 KiB of shared
+    memory, so ring blocks placed early under PDL cannot pile up on one SM
+    (kernels/gemv_ring.cu); int4 stays on the tuned kernel by default."""
+    ks, slots, bps = V.RING_DEFAULT
+    assert bps == 1 and (ks, slots) in V.RING_VARIANTS
+    assert 2 * V.ring_shared_bytes("gemv", ks, slots, 1, 128) > 228 * 1024
 
 
 def test_shared_bytes():

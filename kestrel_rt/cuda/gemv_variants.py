@@ -50,6 +50,11 @@ SSQ_PROS = (RESIDUAL | SSQ, RSTD_IN, RSTD_IN | GLU)
 # per thread) variants compiled, the prologues they take, the most bytes of x they stage in
 # shared memory (M * K * 2), and which weight kinds have one.
 RING_VARIANTS = ((8, 8), (8, 4), (16, 4), (16, 8), (4, 16))
+# The default for bf16 weights: 128 KB of ring per block, so at most one ring block per SM
+# (kernels/gemv_ring.cu). H200, bench/ablation.py: qwen3-8b bf16 decode step 4.200 ms against
+# 4.505 with the tuned kernels; int4 ring kernels measured slower (2.75 against 2.26 ms), so
+# int4 weights keep the tuned kernel unless Gemv.ring_int4 is set.
+RING_DEFAULT = (16, 8, 1)
 RING_PROS = (PLAIN, RESIDUAL, GLU)
 RING_X_BYTES = 32 * 1024
 RING_KERNELS = {"gemv": "gemv_ring_bf16", "gemv_int4": "gemv_ring_int4"}

@@ -39,6 +39,7 @@ from kestrel_rt.cuda.gemv_variants import (
     MAX_ROWS,
     PLAIN,
     RESIDUAL,
+    RING_DEFAULT,
     RING_KERNELS,
     RING_PROS,
     RING_VARIANTS,
@@ -93,10 +94,11 @@ class Gemv:
         self.options = ("-std=c++17",) + (("-DGEMV_LATE_TRIGGER",) if late_trigger else ())
         self._pdl = None
         self.pdl_enabled = True  # switch PDL off for a comparison (bench/ablation.py)
-        # The persistent ring kernels (kernels/gemv_ring.cu) for bf16 and int4 weights at
-        # M <= 8 with plain x, a residual or the SwiGLU epilogue: (KSPLIT warps per block,
-        # S ring slots per thread, blocks per SM), or None (the tuned kernels). See ring.
-        self._ring: tuple[int, int, int] | None = None
+        # The persistent ring kernels (kernels/gemv_ring.cu) at M <= 8 with plain x, a
+        # residual or the SwiGLU epilogue, per weight kind: (KSPLIT warps per block, S ring
+        # slots per thread, blocks per SM), or None (the tuned kernels). See ring, ring_int4.
+        self._rings: dict[str, tuple[int, int, int] | None] = {"gemv": RING_DEFAULT,
+                                                               "gemv_int4": None}
         self._shared_set: dict[str, int] = {}  # kernel -> dynamic shared bytes allowed
         self.carveout = Carveout()  # the L1 / shared split its kernels ask for (module.py)
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
@@ -106,20 +108,24 @@ class Gemv:
 
     @property
     def ring(self) -> tuple[int, int, int] | None:
-        return self._ring
+        """bf16 weights: (KSPLIT, S, BPS) routes decode shapes to gemv_ring_bf16 with KSPLIT
+        warps per block, S shared-memory slots per thread and at most BPS blocks per SM
+        (RING_DEFAULT); None: the tuned kernels."""
+        return self._rings["gemv"]
 
     @ring.setter
     def ring(self, value: tuple[int, int, int] | None) -> None:
-        """(KSPLIT, S, BPS): route bf16 / int4 decode shapes to the ring kernels with KSPLIT
-        warps per block, S shared-memory slots per thread and at most BPS blocks per SM;
-        None: the tuned kernels."""
-        if value is not None:
-            value = tuple(int(v) for v in value)
-            if len(value) != 3 or value[:2] not in RING_VARIANTS or not 1 <= value[2] <= 4:
-                raise ValueError(f"Gemv.ring must be None or (KSPLIT, S, blocks per SM) with "
-                                 f"(KSPLIT, S) one of {list(RING_VARIANTS)} and 1..4 blocks "
-                                 f"per SM, got {value!r}")
-        self._ring = value
+        self._rings["gemv"] = _ring_setting(value, "Gemv.ring")
+
+    @property
+    def ring_int4(self) -> tuple[int, int, int] | None:
+        """int4 weights: as `ring`, for gemv_ring_int4 (None by default: slower than the
+        tuned int4 kernel on the H200)."""
+        return self._rings["gemv_int4"]
+
+    @ring_int4.setter
+    def ring_int4(self, value: tuple[int, int, int] | None) -> None:
+        self._rings["gemv_int4"] = _ring_setting(value, "Gemv.ring_int4")
 
     def _run(self, fn, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         """Launch a gemv kernel on torch's current stream (PDL when enabled)."""
@@ -165,14 +171,14 @@ class Gemv:
 
     def takes_ring(self, file: str, pro: int, m: int, k: int) -> bool:
         """True when a launch of kernels/FILE.cu with these goes to the ring kernel."""
-        return (self._ring is not None and file in RING_KERNELS and pro in RING_PROS
-                and m <= 8 and m * k * 2 <= RING_X_BYTES)
+        return (self._rings.get(file) is not None and pro in RING_PROS and m <= 8
+                and m * k * 2 <= RING_X_BYTES)
 
     def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int
                      ) -> None:
         """y [M, N] = residual + x @ W.T (or the GLU epilogue) through gemv_ring.cu: one wave
         of at most BPS blocks per SM, each looping over tiles."""
-        ks, slots, bps = self._ring
+        ks, slots, bps = self._rings[file]
         name = ring_name(file, ks, slots, pro)
         fn = self._ring_module(pro).get_function(name)
         smem = ring_shared_bytes(file, ks, slots, m, k)
@@ -391,6 +397,17 @@ class Gemv:
                 return F.linear(x, self.dequantize(w))
             return F.linear(x, w.dequantize(x.dtype))
         return F.linear(x, w)
+
+
+def _ring_setting(value, what: str) -> tuple[int, int, int] | None:
+    """A ring setting checked: None or (KSPLIT, S, blocks per SM) of a compiled variant."""
+    if value is None:
+        return None
+    value = tuple(int(v) for v in value)
+    if len(value) != 3 or value[:2] not in RING_VARIANTS or not 1 <= value[2] <= 4:
+        raise ValueError(f"{what} must be None or (KSPLIT, S, blocks per SM) with (KSPLIT, S) "
+                         f"one of {list(RING_VARIANTS)} and 1..4 blocks per SM, got {value!r}")
+    return value
 
 
 def kernel_reads(w, n: int, k: int) -> bool:

@@ -27,7 +27,7 @@ SHAPES = [(1, 6144, 4096), (1, 4096, 12288), (1, 4096, 4096), (3, 1000, 1152), (
 @pytest.fixture(scope="module")
 def gemv():
     g = Gemv("cuda")
-    g.ring = (8, 8, 1)
+    g.ring = g.ring_int4 = (8, 8, 1)
     return g
 
 
@@ -99,7 +99,7 @@ def test_every_ring_variant(kind, variant, bps):
     """Each (KSPLIT, S) with 1 and 2 blocks per SM: K short of the warps (idle warps), a grid
     of fewer blocks than tiles and one of more."""
     g = Gemv("cuda")
-    g.ring = (*variant, bps)
+    g.ring = g.ring_int4 = (*variant, bps)
     gen = torch.Generator("cuda").manual_seed(abs(hash((kind, variant, bps))) % 2**31)
     for m, n, k in ((1, 8200, 1024), (4, 16, 256), (1, 40000, 128)):
         w, dense = _weight(kind, n, k, gen)
@@ -115,17 +115,20 @@ def test_ring_not_taken_where_it_does_not_fit(gemv):
     assert not gemv.takes_ring("gemv", 0, 2, 12288)  # 48 KiB of x
     assert not gemv.takes_ring("gemv", 1, 1, 4096)
     assert not gemv.takes_ring("gemv_int8", 0, 1, 4096)
-    off = Gemv("cuda")
-    assert not off.takes_ring("gemv", 0, 1, 4096)
+    default = Gemv("cuda")
+    assert default.takes_ring("gemv", 0, 1, 4096)  # bf16: the ring by default
+    assert not default.takes_ring("gemv_int4", 0, 1, 4096)  # int4: the tuned kernel
+    default.ring = None
+    assert not default.takes_ring("gemv", 0, 1, 4096)
     with pytest.raises(ValueError, match="Gemv.ring"):
-        off.ring = (8, 5, 1)
+        default.ring = (8, 5, 1)
 
 
 def test_ring_under_pdl_in_a_cuda_graph():
     """A chain of ring launches with PDL (each waits for the one before: o = x @ W1, then
     y = o @ W2 + res) captured in a CUDA graph and replayed with new x."""
     g = Gemv("cuda", pdl=True)
-    g.ring = (8, 8, 1)
+    g.ring = g.ring_int4 = (8, 8, 1)
     gen = torch.Generator("cuda").manual_seed(5)
     w1, d1 = _weight("bf16", 4096, 4096, gen)
     w2, d2 = _weight("int4", 4096, 4096, gen)
@@ -152,8 +155,8 @@ def test_ring_under_pdl_in_a_cuda_graph():
 
 
 def test_model_decode_with_ring_as_accurate():
-    """A bf16 model whose decode gemvs run the ring kernels stays as close to fp32 as with
-    the tuned kernels."""
+    """A bf16 model whose decode gemvs run the ring kernels (the default) stays as close to
+    fp32 as with the tuned kernels."""
     import gpu_models as gm
 
     from kestrel_rt.backend import TorchBackend
@@ -161,10 +164,12 @@ def test_model_decode_with_ring_as_accurate():
 
     lengths = [5, 9, 3, 20]
     exact = gm.run_script(gm.model("wide", TorchBackend("cuda", torch.float32)), lengths, 6)
-    ref = gm.run_script(gm.model("wide", CupyBackend("cuda", torch.bfloat16)), lengths, 6)
+    tuned = CupyBackend("cuda", torch.bfloat16)
+    tuned.gemv().ring = None
+    ref = gm.run_script(gm.model("wide", tuned), lengths, 6)
     be = CupyBackend("cuda", torch.bfloat16)
     g = be.gemv()
-    g.ring = (8, 8, 1)
+    assert g.ring is not None  # the default
     launches = []
     launch_ring = g._launch_ring
     g._launch_ring = lambda *a: launches.append(a[0]) or launch_ring(*a)
