@@ -1,6 +1,7 @@
 // Persistent skinny matmul for decode (M <= 8 activation rows): y[M, N] = x[M, K] @ W^T with
-// bf16 or int4 (AWQ, gemv_int4.cu's layout) weights, plain x, and the residual or SwiGLU
-// epilogue of gemv_mma.cuh (PRO 0, 4 or 8). The same mma arithmetic as gemv.cu / gemv_int4.cu;
+// bf16 or int4 (AWQ, gemv_int4.cu's layout) weights, plain x or its RMSNorm (done once per
+// block as x is staged), and the residual or SwiGLU epilogue of gemv_mma.cuh (PRO 0, 1, 4, 8,
+// 9). The same mma arithmetic as gemv.cu / gemv_int4.cu;
 // what differs is how the weights reach the registers and how many blocks there are.
 //
 // Why: at batch 1 a decode step is ~7 dependent kernels per layer. The tuned gemvs launch one
@@ -65,11 +66,41 @@ __device__ __forceinline__ void ring_advance(RingCursor& c, int per) {
   }
 }
 
-// act(x) rows m < M of x [M, K] into xs [M][K / 8] (plain x); the whole block calls it
-// (one __syncthreads).
-__device__ __forceinline__ void stage_x(uint4* xs, const uint4* x, int M, int kv) {
+// act(x) rows m < M of x [M, K] into xs [M][K / 8]: x itself (ACT 0) or its RMSNorm with
+// weight nw [K] (ACT 1, gemv_mma.cuh's PRO 1 rounding: bf16(nw * bf16(x * rstd)), rstd =
+// rsqrt(sum x^2 / K + eps), the sum in a fixed order: each thread its chunks tid, tid + T,
+// ..., then the warps' shuffle tree, then the WARPS partials in warp order). part: shared
+// floats [(WARPS + 1) * 8]. The whole block calls it (ending with a __syncthreads).
+template <int ACT, int WARPS>
+__device__ __forceinline__ void stage_x(uint4* xs, const uint4* x, const uint4* nw, float eps,
+                                        int M, int kv, float* part) {
 #pragma unroll 4
   for (int c = threadIdx.x; c < M * kv; c += blockDim.x) xs[c] = ld_cached(x + c);
+  if constexpr (ACT == 1) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    for (int m = 0; m < M; ++m) {
+      float ss = 0.f;
+      for (int v = threadIdx.x; v < kv; v += blockDim.x) ss = sum_squares(xs[m * kv + v], ss);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (lane == 0) part[warp * 8 + m] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+      float ss = 0.f;
+      for (int w = 0; w < WARPS; ++w) ss += part[w * 8 + threadIdx.x];
+      part[WARPS * 8 + threadIdx.x] = rsqrtf(ss / (float)(8 * kv) + eps);
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < M * kv; c += blockDim.x) {
+      const int m = c / kv, v = c - m * kv;
+      const float r = part[WARPS * 8 + m];
+      const uint4 a = xs[c], w = ld_cached(nw + v);
+      xs[c] = make_uint4(rmsnorm2(a.x, w.x, r), rmsnorm2(a.y, w.y, r), rmsnorm2(a.z, w.z, r),
+                         rmsnorm2(a.w, w.w, r));
+    }
+  }
   __syncthreads();
 }
 
@@ -96,12 +127,14 @@ __device__ __forceinline__ void ring_store(float (&acc)[1][4], float* red, int t
 template <int KSPLIT, int S, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT)
 gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N,
-               int K, const u16* res) {
-  static_assert(GEMV_ACT(PRO) == 0 && !GEMV_RSTD(PRO) && !GEMV_SSQ(PRO) && !GEMV_RSTD_IN(PRO),
-                "the ring kernels take plain x, a residual or the SwiGLU epilogue");
+               int K, const u16* res, const uint4* __restrict__ nw, float eps) {
+  static_assert(GEMV_ACT(PRO) <= 1 && !GEMV_RSTD(PRO) && !GEMV_SSQ(PRO) && !GEMV_RSTD_IN(PRO),
+                "the ring kernels take plain x or its RMSNorm, a residual or the SwiGLU "
+                "epilogue");
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
   __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
+  __shared__ float part[GEMV_ACT(PRO) == 1 ? (KSPLIT + 1) * 8 : 1];
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int kv = K >> 3, nsub = (kv + 3) >> 2, tiles = (N + 15) >> 4;
@@ -135,7 +168,7 @@ gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(i);  // before the wait: weights only
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
-  stage_x(xs, x, M, kv);
+  stage_x<GEMV_ACT(PRO), KSPLIT>(xs, x, nw, eps, M, kv, part);
   float acc[2][1][4] = {};
   int ci = 0, slot = 0;
   for (int tt = 0; tt < mine; ++tt) {
@@ -204,12 +237,14 @@ template <int KSPLIT, int S, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT)
 gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
                const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M, int N,
-               int K, const u16* res) {
-  static_assert(GEMV_ACT(PRO) == 0 && !GEMV_RSTD(PRO) && !GEMV_SSQ(PRO) && !GEMV_RSTD_IN(PRO),
-                "the ring kernels take plain x, a residual or the SwiGLU epilogue");
+               int K, const u16* res, const uint4* __restrict__ nw, float eps) {
+  static_assert(GEMV_ACT(PRO) <= 1 && !GEMV_RSTD(PRO) && !GEMV_SSQ(PRO) && !GEMV_RSTD_IN(PRO),
+                "the ring kernels take plain x or its RMSNorm, a residual or the SwiGLU "
+                "epilogue");
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
   __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
+  __shared__ float part[GEMV_ACT(PRO) == 1 ? (KSPLIT + 1) * 8 : 1];
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int kv = K >> 3, groups = K >> 7, tiles = (N + 15) >> 4;
@@ -243,7 +278,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(i);  // before the wait: weights only
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
-  stage_x(xs, x, M, kv);
+  stage_x<GEMV_ACT(PRO), KSPLIT>(xs, x, nw, eps, M, kv, part);
   const XSmem xl{xs, g, M, kv};
   float acc[1][4] = {};
   int ci = 0, slot = 0;

@@ -33,7 +33,10 @@ def test_routing_rule():
     assert g.takes_ring("gemv", V.GLU, 1, 12288)
     assert not g.takes_ring("gemv", V.PLAIN, 9, 1024)  # more rows than one n-tile
     assert not g.takes_ring("gemv", V.PLAIN, 2, 12288)  # 48 KiB of x to stage
-    assert not g.takes_ring("gemv", V.RMSNORM, 1, 4096)
+    assert g.takes_ring("gemv", V.RMSNORM, 1, 4096)  # the norm as x is staged
+    assert g.takes_ring("gemv_int4", V.RMSNORM | V.GLU, 1, 4096)
+    assert not g.takes_ring("gemv", V.SWIGLU, 1, 4096)
+    assert not g.takes_ring("gemv", V.RMSNORM | V.RESIDUAL, 1, 4096)
     assert not g.takes_ring("gemv", V.RSTD, 1, 4096)
     assert not g.takes_ring("gemv_int8", V.PLAIN, 1, 4096)
     assert not _gemv(None).takes_ring("gemv", V.PLAIN, 1, 4096)

@@ -35,11 +35,11 @@ import torch
 from kestrel_rt.backend.torch_backend import TorchBackend
 from kestrel_rt.cuda import attention as attn_ops
 from kestrel_rt.cuda import gemv_moe, ops, reference
-from kestrel_rt.cuda.gemv_variants import MAX_ROWS
+from kestrel_rt.cuda.gemv_variants import GLU, MAX_ROWS, RMSNORM
 from kestrel_rt.cuda.linear import GemvLinear
 from kestrel_rt.cuda.module import KernelModules
 from kestrel_rt.cuda.ops import Unsupported
-from kestrel_rt.quant_weights import QuantizedWeight
+from kestrel_rt.quant_weights import Int4Weight, QuantizedWeight
 
 MAX_KERNEL_M = 16  # decode / verify: M new tokens per sequence served by the attention kernel
 MAX_MOE_TOKENS = 64  # tokens per MoE call served by the per-(token, expert) GEMV kernels
@@ -111,6 +111,10 @@ class CupyBackend(GemvLinear, TorchBackend):
         # rounding): faster everywhere on the H200 (bench/ablation.py: qwen3-8b bf16 4.98 vs
         # 5.04 ms, int4 2.70 vs 2.75, qwen3-0.6b 0.877 vs 0.909 ms per step)
         self.glu_epilogue = True
+        # the RMSNorm before a linear done by the ring gemv as it stages x (kernels/
+        # gemv_ring.cu: once per block, no rmsnorm launch) wherever the ring kernel takes the
+        # launch (bf16 weights at M <= 8 by default). Off until measured on the H200.
+        self.ring_norm = False
 
     NORM_ROW_SCALES = ("all", "moe", "none", "producer")
 
@@ -264,8 +268,24 @@ class CupyBackend(GemvLinear, TorchBackend):
         return buf
 
     # -- fused gemv ops: prologue (RMSNorm / SwiGLU) and residual epilogue in the kernel ----
+    def _ring_norm_gemv(self, x, norm, name, glu: bool = False):
+        """act(x) @ W.T with act the RMSNorm by weight `norm`, inside the ring gemv's
+        staging of x (ring_norm), or None where the ring kernel does not take it."""
+        w = self.weight(name)
+        file = ("gemv_int4" if isinstance(w, Int4Weight)
+                else "gemv" if type(w) is torch.Tensor else None)
+        rows = x.numel() // x.shape[-1]
+        pro = RMSNORM | (GLU if glu else 0)
+        if not self.ring_norm or file is None or not self.gemv().takes_ring(
+                file, pro, rows, x.shape[-1]):
+            return None
+        return self.gemv().fused(x, w, norm=self.weight(norm), eps=self.shape.rms_norm_eps,
+                                 glu=glu)
+
     def norm_linear(self, x, norm, name):
         y = self._rstd_gemv(x, norm, name)
+        if y is None:
+            y = self._ring_norm_gemv(x, norm, name)
         if y is not None:
             return y
         if not self.fuse_prologues:
@@ -287,6 +307,8 @@ class CupyBackend(GemvLinear, TorchBackend):
     def norm_linear_swiglu(self, x, norm, name):
         if self.glu_epilogue:  # the SwiGLU in the gate_up gemv's epilogue
             y = self._rstd_gemv(x, norm, name, glu=True)
+            if y is None:
+                y = self._ring_norm_gemv(x, norm, name, glu=True)
             if y is not None:
                 return y
             w, eps = self.weight(name), self.shape.rms_norm_eps

@@ -55,7 +55,7 @@ RING_VARIANTS = ((8, 8), (8, 4), (16, 4), (16, 8), (4, 16))
 # 4.505 with the tuned kernels; int4 ring kernels measured slower (2.75 against 2.26 ms), so
 # int4 weights keep the tuned kernel unless Gemv.ring_int4 is set.
 RING_DEFAULT = (16, 8, 1)
-RING_PROS = (PLAIN, RESIDUAL, GLU)
+RING_PROS = (PLAIN, RESIDUAL, GLU, RMSNORM, RMSNORM | GLU)
 RING_X_BYTES = 32 * 1024
 RING_KERNELS = {"gemv": "gemv_ring_bf16", "gemv_int4": "gemv_ring_int4"}
 RING_SLOT_BYTES = {"gemv": 32, "gemv_int4": 40}  # shared bytes per thread and ring slot

@@ -174,10 +174,11 @@ class Gemv:
         return (self._rings.get(file) is not None and pro in RING_PROS and m <= 8
                 and m * k * 2 <= RING_X_BYTES)
 
-    def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int
-                     ) -> None:
-        """y [M, N] = residual + x @ W.T (or the GLU epilogue) through gemv_ring.cu: one wave
-        of at most BPS blocks per SM, each looping over tiles."""
+    def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
+                     norm, eps: float) -> None:
+        """y [M, N] = residual + act(x) @ W.T (or the GLU epilogue; act: x or its RMSNorm
+        with weight norm) through gemv_ring.cu: one wave of at most BPS blocks per SM, each
+        looping over tiles."""
         ks, slots, bps = self._rings[file]
         name = ring_name(file, ks, slots, pro)
         fn = self._ring_module(pro).get_function(name)
@@ -185,7 +186,8 @@ class Gemv:
         if self._shared_set.get(name, 0) < smem:
             set_max_dynamic_shared(fn, smem)
             self._shared_set[name] = smem
-        args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(residual))
+        args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(residual), _p(norm),
+                np.float32(eps))
         self._run(fn, (min(math.ceil(n / 16), self.sms * bps),), (32 * ks,), args, smem)
 
     def _stream(self):
@@ -231,7 +233,7 @@ class Gemv:
         pro |= SSQ if ssq_out is not None else 0
         pro |= RSTD_IN if ssq_in is not None else 0
         if geom is None and self.takes_ring(file, pro, m, k):
-            self._launch_ring(file, x, w, y, m, n, k, residual, pro)
+            self._launch_ring(file, x, w, y, m, n, k, residual, pro, norm, eps)
             return y
         mt = 1 if m <= 8 else 2
         variant = self.variant(file, n, k, mt)

@@ -92,6 +92,36 @@ def test_ring_glu_epilogue(gemv, kind, m, i, k):
     assert _rel_err(y, _silu_glu_ref(x.double() @ dense.T)) <= TOL
 
 
+def _rms_ref(x: torch.Tensor, norm: torch.Tensor, eps: float) -> torch.Tensor:
+    """TorchBackend.rms_norm of bf16 x [M, K] with weight norm (bf16 result)."""
+    xf = x.float()
+    return norm * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 6144, 4096), (1, 24576, 4096), (3, 1000, 1152),
+                                   (8, 520, 384), (1, 16, 128)])
+@pytest.mark.parametrize("glu", [False, True])
+@pytest.mark.parametrize("kind", ["bf16", "int4"])
+def test_ring_rmsnorm_prologue(gemv, kind, glu, m, n, k):
+    """The RMSNorm of x done as the ring stages x (PRO 1, with the SwiGLU epilogue 9):
+    rmsnorm then linear (then SwiGLU), as TorchBackend rounds them."""
+    if glu and n % 16:
+        pytest.skip("the SwiGLU epilogue needs N % 16 == 0")
+    if kind == "int4" and (k % 128 or n % 8):
+        pytest.skip("int4 needs K % 128 == 0 and N % 8 == 0")
+    gen = torch.Generator("cuda").manual_seed(m * 3 + n + k + glu)
+    w, dense = _weight(kind, n, k, gen)
+    x = _x(m, k, gen) * 3
+    norm = (torch.rand(k, device="cuda", generator=gen) + 0.5).bfloat16()
+    eps = 1e-6
+    ref = _rms_ref(x, norm, eps).double() @ dense.T
+    out = _poisoned(m, n // 2 if glu else n)
+    y = getattr(gemv, kind)(x, w, out=out, norm=norm, eps=eps, glu=glu)
+    assert _rel_err(y, _silu_glu_ref(ref) if glu else ref) <= TOL
+    if not glu:  # the norm really is applied: without it the result is far off
+        assert _rel_err(getattr(gemv, kind)(x, w), ref) > 0.1
+
+
 @pytest.mark.parametrize("bps", [1, 2])
 @pytest.mark.parametrize("variant", RING_VARIANTS)
 @pytest.mark.parametrize("kind", ["bf16", "int4"])
@@ -154,7 +184,8 @@ def test_ring_under_pdl_in_a_cuda_graph():
         assert _rel_err(out, want) <= TOL
 
 
-def test_model_decode_with_ring_as_accurate():
+@pytest.mark.parametrize("ring_norm", [False, True], ids=["rmsnorm-kernel", "ring-norm"])
+def test_model_decode_with_ring_as_accurate(ring_norm):
     """A bf16 model whose decode gemvs run the ring kernels (the default) stays as close to
     fp32 as with the tuned kernels."""
     import gpu_models as gm
@@ -168,12 +199,14 @@ def test_model_decode_with_ring_as_accurate():
     tuned.gemv().ring = None
     ref = gm.run_script(gm.model("wide", tuned), lengths, 6)
     be = CupyBackend("cuda", torch.bfloat16)
+    be.ring_norm = ring_norm
     g = be.gemv()
     assert g.ring is not None  # the default
-    launches = []
+    pros = []
     launch_ring = g._launch_ring
-    g._launch_ring = lambda *a: launches.append(a[0]) or launch_ring(*a)
+    g._launch_ring = lambda *a: pros.append(a[8]) or launch_ring(*a)
     got = gm.run_script(gm.model("wide", be), lengths, 6)
-    assert len(launches) > 0
+    assert len(pros) > 0
+    assert any(p & 3 == 1 for p in pros) == ring_norm  # RMSNorm prologue launches
     for g, r, e in zip(got, ref, exact, strict=True):
         assert gm.rel_err(g, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
