@@ -4,7 +4,7 @@
                              [--fuse 0,1] [--glu 0,1] [--late-trigger 0,1]
                              [--min-keys 8,32] [--fold none,moe,all,producer] [--moe-early 0,1]
                              [--moe-route 0,1] [--norm-early 0,1]
-                             [--ring off,16.8.1] [--ring-int4 off,16.8.1]
+                             [--ring off,16.8.1] [--ring-int4 off,16.8.1] [--ring-norm 0,1]
                              [--carveout=-1,100] [--breakdown]
 
 Features: pdl (programmatic dependent launch: of every kernel, of the gemvs only, of the
@@ -16,7 +16,8 @@ before its PDL wait), moe route (the routing inside moe_gate_up, no moe_route la
 CupyBackend.moe_fused_route), norm early (the rmsnorm kernel's weight loaded before its PDL
 wait: CupyBackend.norm_early), ring / ring int4 (the bf16 / int4 decode gemvs through the
 persistent ring kernels of kernels/gemv_ring.cu, KSPLIT.S.BPS: warps per block, shared-memory
-slots per thread, blocks per SM; Gemv.ring, Gemv.ring_int4), carveout (the shared-memory percent every kernel asks
+slots per thread, blocks per SM; Gemv.ring, Gemv.ring_int4), ring norm (the RMSNorm before a
+linear inside the ring gemv's staging of x: CupyBackend.ring_norm), carveout (the shared-memory percent every kernel asks
 for, -1 the driver's choice per kernel: kestrel_rt/cuda/module.py Carveout) and fold (which RMSNorm weights are folded into the next
 linears at load, kestrel_rt/fold.py, those norms then a row scale inside the kernels,
 CupyBackend.norm_row_scale: none, moe (a MoE layer's post-attention norm), all, producer
@@ -52,7 +53,8 @@ PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
 def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool, min_keys: int = 8,
                  moe_early: bool = True, moe_route: bool = False,
                  norm_early: bool = False, ring: tuple | None = RING_DEFAULT,
-                 carveout: int = -1, ring_int4: tuple | None = None) -> None:
+                 carveout: int = -1, ring_int4: tuple | None = None,
+                 ring_norm: bool = False) -> None:
     """pdl: a key of PDL_MODES; late: the gemvs' compile option (a new Gemv for the backend
     when it changes)."""
     from kestrel_rt.cuda.linear import Gemv
@@ -74,6 +76,7 @@ def set_features(model, pdl: str, late: bool, fuse: bool, glu: bool, min_keys: i
     be.norm_early = norm_early
     be.gemv().ring = ring
     be.gemv().ring_int4 = ring_int4
+    be.ring_norm = ring_norm
     be.kernels.carveout.percent = carveout
     be.gemv().carveout.percent = carveout
     model.graphs.clear()
@@ -103,6 +106,7 @@ def main() -> None:
     ap.add_argument("--ring", default=".".join(map(str, RING_DEFAULT)),
                     help="bf16: off or KSPLIT.S.BPS (gemv_ring.cu)")
     ap.add_argument("--ring-int4", default="off", help="int4: off or KSPLIT.S.BPS")
+    ap.add_argument("--ring-norm", default="0", help="RMSNorm inside the ring gemv")
     ap.add_argument("--carveout", default="-1", help="shared-memory percent, -1: driver's")
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
@@ -114,16 +118,17 @@ def main() -> None:
                                   flags(args.moe_early), flags(args.moe_route),
                                   flags(args.norm_early), rings(args.ring),
                                   [int(v) for v in args.carveout.split(",")],
-                                  rings(args.ring_int4)))
+                                  rings(args.ring_int4), flags(args.ring_norm)))
     for spec, fold in itertools.product(args.models.split(","), args.fold.split(",")):
         name, quant = spec.split(":")
         model = build(name, quant, fold=fold)
         model.allocate_kv(1, 2048 + 64)
-        for pdl, late, fuse, glu, keys, early, route, norm, ring, carve, ring4 in grid:
+        for pdl, late, fuse, glu, keys, early, route, norm, ring, carve, ring4, rnorm in grid:
             set_features(model, pdl, late, fuse, glu, keys, early, route, norm, ring, carve,
-                         ring4)
+                         ring4, rnorm)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
             ring_s = "/".join("off" if v is None else ".".join(map(str, v)) for v in (ring, ring4))
+            ring_s += " norm" if rnorm else ""
             rows.append((name, quant, fold, pdl, late, fuse, glu, keys, early, route, norm,
                          ring_s, carve, r["tok_s"], r["ms"]))
             print(f"{name} {quant} fold={fold} pdl={pdl} late={late} fuse={fuse} "
@@ -136,7 +141,8 @@ def main() -> None:
             for pdl in ("all", "none"):
                 set_features(model, pdl, True, False, True, ring=rings(args.ring)[-1],
                              carveout=int(args.carveout.split(",")[-1]),
-                             ring_int4=rings(args.ring_int4)[-1])
+                             ring_int4=rings(args.ring_int4)[-1],
+                             ring_norm=flags(args.ring_norm)[-1])
                 breakdowns.append((f"{spec} fold={fold}, PDL {'off' if pdl == 'none' else 'on'}",
                                    measure.kernel_breakdown(model, CONTEXT)))
         del model
