@@ -139,11 +139,12 @@ def test_every_ring_variant(kind, variant, bps):
 
 
 def test_ring_not_taken_where_it_does_not_fit(gemv):
-    """More than 8 rows, x above the staging budget, an RMSNorm prologue or int8 weights:
-    the tuned kernels, with the same results."""
+    """More than 8 rows, x above the staging budget, a SwiGLU prologue or int8 weights go to
+    the tuned kernels."""
     assert not gemv.takes_ring("gemv", 0, 9, 4096)
     assert not gemv.takes_ring("gemv", 0, 2, 12288)  # 48 KiB of x
-    assert not gemv.takes_ring("gemv", 1, 1, 4096)
+    assert not gemv.takes_ring("gemv", 2, 1, 4096)  # SwiGLU of x
+    assert gemv.takes_ring("gemv", 1, 1, 4096)  # its RMSNorm: done as x is staged
     assert not gemv.takes_ring("gemv_int8", 0, 1, 4096)
     default = Gemv("cuda")
     assert default.takes_ring("gemv", 0, 1, 4096)  # bf16: the ring by default
