@@ -28,7 +28,7 @@ step tests 240 python3 -m pytest -o addopts="" -q -n 12 --durations=25 -p no:cac
 step gemv 80 python3 bench/gemv_bench.py --out "$LOG" --ms 1,4
 step decode 200 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
 step probe 120 python3 bench/attention_probe.py
-step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-30b-a3b:bf16,qwen3-8b:int4,qwen3-0.6b:bf16 --pdl all --late-trigger 1 --glu 1 --norm-early 0,1 --breakdown
+step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-30b-a3b:bf16,qwen3-8b:int4,qwen3-0.6b:bf16 --pdl all --late-trigger 1 --glu 1 --ring off,16.8.1 --breakdown
 tar czf "$OUT/session.tgz" -C "$OUT" session
 cp "$LOG/summary.txt" "$OUT/" 2>/dev/null
 grep -E "passed|failed" "$LOG/tests.log" 2>/dev/null | tail -1
