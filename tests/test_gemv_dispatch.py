@@ -39,13 +39,17 @@ def test_all_variants_per_kernel():
         assert len(set(variants)) == len(variants)
 
 
-def _recording_gemv():
+def _recording_gemv(ring=None):
     """A Gemv whose launches are recorded, not run: (kernel name, grid, block, #args). Its
-    modules check that each name is one module_names compiles for that (file, PRO)."""
+    modules check that each name is one module_names compiles for that (file, PRO). ring:
+    its ring setting for bf16 and int4 (None: the tuned kernels); ring launches record
+    (name, grid, block, #args, shared bytes)."""
     from kestrel_rt.cuda.linear import Gemv
 
     gemv = Gemv.__new__(Gemv)  # no device: only the launch logic runs
     gemv.tuned, gemv.sms, gemv.sweep = {}, 132, False
+    gemv._rings = {"gemv": None, "gemv_int4": None}
+    gemv.ring = gemv.ring_int4 = ring
     calls = []
 
     class Module:
@@ -57,7 +61,12 @@ def _recording_gemv():
             return name
 
     gemv._module = lambda file, pro=V.PLAIN: Module(V.module_names(file, pro, {}))
-    gemv._run = lambda fn, grid, block, args: calls.append((fn, grid, block, len(args)))
+    gemv._run = lambda fn, grid, block, args, *smem: calls.append(
+        (fn, grid, block, len(args), *smem))
+    ring_names = {V.ring_name(f, ks, s, pro) for f in V.RING_KERNELS
+                  for ks, s in V.RING_VARIANTS for pro in V.RING_PROS}
+    gemv._ring_module = lambda pro: Module(ring_names)
+    gemv._shared_set = {name: 1 << 30 for name in ring_names}  # no driver call here
     return gemv, calls
 
 
@@ -107,6 +116,37 @@ def test_each_call_picks_its_prologue_and_epilogue_kernel():
         calls.clear()
         assert run(gu, w, swiglu=True, residual=res).shape == (m, n)
         assert calls[0][0].endswith(", 6>")
+
+
+def test_ring_dispatch():
+    """With a ring set, bf16 / int4 launches of <= 8 rows with plain x or its RMSNorm, a
+    residual or the SwiGLU epilogue go to gemv_ring.cu: one block per SM at most, KSPLIT warps,
+    the ring's and x's shared bytes; int8, the SwiGLU prologue and 9 rows do not."""
+    import torch
+
+    gemv, calls = _recording_gemv(ring=(16, 8, 1))
+    k = 512
+    for kind, file, n in (("bf16", "gemv", 256), ("bf16", "gemv", 8192), ("int4", "gemv_int4", 256)):
+        w = _weight(kind, n, k)
+        for m in (1, 8):
+            x = torch.randn(m, k).bfloat16()
+            for kw, pro in (({}, 0), ({"residual": torch.zeros(m, n).bfloat16()}, 4),
+                            ({"glu": True}, 8), ({"norm": torch.ones(k).bfloat16()}, 1)):
+                calls.clear()
+                getattr(gemv, kind)(x, w, **kw)
+                (name, grid, block, nargs, smem), = calls
+                assert name == V.ring_name(file, 16, 8, pro)
+                assert grid == (min(n // 16, 132),) and block == (512,)
+                assert nargs == (9 if kind == "bf16" else 11)
+                assert smem == V.ring_shared_bytes(file, 16, 8, m, k)
+    x = torch.randn(1, k).bfloat16()
+    for call in (lambda: gemv.int8(x, _weight("int8", 256, k)),
+                 lambda: gemv.bf16(torch.randn(9, k).bfloat16(), _weight("bf16", 256, k)),
+                 lambda: gemv.bf16(torch.randn(1, 2 * k).bfloat16(), _weight("bf16", 256, k),
+                                   swiglu=True)):
+        calls.clear()
+        call()
+        assert len(calls) == 1 and len(calls[0]) == 4  # a tuned kernel, no shared bytes
 
 
 def test_rstd_refusals():
