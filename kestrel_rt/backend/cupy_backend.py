@@ -272,13 +272,14 @@ class CupyBackend(GemvLinear, TorchBackend):
     def _ring_norm_gemv(self, x, norm, name, glu: bool = False):
         """act(x) @ W.T with act the RMSNorm by weight `norm`, inside the ring gemv's
         staging of x (ring_norm), or None where the ring kernel does not take it."""
+        if not self.ring_norm:
+            return None
         w = self.weight(name)
         file = ("gemv_int4" if isinstance(w, Int4Weight)
                 else "gemv" if type(w) is torch.Tensor else None)
         rows = x.numel() // x.shape[-1]
         pro = RMSNORM | (GLU if glu else 0)
-        if not self.ring_norm or file is None or not self.gemv().takes_ring(
-                file, pro, rows, x.shape[-1]):
+        if file is None or not self.gemv().takes_ring(file, pro, rows, x.shape[-1]):
             return None
         return self.gemv().fused(x, w, norm=self.weight(norm), eps=self.shape.rms_norm_eps,
                                  glu=glu)
