@@ -76,35 +76,6 @@ __device__ void rmsnorm_row(const T* __restrict__ x, const T* __restrict__ resid
   }
 }
 
-// rmsnorm_row for a row of at most one 16-byte vector per thread (vec, n <= blockDim.x * V),
-// with the weight loaded before the PDL wait (weights are immutable) and the row kept in
-// registers between the two passes: the read after the reduction, an L2 round trip on the
-// launch's critical path, goes. The same bits as rmsnorm_row. Waits itself.
-template <typename T>
-__device__ void rmsnorm_row_early(const T* __restrict__ x, const T* __restrict__ residual,
-                                  const T* __restrict__ w, T* __restrict__ out,
-                                  T* __restrict__ res_out, int n, float eps) {
-  __shared__ float red[32];
-  constexpr int V = Vec<T>::N;
-  const long long at = blockIdx.x * (long long)n + threadIdx.x * V;
-  const bool mine = (int)threadIdx.x * V < n;
-  float g[V], a[V];
-  if (mine) load_vec(w + threadIdx.x * V, g);
-  pdl_wait();
-  float ss = 0.f;
-  if (mine) {
-    load_sum_vec(x, residual, res_out, at, a);
-#pragma unroll
-    for (int j = 0; j < V; ++j) ss += a[j] * a[j];
-  }
-  const float rstd = rsqrtf(block_sum(ss, red) / (float)n + eps);
-  if (mine) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) a[j] = g[j] * Num<T>::round(a[j] * rstd);
-    store_vec(out + at, a);
-  }
-}
-
 extern "C" __global__ void rmsnorm_bf16(const bf16_t* x, const bf16_t* residual,
                                         const bf16_t* w, bf16_t* out, bf16_t* res_out, int n,
                                         float eps, int vec) {
@@ -118,19 +89,4 @@ extern "C" __global__ void rmsnorm_f32(const float* x, const float* residual, co
   pdl_trigger();
   pdl_wait();
   rmsnorm_row<float>(x, residual, w, out, res_out, n, eps, vec);
-}
-
-// rmsnorm_row_early (ops.rms_norm(early=True)): vec, n <= blockDim.x * 16 / sizeof(T).
-extern "C" __global__ void rmsnorm_early_bf16(const bf16_t* x, const bf16_t* residual,
-                                              const bf16_t* w, bf16_t* out, bf16_t* res_out,
-                                              int n, float eps, int vec) {
-  pdl_trigger();
-  rmsnorm_row_early<bf16_t>(x, residual, w, out, res_out, n, eps);
-}
-
-extern "C" __global__ void rmsnorm_early_f32(const float* x, const float* residual,
-                                             const float* w, float* out, float* res_out, int n,
-                                             float eps, int vec) {
-  pdl_trigger();
-  rmsnorm_row_early<float>(x, residual, w, out, res_out, n, eps);
 }

@@ -101,10 +101,6 @@ class CupyBackend(GemvLinear, TorchBackend):
         # ms per step, bench/results/ablation_producer_moe_route_h200.log): off
         self.moe_fused_route = False
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
-        # the rmsnorm kernel loads its weight before the PDL wait and keeps the row in
-        # registers (ops.rms_norm(early=True): one L2 round trip fewer after the reduction;
-        # the same bits). Built after session 6's device time ran out, not measured: off
-        self.norm_early = False
         # keys per context split of the decode attention kernel, at least (attn_ops.attention)
         self.decode_min_keys = attn_ops.DECODE_MIN_KEYS
         # SwiGLU in the gate_up gemv's epilogue (one launch fewer per dense layer; exact
@@ -177,8 +173,7 @@ class CupyBackend(GemvLinear, TorchBackend):
 
     def rms_norm(self, x, name):
         try:
-            return ops.rms_norm(self.kernels, x, self.weight(name), self.shape.rms_norm_eps,
-                                early=self.norm_early)[0]
+            return ops.rms_norm(self.kernels, x, self.weight(name), self.shape.rms_norm_eps)[0]
         except Unsupported:
             return super().rms_norm(x, name)
 

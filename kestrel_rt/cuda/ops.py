@@ -72,12 +72,9 @@ def _dest(out: torch.Tensor | None, shape, dtype: torch.dtype,
 # -- norms ----------------------------------------------------------------------------------
 def rms_norm(km: KernelModules, x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-             res_out: torch.Tensor | None = None, early: bool = False
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+             res_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x [..., n] (+ residual) -> (w * rmsnorm(s), s) with s = residual + x (None without).
-    out / res_out: optional dense destinations shaped like x. early: where a row is at most
-    one 16-byte vector per thread, rmsnorm_early_* (the weight loaded before the PDL wait, the
-    row kept in registers; the same bits)."""
+    out / res_out: optional dense destinations shaped like x."""
     tensors = (x, weight) if residual is None else (x, weight, residual)
     sfx = _suffix(*tensors)
     n = x.shape[-1]
@@ -94,8 +91,7 @@ def rms_norm(km: KernelModules, x: torch.Tensor, weight: torch.Tensor, eps: floa
     v = _vec(x.dtype)
     vec = n % v == 0 and _aligned(*tensors, out) and (res_out is None or _aligned(res_out))
     threads = min(1024, max(32, _round_up(math.ceil(n / (v if vec else 1)), 32)))
-    early = early and vec and n <= threads * v
-    km.launch("rmsnorm", f"rmsnorm_{'early_' if early else ''}{sfx}", (rows,), (threads,),
+    km.launch("rmsnorm", f"rmsnorm_{sfx}", (rows,), (threads,),
               (ptr(x), ptr(residual), ptr(weight.contiguous()), ptr(out), ptr(res_out),
                i32(n), f32(eps), i32(int(vec))))
     return out, res_out

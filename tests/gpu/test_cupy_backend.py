@@ -262,31 +262,3 @@ def test_moe_fused_route_gives_the_same_logits(variant, early, monkeypatch):
     assert len(got) == len(ref)
     for g, r in zip(got, ref):
         assert torch.equal(g, r)
-
-
-def test_norm_early_keeps_every_logit_bit(monkeypatch):
-    """CupyBackend.norm_early: the rmsnorm launches ask for the early entry (a row of 128 is
-    one vector per thread), and the logits keep every bit."""
-    from kestrel_rt.cuda import ops
-
-    seen: list[bool] = []
-    rms_norm = ops.rms_norm
-
-    def spy(*args, **kw):
-        seen.append(kw.get("early", False))
-        return rms_norm(*args, **kw)
-
-    monkeypatch.setattr(ops, "rms_norm", spy)
-
-    def run(early: bool):
-        be = CupyBackend("cuda", torch.float32)
-        be.norm_early = early
-        return gm.run_script(gm.model("wide", be), LENGTHS, 6)
-
-    ref = run(False)
-    assert seen and not any(seen)
-    seen.clear()
-    got = run(True)
-    assert seen and all(seen)
-    for g, r in zip(got, ref, strict=True):
-        assert torch.equal(g, r)
