@@ -297,7 +297,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
       issue(ci + S - 1);  // into the slot item ci - 1 used
       slot = slot == S - 1 ? 0 : slot + 1;
       const u32 grp = ks + q * KSPLIT;
-      int4_math<1, 1, XSmem, 2>(acc, st, xl, grp, (u32)groups, t, zsh);
+      int4_math<1, 1>(acc, st, xl, grp, (u32)groups, t, zsh);
     }
     int4_store_order<1>(acc, g, t);
     ring_store<KSPLIT, PRO>(acc, red, tt, y, res, tile, g, t, ks, lane, M, N);

@@ -60,13 +60,10 @@ __device__ __forceinline__ void int4_load(Int4Stage<U>& s, const Int4Src& src, u
 }
 
 // acc += groups s0 .. s0 + U - 1 (those < groups) of the thread's rows (the mma's rows g,
-// g + 8) times act(x) (n-tile j: rows 8j + g of thread (g, t)). CH dependent mma chains per
-// group (1: all 16 mmas of a group in one; 2: words 0-1 and 2-3 apart, each word's zero-point
-// and weight mmas in the same chain, so each chain's sum stays small), added before the scale.
-template <int MT, int U, class XL, int CH = 1>
+// g + 8) times act(x) (n-tile j: rows 8j + g of thread (g, t)).
+template <int MT, int U, class XL>
 __device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U>& s,
                                           const XL& xl, u32 s0, u32 groups, int t, u32 zsh) {
-  static_assert(CH == 1 || CH == 2, "one or two mma chains per group");
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const u32 grp = s0 + u;
@@ -77,16 +74,15 @@ __device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U
     // -(128 + zero) of rows a, b, each in both bf16 halves
     const u32 z2 = and_or(s.zw[u] >> zsh, 0x000F000Fu, 0xC300C300u);
     const u32 nza = __byte_perm(z2, 0u, 0x1010), nzb = __byte_perm(z2, 0u, 0x3232);
-    float cg[CH][MT][4] = {};  // the group's sum of -(128 + z) x + (128 + q) x, per chain
+    float cg[MT][4] = {};  // the group's sum of -(128 + z) x + (128 + q) x, one chain
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int ch = CH == 2 ? i >> 1 : 0;
       uint4 xv[MT];  // k 8i..8i+7 of this thread's 32
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
         xv[j] = x_chunk(xl, j, c0 + i);
-        mma_bf16(cg[ch][j], nza, nzb, nza, nzb, xv[j].x, xv[j].y);
-        mma_bf16(cg[ch][j], nza, nzb, nza, nzb, xv[j].z, xv[j].w);
+        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].x, xv[j].y);
+        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].z, xv[j].w);
       }
       u32 pa[4], pb[4];  // 128 + q of k pairs (2p, 2p + 1) of word i, rows a and b
 #pragma unroll
@@ -96,23 +92,17 @@ __device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U
       }
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
-        mma_bf16(cg[ch][j], pa[0], pb[0], pa[1], pb[1], xv[j].x, xv[j].y);
-        mma_bf16(cg[ch][j], pa[2], pb[2], pa[3], pb[3], xv[j].z, xv[j].w);
+        mma_bf16(cg[j], pa[0], pb[0], pa[1], pb[1], xv[j].x, xv[j].y);
+        mma_bf16(cg[j], pa[2], pb[2], pa[3], pb[3], xv[j].z, xv[j].w);
       }
     }
     const float sa = f16_to_f32((u16)s.sw[u]), sb = f16_to_f32((u16)(s.sw[u] >> 16));
-    if constexpr (CH == 2) {
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) cg[0][j][c] += cg[1][j][c];
-    }
 #pragma unroll
     for (int j = 0; j < MT; ++j) {
-      acc[j][0] = fmaf(sa, cg[0][j][0], acc[j][0]);
-      acc[j][1] = fmaf(sa, cg[0][j][1], acc[j][1]);
-      acc[j][2] = fmaf(sb, cg[0][j][2], acc[j][2]);
-      acc[j][3] = fmaf(sb, cg[0][j][3], acc[j][3]);
+      acc[j][0] = fmaf(sa, cg[j][0], acc[j][0]);
+      acc[j][1] = fmaf(sa, cg[j][1], acc[j][1]);
+      acc[j][2] = fmaf(sb, cg[j][2], acc[j][2]);
+      acc[j][3] = fmaf(sb, cg[j][3], acc[j][3]);
     }
   }
 }
