@@ -122,25 +122,45 @@ __device__ __forceinline__ void ring_store(float (&acc)[1][4], float* red, int t
   for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
 }
 
+// The PROs the ring kernels take: plain x or its RMSNorm, a residual or the SwiGLU epilogue.
+#define GEMV_RING_PRO(PRO) \
+  (GEMV_ACT(PRO) <= 1 && !GEMV_RSTD(PRO) && !GEMV_SSQ(PRO) && !GEMV_RSTD_IN(PRO))
+
+// Where a ring thread works: lane (g, t) of warp ks; the tiles of its block (mine: blockIdx.x,
+// + gridDim.x, ... < ceil(N / 16)); `per`, its warp's items per tile (sub-steps ks, ks +
+// KSPLIT, ... < steps); total = mine * per items.
+template <int KSPLIT>
+struct RingThread {
+  int lane, ks, g, t, per, mine, total;
+  __device__ __forceinline__ RingThread(int N, int steps) {
+    lane = threadIdx.x & 31;
+    ks = threadIdx.x >> 5;
+    g = lane >> 2;
+    t = lane & 3;
+    const int tiles = (N + 15) >> 4;
+    per = (steps - ks + KSPLIT - 1) / KSPLIT;
+    mine = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    total = mine * per;
+  }
+};
+
 // bf16 weights W [N, K]: a ring item is the thread's 16-byte chunks v = 4 s + t of its two
 // weight rows (tile_rows) at sub-step s. smem: ring [S][2][32 KSPLIT] uint4, then xs.
 template <int KSPLIT, int S, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT)
 gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N,
                int K, const u16* res, const uint4* __restrict__ nw, float eps) {
-  static_assert(GEMV_ACT(PRO) <= 1 && !GEMV_RSTD(PRO) && !GEMV_SSQ(PRO) && !GEMV_RSTD_IN(PRO),
-                "the ring kernels take plain x or its RMSNorm, a residual or the SwiGLU "
+  static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
                 "epilogue");
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
   __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
   __shared__ float part[GEMV_ACT(PRO) == 1 ? (KSPLIT + 1) * 8 : 1];
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
-  const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int kv = K >> 3, nsub = (kv + 3) >> 2, tiles = (N + 15) >> 4;
-  const int per = (nsub - ks + KSPLIT - 1) / KSPLIT;  // this warp's sub-steps per tile
-  const int mine = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const int total = mine * per;
+  const int kv = K >> 3;
+  const RingThread<KSPLIT> th(N, (kv + 3) >> 2);  // sub-steps of 32 k
+  const int lane = th.lane, ks = th.ks, g = th.g, t = th.t;
+  const int per = th.per, mine = th.mine, total = th.total;
   uint4* ring = smem;  // slot s: A at [2 s T + tid], B at [(2 s + 1) T + tid]
   uint4* xs = smem + 2 * S * T;
   RingCursor in{(int)blockIdx.x, 0, 0};  // the next item to issue
@@ -238,19 +258,17 @@ __global__ void __launch_bounds__(32 * KSPLIT)
 gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
                const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M, int N,
                int K, const u16* res, const uint4* __restrict__ nw, float eps) {
-  static_assert(GEMV_ACT(PRO) <= 1 && !GEMV_RSTD(PRO) && !GEMV_SSQ(PRO) && !GEMV_RSTD_IN(PRO),
-                "the ring kernels take plain x or its RMSNorm, a residual or the SwiGLU "
+  static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
                 "epilogue");
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
   __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
   __shared__ float part[GEMV_ACT(PRO) == 1 ? (KSPLIT + 1) * 8 : 1];
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
-  const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int kv = K >> 3, groups = K >> 7, tiles = (N + 15) >> 4;
-  const int per = (groups - ks + KSPLIT - 1) / KSPLIT;
-  const int mine = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const int total = mine * per;
+  const int kv = K >> 3, groups = K >> 7;
+  const RingThread<KSPLIT> th(N, groups);  // groups of 128 k
+  const int lane = th.lane, ks = th.ks, g = th.g, t = th.t;
+  const int per = th.per, mine = th.mine, total = th.total;
   const u32* sc32 = reinterpret_cast<const u32*>(scales);
   uint4* ra = smem;           // [S][T]
   uint4* rb = smem + S * T;   // [S][T]
