@@ -223,6 +223,62 @@ __device__ __forceinline__ uint4 x_chunk(const XSmem& xl, int j, int c) {
   return xs_chunk(xl.xs, xl.g, xl.M, xl.kv, c);
 }
 
+// sx[m * groups + i] = the sum of the staged x row m over group i (128 k), fp32, in k order,
+// for m < M (M * groups <= 128: RING_X_BYTES); the whole block calls it (one __syncthreads).
+__device__ __forceinline__ void group_sums(float* sx, const uint4* xs, int M, int kv,
+                                           int groups) {
+  for (int p = threadIdx.x; p < M * groups; p += blockDim.x) {
+    const int m = p / groups, i = p - m * groups;
+    float s = 0.f;
+    for (int c = 0; c < 16; ++c) {
+      const uint4 v = xs[m * kv + 16 * i + c];
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int h = 0; h < 4; ++h) s += bf16_lo(w[h]) + bf16_hi(w[h]);
+    }
+    sx[p] = s;
+  }
+  __syncthreads();
+}
+
+// acc += group grp of the thread's rows a, b (the mma's rows g, g + 8) times the staged x, with
+// the zero point outside the mma chain: the mmas sum (128 + q) x over the group (gemv_int4.cu's
+// lop3 trick, 8 mmas), then (128 + z) * sum(x over the group) (group_sums) comes off each
+// result before the scale, so sum (q - z) x. Half the mmas of int4_math, whose zero-point
+// mmas share the chain. The partial sums are ~(128 + z) / |q - z| times the result: fp32 keeps
+// ~1e-5 of it.
+__device__ __forceinline__ void int4_group_sx(float (&acc)[1][4], const Int4Stage<1>& s,
+                                              const XSmem& xl, const float* sx, u32 grp,
+                                              int groups, int t, u32 zsh) {
+  const int c0 = 16 * (int)grp + 4 * t;  // the thread's first x chunk of the group
+  const u32 wa[4] = {s.a[0].x, s.a[0].y, s.a[0].z, s.a[0].w};
+  const u32 wb[4] = {s.b[0].x, s.b[0].y, s.b[0].z, s.b[0].w};
+  float cg[4] = {};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 xv = x_chunk(xl, 0, c0 + i);
+    u32 pa[4], pb[4];  // 128 + q of k pairs (2p, 2p + 1) of word i, rows a and b
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      pa[p] = and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+      pb[p] = and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+    }
+    mma_bf16(cg, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
+    mma_bf16(cg, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
+  }
+  // columns 2t, 2t + 1 of the result are activation rows 2t, 2t + 1 (none past M)
+  const int m0 = 2 * t, m1 = m0 + 1;
+  const float x0 = m0 < xl.M ? sx[m0 * groups + grp] : 0.f;
+  const float x1 = m1 < xl.M ? sx[m1 * groups + grp] : 0.f;
+  const float za = (float)(128u + ((s.zw[0] >> zsh) & 0xFu));
+  const float zb = (float)(128u + ((s.zw[0] >> (zsh + 16)) & 0xFu));
+  const float sa = f16_to_f32((u16)s.sw[0]), sb = f16_to_f32((u16)(s.sw[0] >> 16));
+  acc[0][0] = fmaf(sa, fmaf(-za, x0, cg[0]), acc[0][0]);
+  acc[0][1] = fmaf(sa, fmaf(-za, x1, cg[1]), acc[0][1]);
+  acc[0][2] = fmaf(sb, fmaf(-zb, x0, cg[2]), acc[0][2]);
+  acc[0][3] = fmaf(sb, fmaf(-zb, x1, cg[3]), acc[0][3]);
+}
+
 // Where thread g's two adjacent int4 rows a, a + 1 of a tile start (gemv_int4.cu's pairing;
 // past the end the last pair again, read, never stored).
 template <bool GLU>
@@ -251,8 +307,10 @@ __device__ __forceinline__ Int4Src int4_rows(const uint4* q, const u32* zeros, c
 
 // int4 weights (q [N, K / 8] kernel layout, AWQ zeros / fp16 scales: gemv_int4.cu): a ring
 // item is group grp = ks + q KSPLIT (128 k) of the thread's rows a, a + 1: two 16-byte
-// vectors, its zeros word and its two scales. smem: A [S][T], B [S][T] uint4, Z [S][T],
-// SC [S][T] u32, then xs.
+// vectors, its zeros word and its two scales; the zero point comes off through the group
+// sums of x (int4_group_sx). smem: A [S][T], B [S][T] uint4, Z [S][T], SC [S][T] u32, then
+// xs. (The int4_math version of this kernel, zero-point mmas in the chain, measured 2.75 ms
+// per qwen3-8b int4 step against 2.26 with gemv_int4.cu: NOTES_decode.md, session 7.)
 template <int KSPLIT, int S, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT)
 gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
@@ -264,6 +322,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   extern __shared__ uint4 smem[];
   __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
   __shared__ float part[GEMV_ACT(PRO) == 1 ? (KSPLIT + 1) * 8 : 1];
+  __shared__ float sx[128];  // group_sums: M * groups <= 128 (RING_X_BYTES)
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
   const int kv = K >> 3, groups = K >> 7;
   const RingThread<KSPLIT> th(N, groups);  // groups of 128 k
@@ -297,6 +356,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   for (int i = 0; i < S - 1; ++i) issue(i);  // before the wait: weights only
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
   stage_x<GEMV_ACT(PRO), KSPLIT>(xs, x, nw, eps, M, kv, part);
+  group_sums(sx, xs, M, kv, groups);
   const XSmem xl{xs, g, M, kv};
   float acc[1][4] = {};
   int ci = 0, slot = 0;
@@ -315,7 +375,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
       issue(ci + S - 1);  // into the slot item ci - 1 used
       slot = slot == S - 1 ? 0 : slot + 1;
       const u32 grp = ks + q * KSPLIT;
-      int4_math<1, 1>(acc, st, xl, grp, (u32)groups, t, zsh);
+      int4_group_sx(acc, st, xl, sx, grp, groups, t, zsh);
     }
     int4_store_order<1>(acc, g, t);
     ring_store<KSPLIT, PRO>(acc, red, tt, y, res, tile, g, t, ks, lane, M, N);
