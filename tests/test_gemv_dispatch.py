@@ -49,6 +49,7 @@ def _recording_gemv(ring=None):
     gemv = Gemv.__new__(Gemv)  # no device: only the launch logic runs
     gemv.tuned, gemv.sms, gemv.sweep = {}, 132, False
     gemv._rings = {"gemv": None, "gemv_int4": None}
+    gemv.max_shared = 227 * 1024  # an H100 / H200 block's limit
     gemv.ring = gemv.ring_int4 = ring
     calls = []
 

@@ -20,6 +20,7 @@ def _gemv(ring):
     """A Gemv without a device (only the routing state), ring set for both weight kinds."""
     g = L.Gemv.__new__(L.Gemv)
     g._rings = {"gemv": None, "gemv_int4": None}
+    g.max_shared = 227 * 1024  # an H100 / H200 block's limit
     if ring is not None:
         g.ring = g.ring_int4 = ring
     return g
@@ -40,6 +41,12 @@ def test_routing_rule():
     assert not g.takes_ring("gemv", V.RSTD, 1, 4096)
     assert not g.takes_ring("gemv_int8", V.PLAIN, 1, 4096)
     assert not _gemv(None).takes_ring("gemv", V.PLAIN, 1, 4096)
+    small = _gemv(V.RING_DEFAULT)
+    small.max_shared = 99 * 1024  # an L4's block: the 128 KB ring does not fit
+    assert not small.takes_ring("gemv", V.PLAIN, 1, 4096)
+    small.max_shared = 163 * 1024  # an A100's: it fits up to 8 KB of x only
+    assert small.takes_ring("gemv", V.PLAIN, 1, 4096)
+    assert not small.takes_ring("gemv", V.PLAIN, 1, 12288)
 
 
 @pytest.mark.parametrize("bad", [(8, 5, 1), (3, 8, 1), (8, 8, 0), (8, 8, 5), (8, 8)])
@@ -63,7 +70,7 @@ def test_shared_bytes():
     # bf16: 8 slots x 256 threads x 32 bytes, then one row of 4096 bf16
     assert V.ring_shared_bytes("gemv", 8, 8, 1, 4096) == 8 * 256 * 32 + 8192
     assert V.ring_shared_bytes("gemv_int4", 16, 4, 2, 2048) == 4 * 512 * 40 + 8192
-    worst = max(V.ring_shared_bytes(f, ks, s, 8, V.RING_X_BYTES // 16)
+    worst = max(V.ring_shared_bytes(f, ks, s, 8, V.RING_X_BYTES // 16) + V.ring_static_bytes(ks)
                 for f in V.RING_KERNELS for ks, s in V.RING_VARIANTS)
     assert worst <= 227 * 1024  # what one H100 / H200 block may have
 

@@ -70,6 +70,12 @@ def ring_shared_bytes(file: str, ksplit: int, slots: int, m: int, k: int) -> int
     return slots * 32 * ksplit * RING_SLOT_BYTES[file] + m * k * 2
 
 
+def ring_static_bytes(ksplit: int) -> int:
+    """Static shared memory of a ring kernel, at most: the K-split sums (two tiles' worth),
+    the RMSNorm partials and the int4 group sums (kernels/gemv_ring.cu)."""
+    return 4 * (2 * ksplit * 4 * 32 + (ksplit + 1) * 8 + 128)
+
+
 def pros_of(file: str) -> tuple[int, ...]:
     """The PROs compiled for kernels/FILE.cu (see DENSE_PROS)."""
     return DENSE_PROS + SSQ_PROS + (BF16_PROS if file == "gemv" else ())

@@ -56,10 +56,13 @@ from kestrel_rt.cuda.gemv_variants import (
     module_names,
     ring_name,
     ring_shared_bytes,
+    ring_static_bytes,
 )
 from kestrel_rt.cuda.module import Carveout, current_stream, full_source, set_max_dynamic_shared
 from kestrel_rt.quant import int4_fits
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
+
+MAX_SHARED_PER_BLOCK_OPTIN = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin (driver_types.h)
 
 
 def _source(file: str) -> str:
@@ -100,6 +103,10 @@ class Gemv:
         self._rings: dict[str, tuple[int, int, int] | None] = {"gemv": RING_DEFAULT,
                                                                "gemv_int4": None}
         self._shared_set: dict[str, int] = {}  # kernel -> dynamic shared bytes allowed
+        # the most shared memory one block may have on this device (a ring launch above it
+        # goes to the tuned kernels instead: GPUs with less than an H100's 227 KB)
+        self.max_shared = cupy.cuda.runtime.deviceGetAttribute(
+            MAX_SHARED_PER_BLOCK_OPTIN, self.device_index)
         self.carveout = Carveout()  # the L1 / shared split its kernels ask for (module.py)
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
             from kestrel_rt.cuda.pdl import Launcher
@@ -170,9 +177,15 @@ class Gemv:
         return module
 
     def takes_ring(self, file: str, pro: int, m: int, k: int) -> bool:
-        """True when a launch of kernels/FILE.cu with these goes to the ring kernel."""
-        return (self._rings.get(file) is not None and pro in RING_PROS and m <= 8
-                and m * k * 2 <= RING_X_BYTES)
+        """True when a launch of kernels/FILE.cu with these goes to the ring kernel: a ring
+        set for the weight kind, a prologue it takes, at most 8 rows of x within
+        RING_X_BYTES, and the block's shared memory within the device's limit."""
+        ring = self._rings.get(file)
+        if ring is None or pro not in RING_PROS or m > 8 or m * k * 2 > RING_X_BYTES:
+            return False
+        ks, slots, _ = ring
+        return (ring_shared_bytes(file, ks, slots, m, k) + ring_static_bytes(ks)
+                <= self.max_shared)
 
     def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
                      norm, eps: float) -> None:
