@@ -1,8 +1,9 @@
 // Persistent skinny matmul for decode (M <= 8 activation rows): y[M, N] = x[M, K] @ W^T with
 // bf16 or int4 (AWQ, gemv_int4.cu's layout) weights, plain x or its RMSNorm (done once per
 // block as x is staged), and the residual or SwiGLU epilogue of gemv_mma.cuh (PRO 0, 1, 4, 8,
-// 9). The same mma arithmetic as gemv.cu / gemv_int4.cu;
-// what differs is how the weights reach the registers and how many blocks there are.
+// 9). The bf16 kernel does gemv.cu's mma arithmetic, the int4 one gemv_int4.cu's
+// dequantization with the zero point outside the mma chain (int4_group_sx); what differs
+// from those kernels is how the weights reach the registers and how many blocks there are.
 //
 // Why: at batch 1 a decode step is ~7 dependent kernels per layer. The tuned gemvs launch one
 // block per 16-row tile (several waves) and let the next kernel launch only after their K
