@@ -5,7 +5,8 @@
 
 * M = prod(x.shape[:-1]) <= 16 rows: kernels/gemv.cu, gemv_int8.cu, gemv_int4.cu, launched
   on torch's current stream (so they interleave with torch ops and are captured in CUDA
-  graphs), output allocated by torch;
+  graphs), output allocated by torch; bf16 weights at M <= 8 (x within RING_X_BYTES) go to
+  the persistent ring kernel, kernels/gemv_ring.cu (`Gemv.ring`; int4 with `ring_int4`);
 * more rows (prefill): torch's matmul (cuBLAS); a quantized weight is dequantized to bf16
   first by a one-pass kernel (dequant_int8 / dequant_int4), small next to a prefill's matmul.
 
