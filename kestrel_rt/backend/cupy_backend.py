@@ -23,7 +23,8 @@ when its weight is all ones (folded into the linear: kestrel_rt/fold.py) and
 `norm_row_scale` says so ("all", the default: in the bf16 gemvs' epilogue and in the router
 gemv and moe_gate_up; "moe": only a MoE layer's post-attention norm; "producer": the residual
 gemvs of `linear_add` write their output's sums of squares and the next gemv takes its rstd
-from them; measured slower), apply it as a row scale. `moe_fused_route` (off: measured
+from them; measured slower), apply it as a row scale, or, with `ring_norm` (off: measured
+slower), inside the ring gemv's staging of x. `moe_fused_route` (off: measured
 slower) routes inside moe_gate_up, without the moe_route launch. `pdl` launches every kernel
 of the forward with programmatic dependent launch.
 """
