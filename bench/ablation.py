@@ -63,19 +63,20 @@ def ring_label(value: tuple | None) -> str:
     return "off" if value is None else ".".join(map(str, value))
 
 
-# The features: (keyword of set_features, command-line flag, default values, parser).
+# The features: (keyword of set_features, command-line flag, default values, parser, how a
+# value shows in the table).
 FEATURES = (
-    ("pdl", "--pdl", "all,none", str),
-    ("late", "--late-trigger", "1", flag),
-    ("fuse", "--fuse", "0", flag),
-    ("glu", "--glu", "1,0", flag),
-    ("min_keys", "--min-keys", "8", int),
-    ("moe_early", "--moe-early", "1", flag),
-    ("moe_route", "--moe-route", "0", flag),
-    ("ring", "--ring", ring_label(RING_DEFAULT), ring),
-    ("ring_int4", "--ring-int4", "off", ring),
-    ("ring_norm", "--ring-norm", "0", flag),
-    ("carveout", "--carveout", "-1", int),
+    ("pdl", "--pdl", "all,none", str, str),
+    ("late", "--late-trigger", "1", flag, str),
+    ("fuse", "--fuse", "0", flag, str),
+    ("glu", "--glu", "1,0", flag, str),
+    ("min_keys", "--min-keys", "8", int, str),
+    ("moe_early", "--moe-early", "1", flag, str),
+    ("moe_route", "--moe-route", "0", flag, str),
+    ("ring", "--ring", ring_label(RING_DEFAULT), ring, ring_label),
+    ("ring_int4", "--ring-int4", "off", ring, ring_label),
+    ("ring_norm", "--ring-norm", "0", flag, str),
+    ("carveout", "--carveout", "-1", int, str),
 )
 
 
@@ -112,13 +113,14 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="qwen3-8b:bf16,qwen3-0.6b:bf16,qwen3-8b:int4")
-    for key, opt, default, _ in FEATURES:
+    for key, opt, default, _, _ in FEATURES:
         ap.add_argument(opt, dest=key, default=default, help=f"comma list (default {default})")
     ap.add_argument("--fold", default="speed", help="of speed,none,moe,all,producer")
     ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     values = {key: [parse(v) for v in getattr(args, key).split(",")]
-              for key, _, _, parse in FEATURES}
+              for key, _, _, parse, _ in FEATURES}
+    show = {key: label for key, _, _, _, label in FEATURES}
     grid = [dict(zip(values, combo)) for combo in itertools.product(*values.values())]
     gen = torch.Generator().manual_seed(0)
     rows, breakdowns = [], []
@@ -129,8 +131,7 @@ def main() -> None:
         for features in grid:
             set_features(model, **features)
             r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
-            shown = {k: ring_label(v) if k.startswith("ring") and k != "ring_norm" else v
-                     for k, v in features.items()}
+            shown = {k: show[k](v) for k, v in features.items()}
             rows.append((name, quant, fold, *shown.values(), r["tok_s"], r["ms"]))
             print(f"{name} {quant} fold={fold} "
                   + " ".join(f"{k}={v}" for k, v in shown.items())
@@ -145,7 +146,7 @@ def main() -> None:
     for spec, b in breakdowns:
         print(f"\n{spec}: step {b['step_ms']:.3f} ms, kernels busy {b['busy_ms']:.3f} ms")
         print("\n".join(measure.breakdown_table(b)))
-    header = ["model", "quant", "fold", *(opt.lstrip("-") for _, opt, _, _ in FEATURES),
+    header = ["model", "quant", "fold", *(opt.lstrip("-") for _, opt, _, _, _ in FEATURES),
               "tok/s", "step ms"]
     print("\n| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
     for r in rows:

@@ -127,6 +127,14 @@ __device__ __forceinline__ void ring_store(float (&acc)[1][4], float* red, int t
 #define GEMV_RING_PRO(PRO) \
   (GEMV_ACT(PRO) <= 1 && !GEMV_RSTD(PRO) && !GEMV_SSQ(PRO) && !GEMV_RSTD_IN(PRO))
 
+// A ring kernel's static shared memory: the K-split sums of two tiles (ring_store) and the
+// RMSNorm partials (stage_x); gemv_variants.ring_static_bytes counts them.
+template <int KSPLIT, int PRO>
+struct RingShared {
+  float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
+  float part[GEMV_ACT(PRO) == 1 ? (KSPLIT + 1) * 8 : 1];
+};
+
 // Where a ring thread works: lane (g, t) of warp ks; the tiles of its block (mine: blockIdx.x,
 // + gridDim.x, ... < ceil(N / 16)); `per`, its warp's items per tile (sub-steps ks, ks +
 // KSPLIT, ... < steps); total = mine * per items.
@@ -155,8 +163,7 @@ gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
                 "epilogue");
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
-  __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
-  __shared__ float part[GEMV_ACT(PRO) == 1 ? (KSPLIT + 1) * 8 : 1];
+  __shared__ RingShared<KSPLIT, PRO> sh;
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
   const int kv = K >> 3;
   const RingThread<KSPLIT> th(N, (kv + 3) >> 2);  // sub-steps of 32 k
@@ -189,7 +196,7 @@ gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(i);  // before the wait: weights only
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
-  stage_x<GEMV_ACT(PRO), KSPLIT>(xs, x, nw, eps, M, kv, part);
+  stage_x<GEMV_ACT(PRO), KSPLIT>(xs, x, nw, eps, M, kv, sh.part);
   float acc[2][1][4] = {};
   int ci = 0, slot = 0;
   for (int tt = 0; tt < mine; ++tt) {
@@ -209,7 +216,7 @@ gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
       acc[0][0][c] += acc[1][0][c];
       acc[1][0][c] = 0.f;
     }
-    ring_store<KSPLIT, PRO>(acc[0], red, tt, y, res, blockIdx.x + tt * gridDim.x, g, t, ks,
+    ring_store<KSPLIT, PRO>(acc[0], sh.red, tt, y, res, blockIdx.x + tt * gridDim.x, g, t, ks,
                             lane, M, N);
   }
 }
@@ -321,8 +328,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
                 "epilogue");
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
-  __shared__ float red[2 * (KSPLIT > 1 ? KSPLIT * 4 * 32 : 1)];
-  __shared__ float part[GEMV_ACT(PRO) == 1 ? (KSPLIT + 1) * 8 : 1];
+  __shared__ RingShared<KSPLIT, PRO> sh;
   __shared__ float sx[128];  // group_sums: M * groups <= 128 (RING_X_BYTES)
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
   const int kv = K >> 3, groups = K >> 7;
@@ -356,7 +362,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(i);  // before the wait: weights only
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
-  stage_x<GEMV_ACT(PRO), KSPLIT>(xs, x, nw, eps, M, kv, part);
+  stage_x<GEMV_ACT(PRO), KSPLIT>(xs, x, nw, eps, M, kv, sh.part);
   group_sums(sx, xs, M, kv, groups);
   const XSmem xl{xs, g, M, kv};
   float acc[1][4] = {};
@@ -379,6 +385,6 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
       int4_group_sx(acc, st, xl, sx, grp, groups, t, zsh);
     }
     int4_store_order<1>(acc, g, t);
-    ring_store<KSPLIT, PRO>(acc, red, tt, y, res, tile, g, t, ks, lane, M, N);
+    ring_store<KSPLIT, PRO>(acc, sh.red, tt, y, res, tile, g, t, ks, lane, M, N);
   }
 }

@@ -37,10 +37,10 @@ from kestrel_rt.backend.torch_backend import TorchBackend
 from kestrel_rt.cuda import attention as attn_ops
 from kestrel_rt.cuda import gemv_moe, ops, reference
 from kestrel_rt.cuda.gemv_variants import GLU, MAX_ROWS, RMSNORM
-from kestrel_rt.cuda.linear import GemvLinear
+from kestrel_rt.cuda.linear import GemvLinear, file_of
 from kestrel_rt.cuda.module import KernelModules
 from kestrel_rt.cuda.ops import Unsupported
-from kestrel_rt.quant_weights import Int4Weight, QuantizedWeight
+from kestrel_rt.quant_weights import QuantizedWeight
 
 MAX_KERNEL_M = 16  # decode / verify: M new tokens per sequence served by the attention kernel
 MAX_MOE_TOKENS = 64  # tokens per MoE call served by the per-(token, expert) GEMV kernels
@@ -271,11 +271,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         if not self.ring_norm:
             return None
         w = self.weight(name)
-        file = ("gemv_int4" if isinstance(w, Int4Weight)
-                else "gemv" if type(w) is torch.Tensor else None)
         rows = x.numel() // x.shape[-1]
         pro = RMSNORM | (GLU if glu else 0)
-        if file is None or not self.gemv().takes_ring(file, pro, rows, x.shape[-1]):
+        if not self.gemv().takes_ring(file_of(w), pro, rows, x.shape[-1]):
             return None
         return self.gemv().fused(x, w, norm=self.weight(norm), eps=self.shape.rms_norm_eps,
                                  glu=glu)

@@ -17,17 +17,7 @@ import math
 import torch
 
 from kestrel_rt.cuda.gemv_variants import PLAIN, SWIGLU, default_variant, expert_u, experts_name
-from kestrel_rt.cuda.linear import Gemv, _i, _output, _p, _weight_args, kernel_reads
-from kestrel_rt.quant_weights import Int4Weight, Int8Weight
-
-
-def file_of(w) -> str:
-    """The kernels/ file whose kernels read weight `w`."""
-    if isinstance(w, Int8Weight):
-        return "gemv_int8"
-    if isinstance(w, Int4Weight):
-        return "gemv_int4"
-    return "gemv"
+from kestrel_rt.cuda.linear import Gemv, _i, _output, _p, _weight_args, file_of, kernel_reads
 
 
 def experts(gemv: Gemv, x: torch.Tensor, w, ids: torch.Tensor, x_div: int,

@@ -426,6 +426,15 @@ def _ring_setting(value, what: str) -> tuple[int, int, int] | None:
     return value
 
 
+def file_of(w) -> str:
+    """The kernels/ file whose kernels read weight `w`."""
+    if isinstance(w, Int8Weight):
+        return "gemv_int8"
+    if isinstance(w, Int4Weight):
+        return "gemv_int4"
+    return "gemv"
+
+
 def kernel_reads(w, n: int, k: int) -> bool:
     """True when the gemv kernels read weight w ([N, K], or experts [E, N, K]) as it is stored:
     on the device, dense, K (and N for int4) as the kernel's loads need them."""
