@@ -221,20 +221,14 @@ gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   }
 }
 
-// The staged x rows as int4_math's activation source (x_chunk, found by argument lookup).
-struct XSmem {
-  const uint4* xs;
-  int g, M, kv;
-};
+// The most 128-k groups of an int4 ring launch: K <= 16384 (RING_X_BYTES at M = 1).
+#define RING_MAX_GROUPS 128
 
-__device__ __forceinline__ uint4 x_chunk(const XSmem& xl, int j, int c) {
-  return xs_chunk(xl.xs, xl.g, xl.M, xl.kv, c);
-}
-
-// sx[m * groups + i] = the sum of the staged x row m over group i (128 k), fp32, in k order,
-// for m < M (M * groups <= 128: RING_X_BYTES); the whole block calls it (one __syncthreads).
-__device__ __forceinline__ void group_sums(float* sx, const uint4* xs, int M, int kv,
-                                           int groups) {
+// sx[i * 8 + c] = the sum over group i (128 k) of staged x row min(c, M - 1), fp32 in k order,
+// for the mma's 8 columns c (columns c >= M repeat row M - 1: never stored, always finite).
+// The whole block calls it (one __syncthreads).
+__device__ __forceinline__ void int4_group_sums(float* sx, const uint4* xs, int M, int kv,
+                                                int groups) {
   for (int p = threadIdx.x; p < M * groups; p += blockDim.x) {
     const int m = p / groups, i = p - m * groups;
     float s = 0.f;
@@ -244,47 +238,52 @@ __device__ __forceinline__ void group_sums(float* sx, const uint4* xs, int M, in
 #pragma unroll
       for (int h = 0; h < 4; ++h) s += bf16_lo(w[h]) + bf16_hi(w[h]);
     }
-    sx[p] = s;
+    sx[i * 8 + m] = s;
+    if (m == M - 1)
+      for (int c = M; c < 8; ++c) sx[i * 8 + c] = s;
   }
   __syncthreads();
 }
 
-// acc += group grp of the thread's rows a, b (the mma's rows g, g + 8) times the staged x, with
-// the zero point outside the mma chain: the mmas sum (128 + q) x over the group (gemv_int4.cu's
-// lop3 trick, 8 mmas), then (128 + z) * sum(x over the group) (group_sums) comes off each
-// result before the scale, so sum (q - z) x. Half the mmas of int4_math, whose zero-point
-// mmas share the chain. The partial sums are ~(128 + z) / |q - z| times the result: fp32 keeps
-// ~1e-5 of it.
-__device__ __forceinline__ void int4_group_sx(float (&acc)[1][4], const Int4Stage<1>& s,
-                                              const XSmem& xl, const float* sx, u32 grp,
-                                              int groups, int t, u32 zsh) {
-  const int c0 = 16 * (int)grp + 4 * t;  // the thread's first x chunk of the group
-  const u32 wa[4] = {s.a[0].x, s.a[0].y, s.a[0].z, s.a[0].w};
-  const u32 wb[4] = {s.b[0].x, s.b[0].y, s.b[0].z, s.b[0].w};
+// One ring item of the int4 kernel in registers: the thread's 16-byte vectors of rows a, b
+// (32 k each), their zeros word and their two fp16 scales.
+struct Int4Item {
+  uint4 a, b;
+  u32 zw, sw;
+};
+
+// acc += one group of the thread's rows a, b (the mma's rows g, g + 8) times the staged x
+// (xp: the thread's first x chunk of the group, in its mma column's row; sp: the group's sums
+// of columns 2t, 2t + 1), with the zero point outside the mma chain: the 8 mmas sum (128 + q) x
+// (gemv_int4.cu's lop3 trick), then (128 + z) * sum(x over the group) comes off each result
+// before the scale, so sum (q - z) x. Half the mmas of int4_math, whose zero-point mmas share
+// the chain. The partial sums are ~(128 + z) / |q - z| times the result: fp32 keeps ~1e-5.
+__device__ __forceinline__ void int4_item_math(float (&acc)[1][4], const Int4Item& it,
+                                               const uint4* xp, const float* sp, u32 zsh) {
+  const u32 wa[4] = {it.a.x, it.a.y, it.a.z, it.a.w};
+  const u32 wb[4] = {it.b.x, it.b.y, it.b.z, it.b.w};
   float cg[4] = {};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint4 xv = x_chunk(xl, 0, c0 + i);
+    const uint4 xv = xp[i];
     u32 pa[4], pb[4];  // 128 + q of k pairs (2p, 2p + 1) of word i, rows a and b
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-      pa[p] = and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
-      pb[p] = and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+      pa[p] = and_or(p ? nib_shift(wa[i], 4 * p) : wa[i], 0x000F000Fu, 0x43004300u);
+      pb[p] = and_or(p ? nib_shift(wb[i], 4 * p) : wb[i], 0x000F000Fu, 0x43004300u);
     }
     mma_bf16(cg, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
     mma_bf16(cg, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
   }
-  // columns 2t, 2t + 1 of the result are activation rows 2t, 2t + 1 (none past M)
-  const int m0 = 2 * t, m1 = m0 + 1;
-  const float x0 = m0 < xl.M ? sx[m0 * groups + grp] : 0.f;
-  const float x1 = m1 < xl.M ? sx[m1 * groups + grp] : 0.f;
-  const float za = (float)(128u + ((s.zw[0] >> zsh) & 0xFu));
-  const float zb = (float)(128u + ((s.zw[0] >> (zsh + 16)) & 0xFu));
-  const float sa = f16_to_f32((u16)s.sw[0]), sb = f16_to_f32((u16)(s.sw[0] >> 16));
-  acc[0][0] = fmaf(sa, fmaf(-za, x0, cg[0]), acc[0][0]);
-  acc[0][1] = fmaf(sa, fmaf(-za, x1, cg[1]), acc[0][1]);
-  acc[0][2] = fmaf(sb, fmaf(-zb, x0, cg[2]), acc[0][2]);
-  acc[0][3] = fmaf(sb, fmaf(-zb, x1, cg[3]), acc[0][3]);
+  // columns 2t, 2t + 1 of the result are activation rows 2t, 2t + 1
+  const float2 s2 = *reinterpret_cast<const float2*>(sp);
+  const u32 z2 = and_or(it.zw >> zsh, 0x000F000Fu, 0x43004300u);  // bf16 128 + z of a | b
+  const float za = bf16_lo(z2), zb = bf16_hi(z2);
+  const float sa = f16_to_f32((u16)it.sw), sb = f16_to_f32((u16)(it.sw >> 16));
+  acc[0][0] = fmaf(sa, fmaf(-za, s2.x, cg[0]), acc[0][0]);
+  acc[0][1] = fmaf(sa, fmaf(-za, s2.y, cg[1]), acc[0][1]);
+  acc[0][2] = fmaf(sb, fmaf(-zb, s2.x, cg[2]), acc[0][2]);
+  acc[0][3] = fmaf(sb, fmaf(-zb, s2.y, cg[3]), acc[0][3]);
 }
 
 // Where thread g's two adjacent int4 rows a, a + 1 of a tile start (gemv_int4.cu's pairing;
@@ -313,23 +312,29 @@ __device__ __forceinline__ Int4Src int4_rows(const uint4* q, const u32* zeros, c
   return src;
 }
 
+
 // int4 weights (q [N, K / 8] kernel layout, AWQ zeros / fp16 scales: gemv_int4.cu): a ring
-// item is group grp = ks + q KSPLIT (128 k) of the thread's rows a, a + 1: two 16-byte
-// vectors, its zeros word and its two scales; the zero point comes off through the group
-// sums of x (int4_group_sx). smem: A [S][T], B [S][T] uint4, Z [S][T], SC [S][T] u32, then
-// xs. (The int4_math version of this kernel, zero-point mmas in the chain, measured 2.75 ms
-// per qwen3-8b int4 step against 2.26 with gemv_int4.cu: NOTES_decode.md, session 7.)
+// item is group grp = ks + q KSPLIT (128 k) of the thread's rows a, a + 1: two 16-byte vectors,
+// its zeros word and its two scales (Int4Item). The zero point comes off through the group
+// sums of x (int4_item_math). smem: A [S][T], B [S][T] uint4, Z [S][T], SC [S][T] u32, then xs.
+// The loop is lean because the int4 stream is bound by instruction issue, not by bytes: each
+// 16 bytes of weights take ~60 instructions of dequantization and mma (bf16: ~3), so every
+// instruction of bookkeeping costs (ncu, session 7: the earlier ring version issued ~190
+// instructions per item and streamed at 42% of copy). Here the item's smem reads happen one item
+// ahead (hidden behind the math), the global addresses advance by constants within a tile, and
+// absent activation rows read row M - 1 (never stored) instead of a predicated zero.
 template <int KSPLIT, int S, int PRO>
-__global__ void __launch_bounds__(32 * KSPLIT)
+__global__ void __launch_bounds__(32 * KSPLIT, 1)
 gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
                const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M, int N,
                int K, const u16* res, const uint4* __restrict__ nw, float eps) {
   static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
                 "epilogue");
+  static_assert(S >= 3, "one item in registers, one loading, at least one in flight");
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
   __shared__ RingShared<KSPLIT, PRO> sh;
-  __shared__ float sx[128];  // group_sums: M * groups <= 128 (RING_X_BYTES)
+  __shared__ float sx[RING_MAX_GROUPS * 8];  // int4_group_sums
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
   const int kv = K >> 3, groups = K >> 7;
   const RingThread<KSPLIT> th(N, groups);  // groups of 128 k
@@ -341,21 +346,37 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   u32* rz = reinterpret_cast<u32*>(smem + 2 * S * T);  // [S][T]
   u32* rs = rz + S * T;                                 // [S][T]
   uint4* xs = smem + 2 * S * T + (2 * S * T) / 4;
+  // The issue cursor: the next item's slot, tile, index in the tile and global addresses.
   RingCursor in{(int)blockIdx.x, 0, 0};
   u32 zsh_in;
-  Int4Src src = int4_rows<GEMV_GLU(PRO)>(qw, zeros, sc32, in.tile, g, t, N, K, zsh_in);
+  const uint4* pq;  // row a's vector of the item (row b: + wrow)
+  const u32 *pz, *ps;
+  Int4Src src;
+  const u32 dz = KSPLIT * ((u32)N >> 3), ds = KSPLIT * ((u32)N >> 1);  // pz, ps per item
+  auto at_tile = [&](int tile) {  // the addresses of group ks of the tile's rows
+    src = int4_rows<GEMV_GLU(PRO)>(qw, zeros, sc32, tile, g, t, N, K, zsh_in);
+    pq = src.q + (src.wo + 4 * ks);
+    pz = src.zeros + (src.zo + ks * src.zstep);
+    ps = src.scales + (src.so + ks * src.sstep);
+  };
+  at_tile(in.tile);
   auto issue = [&](int i) {  // item i into slot in.slot (nothing past the end); one group
     if (i < total) {
-      const u32 grp = ks + in.q * KSPLIT, o = in.slot * T + threadIdx.x;
-      const u32 wv = src.wo + 4 * grp;
-      cp_async16(ra + o, src.q + wv);
-      cp_async16(rb + o, src.q + (wv + src.wrow));
-      cp_async4(rz + o, src.zeros + (src.zo + grp * src.zstep));
-      cp_async4(rs + o, src.scales + (src.so + grp * src.sstep));
-      const int tile = in.tile;
-      ring_advance<S>(in, per);
-      if (in.tile != tile && i + 1 < total)
-        src = int4_rows<GEMV_GLU(PRO)>(qw, zeros, sc32, in.tile, g, t, N, K, zsh_in);
+      const int o = in.slot * T + threadIdx.x;
+      cp_async16(ra + o, pq);
+      cp_async16(rb + o, pq + src.wrow);
+      cp_async4(rz + o, pz);
+      cp_async4(rs + o, ps);
+      in.slot = in.slot == S - 1 ? 0 : in.slot + 1;
+      if (++in.q == per) {
+        in.q = 0;
+        in.tile += gridDim.x;
+        if (i + 1 < total) at_tile(in.tile);
+      } else {
+        pq += 4 * KSPLIT;
+        pz += dz;
+        ps += ds;
+      }
     }
     cp_async_commit();
   };
@@ -363,26 +384,33 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   for (int i = 0; i < S - 1; ++i) issue(i);  // before the wait: weights only
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
   stage_x<GEMV_ACT(PRO), KSPLIT>(xs, x, nw, eps, M, kv, sh.part);
-  group_sums(sx, xs, M, kv, groups);
-  const XSmem xl{xs, g, M, kv};
+  int4_group_sums(sx, xs, M, kv, groups);
+  // the thread's x: its mma column g's activation row (row M - 1 for absent rows), chunk 4t
+  const uint4* xrow = xs + min(g, M - 1) * kv + 4 * t;
+  auto load_item = [&](int slot) {
+    const int o = slot * T + threadIdx.x;
+    return Int4Item{ra[o], rb[o], rz[o], rs[o]};
+  };
   float acc[1][4] = {};
   int ci = 0, slot = 0;
+  cp_async_wait<S - 2>();  // item 0 has landed
+  Int4Item cur = load_item(0);
   for (int tt = 0; tt < mine; ++tt) {
     const int tile = blockIdx.x + tt * gridDim.x;
     u32 zsh;
     int4_rows<GEMV_GLU(PRO)>(qw, zeros, sc32, tile, g, t, N, K, zsh);
+    const uint4* xp = xrow + 16 * ks;   // group ks's chunks
+    const float* sp = sx + 8 * ks + 2 * t;
+#pragma unroll 2
     for (int q = 0; q < per; ++q, ++ci) {
-      cp_async_wait<S - 2>();  // item ci has landed
-      Int4Stage<1> st;
-      const int o = slot * T + threadIdx.x;
-      st.a[0] = ra[o];
-      st.b[0] = rb[o];
-      st.zw[0] = rz[o];
-      st.sw[0] = rs[o];
-      issue(ci + S - 1);  // into the slot item ci - 1 used
+      cp_async_wait<S - 3>();  // item ci + 1 has landed (or is past the end: unused)
       slot = slot == S - 1 ? 0 : slot + 1;
-      const u32 grp = ks + q * KSPLIT;
-      int4_group_sx(acc, st, xl, sx, grp, groups, t, zsh);
+      const Int4Item nxt = load_item(slot);
+      issue(ci + S - 1);  // into the slot of item ci - 1 (in registers since the last step)
+      int4_item_math(acc, cur, xp, sp, zsh);
+      cur = nxt;
+      xp += 16 * KSPLIT;
+      sp += 8 * KSPLIT;
     }
     int4_store_order<1>(acc, g, t);
     ring_store<KSPLIT, PRO>(acc, sh.red, tt, y, res, tile, g, t, ks, lane, M, N);

@@ -13,6 +13,20 @@ __device__ __forceinline__ const T* kept(const T* p) {
   return p;
 }
 
+// w >> n (0 < n < 32) for the dequantization's nibble pairs: on the FMA pipe as the high word
+// of w * 2^(32 - n) (IMAD.HI), unless INT4_SHIFT_ALU (a shift, SHF, on the integer ALU pipe).
+// The lop3s that turn nibbles into bf16 pairs already keep the ALU pipe (16 lanes per
+// scheduler on sm_90: a warp instruction every 2 cycles) the busiest one in the int4 kernels.
+__device__ __forceinline__ u32 nib_shift(u32 w, int n) {
+#ifdef INT4_SHIFT_ALU
+  return w >> n;
+#else
+  u32 d;
+  asm("mul.hi.u32 %0, %1, %2;" : "=r"(d) : "r"(w), "r"(1u << (32 - n)));
+  return d;
+#endif
+}
+
 // Chunk c (8 k) of act(x) for n-tile j: XLoad::load, except that PRO 0 reads row 0 again for
 // absent rows (row >= M) instead of zeros: an mma's column of B only reaches the same column
 // of C, never stored for those rows, and an unpredicated load needs no zeroing.
@@ -87,8 +101,8 @@ __device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U
       u32 pa[4], pb[4];  // 128 + q of k pairs (2p, 2p + 1) of word i, rows a and b
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
-        pa[p] = and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
-        pb[p] = and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+        pa[p] = and_or(p ? nib_shift(wa[i], 4 * p) : wa[i], 0x000F000Fu, 0x43004300u);
+        pb[p] = and_or(p ? nib_shift(wb[i], 4 * p) : wb[i], 0x000F000Fu, 0x43004300u);
       }
 #pragma unroll
       for (int j = 0; j < MT; ++j) {

@@ -73,7 +73,7 @@ def ring_shared_bytes(file: str, ksplit: int, slots: int, m: int, k: int) -> int
 def ring_static_bytes(ksplit: int) -> int:
     """Static shared memory of a ring kernel, at most: the K-split sums (two tiles' worth),
     the RMSNorm partials and the int4 group sums (kernels/gemv_ring.cu)."""
-    return 4 * (2 * ksplit * 4 * 32 + (ksplit + 1) * 8 + 128)
+    return 4 * (2 * ksplit * 4 * 32 + (ksplit + 1) * 8 + 128 * 8)
 
 
 def pros_of(file: str) -> tuple[int, ...]:
