@@ -334,7 +334,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   constexpr int T = 32 * KSPLIT;
   extern __shared__ uint4 smem[];
   __shared__ RingShared<KSPLIT, PRO> sh;
-  __shared__ float sx[RING_MAX_GROUPS * 8];  // int4_group_sums
+  __shared__ __align__(16) float sx[RING_MAX_GROUPS * 8];  // int4_group_sums (float2 reads)
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
   const int kv = K >> 3, groups = K >> 7;
   const RingThread<KSPLIT> th(N, groups);  // groups of 128 k
