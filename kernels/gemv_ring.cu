@@ -67,16 +67,25 @@ __device__ __forceinline__ void ring_advance(RingCursor& c, int per) {
   }
 }
 
-// act(x) rows m < M of x [M, K] into xs [M][K / 8]: x itself (ACT 0) or its RMSNorm with
+// Where x chunk c of a row sits in the int4 ring's staged copy: c with bit 1 flipped where
+// bit 3 is set. A thread reads the chunks 4t + i of its group, one i at a time across the
+// warp's 4 t: unswizzled, t = 0, 2 (and 1, 3) hit the same banks (64 bytes apart: a 2-way
+// conflict); swizzled, the four sit in four bank quarters. An involution.
+__device__ __forceinline__ int x_swizzle(int c) { return c ^ ((c >> 2) & 2); }
+
+// act(x) rows m < M of x [M, K] into xs [M][K / 8] (SWZ: chunk v of a row at x_swizzle(v)): x itself (ACT 0) or its RMSNorm with
 // weight nw [K] (ACT 1, gemv_mma.cuh's PRO 1 rounding: bf16(nw * bf16(x * rstd)), rstd =
 // rsqrt(sum x^2 / K + eps), the sum in a fixed order: each thread its chunks tid, tid + T,
 // ..., then the warps' shuffle tree, then the WARPS partials in warp order). part: shared
 // floats [(WARPS + 1) * 8]. The whole block calls it (ending with a __syncthreads).
-template <int ACT, int WARPS>
+template <int ACT, int WARPS, bool SWZ = false>
 __device__ __forceinline__ void stage_x(uint4* xs, const uint4* x, const uint4* nw, float eps,
                                         int M, int kv, float* part) {
 #pragma unroll 4
-  for (int c = threadIdx.x; c < M * kv; c += blockDim.x) xs[c] = ld_cached(x + c);
+  for (int c = threadIdx.x; c < M * kv; c += blockDim.x) {
+    const int m = c / kv, v = c - m * kv;
+    xs[m * kv + (SWZ ? x_swizzle(v) : v)] = ld_cached(x + c);
+  }
   if constexpr (ACT == 1) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __syncthreads();
@@ -95,9 +104,9 @@ __device__ __forceinline__ void stage_x(uint4* xs, const uint4* x, const uint4* 
     }
     __syncthreads();
     for (int c = threadIdx.x; c < M * kv; c += blockDim.x) {
-      const int m = c / kv, v = c - m * kv;
+      const int m = c / kv, v = c - m * kv;  // xs[c] holds chunk v, or x_swizzle(v) (SWZ)
       const float r = part[WARPS * 8 + m];
-      const uint4 a = xs[c], w = ld_cached(nw + v);
+      const uint4 a = xs[c], w = ld_cached(nw + (SWZ ? x_swizzle(v) : v));
       xs[c] = make_uint4(rmsnorm2(a.x, w.x, r), rmsnorm2(a.y, w.y, r), rmsnorm2(a.z, w.z, r),
                          rmsnorm2(a.w, w.w, r));
     }
@@ -224,56 +233,64 @@ gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
 // The most 128-k groups of an int4 ring launch: K <= 16384 (RING_X_BYTES at M = 1).
 #define RING_MAX_GROUPS 128
 
-// sx[i * 8 + c] = the sum over group i (128 k) of staged x row min(c, M - 1), fp32 in k order,
-// for the mma's 8 columns c (columns c >= M repeat row M - 1: never stored, always finite).
-// The whole block calls it (one __syncthreads).
+// sx[i * 8 + c] = the sum over group i (128 k) of staged x row min(c, M - 1), fp32, for the
+// mma's 8 columns c (columns c >= M repeat row M - 1: never stored, always finite). Half a
+// warp per group: each lane a chunk, then a shuffle tree. The whole block calls it (one
+// __syncthreads).
 __device__ __forceinline__ void int4_group_sums(float* sx, const uint4* xs, int M, int kv,
                                                 int groups) {
-  for (int p = threadIdx.x; p < M * groups; p += blockDim.x) {
-    const int m = p / groups, i = p - m * groups;
-    float s = 0.f;
-    for (int c = 0; c < 16; ++c) {
-      const uint4 v = xs[m * kv + 16 * i + c];
-      const u32 w[4] = {v.x, v.y, v.z, v.w};
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int m = 0; m < M; ++m) {
+    for (int i0 = 2 * (threadIdx.x >> 5); i0 < groups; i0 += 2 * warps) {
+      const int i = i0 + (lane >> 4);  // the same for the whole half warp
+      float s = 0.f;
+      if (i < groups) {
+        const uint4 v = xs[m * kv + 16 * i + (lane & 15)];
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int h = 0; h < 4; ++h) s += bf16_lo(w[h]) + bf16_hi(w[h]);
+        for (int h = 0; h < 4; ++h) s += bf16_lo(w[h]) + bf16_hi(w[h]);
+      }
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if ((lane & 15) == 0 && i < groups) {
+        sx[i * 8 + m] = s;
+        if (m == M - 1)
+          for (int c = M; c < 8; ++c) sx[i * 8 + c] = s;
+      }
     }
-    sx[i * 8 + m] = s;
-    if (m == M - 1)
-      for (int c = M; c < 8; ++c) sx[i * 8 + c] = s;
   }
   __syncthreads();
 }
 
 // One ring item of the int4 kernel in registers: the thread's 16-byte vectors of rows a, b
-// (32 k each), their zeros word and their two fp16 scales.
+// (32 k each), their zeros word and two fp16 scales, and its four chunks of x for the group.
 struct Int4Item {
   uint4 a, b;
   u32 zw, sw;
+  uint4 x[4];
 };
 
-// acc += one group of the thread's rows a, b (the mma's rows g, g + 8) times the staged x
-// (xp: the thread's first x chunk of the group, in its mma column's row; sp: the group's sums
-// of columns 2t, 2t + 1), with the zero point outside the mma chain: the 8 mmas sum (128 + q) x
-// (gemv_int4.cu's lop3 trick), then (128 + z) * sum(x over the group) comes off each result
-// before the scale, so sum (q - z) x. Half the mmas of int4_math, whose zero-point mmas share
-// the chain. The partial sums are ~(128 + z) / |q - z| times the result: fp32 keeps ~1e-5.
+// acc += one group of the thread's rows a, b (the mma's rows g, g + 8) times act(x), with the
+// zero point outside the mma chain: the 8 mmas sum (128 + q) x (gemv_int4.cu's lop3 trick),
+// then (128 + z) * sum(x over the group) (sp: the group's sums of columns 2t, 2t + 1) comes off
+// each result before the scale, so sum (q - z) x. Half the mmas of int4_math, whose zero-point
+// mmas share the chain. The partial sums are ~(128 + z) / |q - z| times the result: fp32 keeps
+// ~1e-5 of it. zsh: where rows a, b's zero points sit in the zeros word.
 __device__ __forceinline__ void int4_item_math(float (&acc)[1][4], const Int4Item& it,
-                                               const uint4* xp, const float* sp, u32 zsh) {
+                                               const float* sp, u32 zsh) {
   const u32 wa[4] = {it.a.x, it.a.y, it.a.z, it.a.w};
   const u32 wb[4] = {it.b.x, it.b.y, it.b.z, it.b.w};
   float cg[4] = {};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint4 xv = xp[i];
     u32 pa[4], pb[4];  // 128 + q of k pairs (2p, 2p + 1) of word i, rows a and b
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       pa[p] = and_or(p ? nib_shift(wa[i], 4 * p) : wa[i], 0x000F000Fu, 0x43004300u);
       pb[p] = and_or(p ? nib_shift(wb[i], 4 * p) : wb[i], 0x000F000Fu, 0x43004300u);
     }
-    mma_bf16(cg, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
-    mma_bf16(cg, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
+    mma_bf16(cg, pa[0], pb[0], pa[1], pb[1], it.x[i].x, it.x[i].y);
+    mma_bf16(cg, pa[2], pb[2], pa[3], pb[3], it.x[i].z, it.x[i].w);
   }
   // columns 2t, 2t + 1 of the result are activation rows 2t, 2t + 1
   const float2 s2 = *reinterpret_cast<const float2*>(sp);
@@ -287,42 +304,62 @@ __device__ __forceinline__ void int4_item_math(float (&acc)[1][4], const Int4Ite
 }
 
 // Where thread g's two adjacent int4 rows a, a + 1 of a tile start (gemv_int4.cu's pairing;
-// past the end the last pair again, read, never stored).
+// past the end the last pair again, read, never stored), as a 16-byte vector index into q.
 template <bool GLU>
-__device__ __forceinline__ Int4Src int4_rows(const uint4* q, const u32* zeros, const u32* scales,
-                                             int tile, int g, int t, int N, int K, u32& zsh) {
-  int a;
+__device__ __forceinline__ int int4_row_a(int tile, int g, int N) {
   if (GLU) {
     const int half = N >> 1;
-    a = min(8 * tile + 2 * (g & 3), half - 2) + (g >= 4 ? half : 0);
-  } else {
-    a = min(16 * tile + 2 * g, N - 2);
+    return min(8 * tile + 2 * (g & 3), half - 2) + (g >= 4 ? half : 0);
   }
-  Int4Src src;
-  src.q = q;
-  src.zeros = zeros;
-  src.scales = scales;
-  src.wrow = (u32)K >> 5;
-  src.wo = a * src.wrow + t;
-  src.zo = a >> 3;
-  src.zstep = (u32)N >> 3;
-  src.so = a >> 1;
-  src.sstep = (u32)N >> 1;
-  zsh = 2 * (a & 7);
-  return src;
+  return min(16 * tile + 2 * g, N - 2);
 }
 
+// The first weight row of the 8-row half j of a tile (GLU: the gate rows, then the up rows;
+// past the end the last 8 rows, read, never stored). N % 8 == 0; GLU: N % 16 == 0.
+template <bool GLU>
+__device__ __forceinline__ int int4_half_row(int tile, int j, int N) {
+  if (GLU) return (j ? N >> 1 : 0) + 8 * tile;
+  return min(16 * tile + 8 * j, N - 8);
+}
+
+// The int4 ring's per-warp item metadata in shared memory (48 bytes per slot and warp): the
+// 16 rows' fp16 scales (scale pair u32 g is rows a, a + 1 of lane g), then the two zeros words
+// (word j holds the 8 rows of half j), copied by lanes 0-3 (Int4Meta::issue).
+struct Int4Meta {
+  static constexpr int WORDS = 12;  // 8 scale pairs, 2 zeros words, 2 padding
+  // lanes 0, 1: 16 bytes of scales (half j = lane), lanes 2, 3: 4 bytes of zeros (j = lane - 2)
+  const char* src;
+  u32 step;  // bytes per item (KSPLIT groups on)
+  __device__ __forceinline__ void at(const u16* scales, const u32* zeros, int tile, int ks,
+                                     int lane, int N, bool glu_rows) {
+    const int j = lane & 1;
+    const int row0 = glu_rows ? int4_half_row<true>(tile, j, N) : int4_half_row<false>(tile, j, N);
+    if (lane < 2)
+      src = reinterpret_cast<const char*>(scales + (size_t)ks * N + row0);
+    else
+      src = reinterpret_cast<const char*>(zeros + (size_t)ks * (N >> 3) + (row0 >> 3));
+  }
+  __device__ __forceinline__ void issue(u32* slot, int lane) const {
+    if (lane < 2)
+      cp_async16(slot + 4 * lane, src);
+    else if (lane < 4)
+      cp_async4(slot + 8 + (lane - 2), src);
+  }
+};
 
 // int4 weights (q [N, K / 8] kernel layout, AWQ zeros / fp16 scales: gemv_int4.cu): a ring
-// item is group grp = ks + q KSPLIT (128 k) of the thread's rows a, a + 1: two 16-byte vectors,
-// its zeros word and its two scales (Int4Item). The zero point comes off through the group
-// sums of x (int4_item_math). smem: A [S][T], B [S][T] uint4, Z [S][T], SC [S][T] u32, then xs.
-// The loop is lean because the int4 stream is bound by instruction issue, not by bytes: each
-// 16 bytes of weights take ~60 instructions of dequantization and mma (bf16: ~3), so every
-// instruction of bookkeeping costs (ncu, session 7: the earlier ring version issued ~190
-// instructions per item and streamed at 42% of copy). Here the item's smem reads happen one item
-// ahead (hidden behind the math), the global addresses advance by constants within a tile, and
-// absent activation rows read row M - 1 (never stored) instead of a predicated zero.
+// item is group grp = ks + q KSPLIT (128 k) of the thread's rows a, a + 1: two 16-byte vectors
+// in its own slot, and the warp's 16 rows' scales and zeros words in the warp's slot
+// (Int4Meta), copied by 4 lanes. The zero point comes off through the group sums of x
+// (int4_item_math). smem: A [S][T], B [S][T] uint4, meta [S][KSPLIT][12] u32, then xs (chunks
+// swizzled: x_swizzle).
+// Why it is built so (ncu, H200, qwen3-8b gate_up): the int4 stream needs ~4x the shared-memory
+// traffic of the bf16 one per weight byte, and the SM's shared-memory pipe (one wavefront a
+// cycle) was the limit: every 512 bytes of weights (a warp's item) cost 40 wavefronts of
+// cp.async, 32 more for per-thread 4-byte zeros / scales copies, 32 for the x chunks (a 2-way
+// bank conflict) and 10 for the ring reads: 115 a cycle-per-wavefront, the stream at 35% of
+// copy. Now: the metadata copied once per warp (~4), x conflict-free (16), and each item's
+// shared reads one item ahead of its math.
 template <int KSPLIT, int S, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT, 1)
 gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
@@ -332,6 +369,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
                 "epilogue");
   static_assert(S >= 3, "one item in registers, one loading, at least one in flight");
   constexpr int T = 32 * KSPLIT;
+  constexpr bool GLU = GEMV_GLU(PRO);
   extern __shared__ uint4 smem[];
   __shared__ RingShared<KSPLIT, PRO> sh;
   __shared__ __align__(16) float sx[RING_MAX_GROUPS * 8];  // int4_group_sums (float2 reads)
@@ -340,33 +378,27 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   const RingThread<KSPLIT> th(N, groups);  // groups of 128 k
   const int lane = th.lane, ks = th.ks, g = th.g, t = th.t;
   const int per = th.per, mine = th.mine, total = th.total;
-  const u32* sc32 = reinterpret_cast<const u32*>(scales);
-  uint4* ra = smem;           // [S][T]
-  uint4* rb = smem + S * T;   // [S][T]
-  u32* rz = reinterpret_cast<u32*>(smem + 2 * S * T);  // [S][T]
-  u32* rs = rz + S * T;                                 // [S][T]
-  uint4* xs = smem + 2 * S * T + (2 * S * T) / 4;
-  // The issue cursor: the next item's slot, tile, index in the tile and global addresses.
+  uint4* ra = smem;          // [S][T]
+  uint4* rb = smem + S * T;  // [S][T]
+  u32* meta = reinterpret_cast<u32*>(smem + 2 * S * T);  // [S][KSPLIT][Int4Meta::WORDS]
+  uint4* xs = smem + 2 * S * T + S * KSPLIT * Int4Meta::WORDS / 4;
+  const u32 wrow = (u32)K >> 5;  // 16-byte vectors per row
+  // The issue cursor: the next item's slot, tile and index in the tile, and its addresses.
   RingCursor in{(int)blockIdx.x, 0, 0};
-  u32 zsh_in;
   const uint4* pq;  // row a's vector of the item (row b: + wrow)
-  const u32 *pz, *ps;
-  Int4Src src;
-  const u32 dz = KSPLIT * ((u32)N >> 3), ds = KSPLIT * ((u32)N >> 1);  // pz, ps per item
-  auto at_tile = [&](int tile) {  // the addresses of group ks of the tile's rows
-    src = int4_rows<GEMV_GLU(PRO)>(qw, zeros, sc32, tile, g, t, N, K, zsh_in);
-    pq = src.q + (src.wo + 4 * ks);
-    pz = src.zeros + (src.zo + ks * src.zstep);
-    ps = src.scales + (src.so + ks * src.sstep);
+  Int4Meta pm;
+  auto at_tile = [&](int tile) {  // the addresses of group ks of the tile
+    pq = qw + ((u32)int4_row_a<GLU>(tile, g, N) * wrow + t + 4 * ks);
+    pm.at(scales, zeros, tile, ks, lane, N, GLU);
   };
+  pm.step = lane < 2 ? KSPLIT * N * 2 : KSPLIT * (N >> 3) * 4;
   at_tile(in.tile);
   auto issue = [&](int i) {  // item i into slot in.slot (nothing past the end); one group
     if (i < total) {
       const int o = in.slot * T + threadIdx.x;
       cp_async16(ra + o, pq);
-      cp_async16(rb + o, pq + src.wrow);
-      cp_async4(rz + o, pz);
-      cp_async4(rs + o, ps);
+      cp_async16(rb + o, pq + wrow);
+      pm.issue(meta + (in.slot * KSPLIT + ks) * Int4Meta::WORDS, lane);
       in.slot = in.slot == S - 1 ? 0 : in.slot + 1;
       if (++in.q == per) {
         in.q = 0;
@@ -374,8 +406,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
         if (i + 1 < total) at_tile(in.tile);
       } else {
         pq += 4 * KSPLIT;
-        pz += dz;
-        ps += ds;
+        pm.src += pm.step;
       }
     }
     cp_async_commit();
@@ -383,33 +414,38 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(i);  // before the wait: weights only
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
-  stage_x<GEMV_ACT(PRO), KSPLIT>(xs, x, nw, eps, M, kv, sh.part);
+  stage_x<GEMV_ACT(PRO), KSPLIT, true>(xs, x, nw, eps, M, kv, sh.part);
   int4_group_sums(sx, xs, M, kv, groups);
-  // the thread's x: its mma column g's activation row (row M - 1 for absent rows), chunk 4t
+  // The thread's x: its mma column g's activation row (row M - 1 for absent rows), chunks
+  // 4t + i of each group at swizzled places: i = 0, 1 at xa, xa + 1, i = 2, 3 at xb, xb + 1.
+  const int tsw = t & 2;  // x_swizzle(16 grp + 4t + i) = 16 grp + 4t + (i ^ tsw)
   const uint4* xrow = xs + min(g, M - 1) * kv + 4 * t;
-  auto load_item = [&](int slot) {
+  const u32 zsh = 2 * ((2 * g) & 7);  // rows a, b's nibbles in the zeros word (a = 2g mod 8)
+  // Item ci + 1's shared-memory reads: slot `slot`, group index q1 of its tile.
+  auto load_item = [&](int slot, int q1) {
     const int o = slot * T + threadIdx.x;
-    return Int4Item{ra[o], rb[o], rz[o], rs[o]};
+    const u32* mw = meta + (slot * KSPLIT + ks) * Int4Meta::WORDS;
+    const uint4* xp = xrow + 16 * (ks + q1 * KSPLIT);
+    return Int4Item{ra[o], rb[o], mw[8 + (g >> 2)], mw[g],
+                    {xp[tsw], xp[1 + tsw], xp[2 - tsw], xp[3 - tsw]}};
   };
   float acc[1][4] = {};
   int ci = 0, slot = 0;
-  cp_async_wait<S - 2>();  // item 0 has landed
-  Int4Item cur = load_item(0);
+  cp_async_wait<S - 2>();  // item 0 has landed (its metadata: lanes 0-3's copies, then
+  __syncwarp();            // the warp barrier shows them to the other lanes)
+  Int4Item cur = load_item(0, 0);
   for (int tt = 0; tt < mine; ++tt) {
     const int tile = blockIdx.x + tt * gridDim.x;
-    u32 zsh;
-    int4_rows<GEMV_GLU(PRO)>(qw, zeros, sc32, tile, g, t, N, K, zsh);
-    const uint4* xp = xrow + 16 * ks;   // group ks's chunks
     const float* sp = sx + 8 * ks + 2 * t;
 #pragma unroll 2
     for (int q = 0; q < per; ++q, ++ci) {
       cp_async_wait<S - 3>();  // item ci + 1 has landed (or is past the end: unused)
+      __syncwarp();
       slot = slot == S - 1 ? 0 : slot + 1;
-      const Int4Item nxt = load_item(slot);
+      const Int4Item nxt = load_item(slot, q + 1 == per ? 0 : q + 1);
       issue(ci + S - 1);  // into the slot of item ci - 1 (in registers since the last step)
-      int4_item_math(acc, cur, xp, sp, zsh);
+      int4_item_math(acc, cur, sp, zsh);
       cur = nxt;
-      xp += 16 * KSPLIT;
       sp += 8 * KSPLIT;
     }
     int4_store_order<1>(acc, g, t);

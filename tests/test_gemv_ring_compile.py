@@ -69,7 +69,8 @@ def test_default_ring_keeps_two_blocks_off_one_sm():
 def test_shared_bytes():
     # bf16: 8 slots x 256 threads x 32 bytes, then one row of 4096 bf16
     assert V.ring_shared_bytes("gemv", 8, 8, 1, 4096) == 8 * 256 * 32 + 8192
-    assert V.ring_shared_bytes("gemv_int4", 16, 4, 2, 2048) == 4 * 512 * 40 + 8192
+    # int4: 4 slots x 16 warps x (32 threads x two 16-byte vectors + 48 bytes of metadata)
+    assert V.ring_shared_bytes("gemv_int4", 16, 4, 2, 2048) == 4 * 16 * (32 * 32 + 48) + 8192
     worst = max(V.ring_shared_bytes(f, ks, s, 8, V.RING_X_BYTES // 16) + V.ring_static_bytes(ks)
                 for f in V.RING_KERNELS for ks, s in V.RING_VARIANTS)
     assert worst <= 227 * 1024  # what one H100 / H200 block may have

@@ -58,7 +58,9 @@ RING_DEFAULT = (16, 8, 1)
 RING_PROS = (PLAIN, RESIDUAL, GLU, RMSNORM, RMSNORM | GLU)
 RING_X_BYTES = 32 * 1024
 RING_KERNELS = {"gemv": "gemv_ring_bf16", "gemv_int4": "gemv_ring_int4"}
-RING_SLOT_BYTES = {"gemv": 32, "gemv_int4": 40}  # shared bytes per thread and ring slot
+# shared bytes per warp and ring slot: 32 threads' two 16-byte vectors (int4: and the warp's
+# 48 bytes of scales and zeros, kernels/gemv_ring.cu Int4Meta)
+RING_SLOT_BYTES = {"gemv": 32 * 32, "gemv_int4": 32 * 32 + 48}
 
 
 def ring_name(file: str, ksplit: int, slots: int, pro: int) -> str:
@@ -67,7 +69,7 @@ def ring_name(file: str, ksplit: int, slots: int, pro: int) -> str:
 
 def ring_shared_bytes(file: str, ksplit: int, slots: int, m: int, k: int) -> int:
     """Dynamic shared memory of a ring launch: the slots, then x's m rows of k bf16."""
-    return slots * 32 * ksplit * RING_SLOT_BYTES[file] + m * k * 2
+    return slots * ksplit * RING_SLOT_BYTES[file] + m * k * 2
 
 
 def ring_static_bytes(ksplit: int) -> int:
@@ -149,3 +151,12 @@ def load_tuned(path: Path = TUNED_FILE) -> dict:
         return {}
     rows = json.loads(path.read_text())["best"]
     return {(r["file"], r["n"], r["k"], r["mt"]): tuple(r["variant"]) for r in rows}
+
+
+def define_set(macros: str) -> tuple[str, ...]:
+    """'A+B' -> ("A", "B"), '' -> (): a set of compile macros as the benchmarks write it."""
+    names = tuple(m for m in macros.split("+") if m)
+    for m in names:
+        if not m.replace("_", "").isalnum() or m[0].isdigit():
+            raise ValueError(f"not a macro name: {m!r} (in {macros!r})")
+    return names

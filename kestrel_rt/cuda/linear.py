@@ -85,7 +85,7 @@ class Gemv:
         kernel launch only after the K loop instead of at the top (kernels/pdl.cuh; on the
         H200, bench/ablation.py: qwen3-8b bf16 4.58 vs 4.96 ms per step, int4 2.56 vs 2.71,
         qwen3-30b-a3b 3.31 vs 3.43, qwen3-0.6b 0.855 vs 0.888). defines: more macros for
-        the compiler, e.g. ("INT4_SHIFT_ALU",) (kernels/int4_math.cuh), for comparisons."""
+        the compiler, e.g. ("INT4_ZERO_CHAIN",) (kernels/int4_math.cuh), for comparisons."""
         import cupy
 
         self._cupy = cupy
