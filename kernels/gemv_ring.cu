@@ -318,7 +318,7 @@ __device__ __forceinline__ int int4_row_a(int tile, int g, int N) {
 // past the end the last 8 rows, read, never stored). N % 8 == 0; GLU: N % 16 == 0.
 template <bool GLU>
 __device__ __forceinline__ int int4_half_row(int tile, int j, int N) {
-  if (GLU) return (j ? N >> 1 : 0) + 8 * tile;
+  if (GLU) return (j ? N >> 1 : 0) + min(8 * tile, (N >> 1) - 8);
   return min(16 * tile + 8 * j, N - 8);
 }
 
@@ -347,44 +347,53 @@ struct Int4Meta {
   }
 };
 
-// int4 weights (q [N, K / 8] kernel layout, AWQ zeros / fp16 scales: gemv_int4.cu): a ring
-// item is group grp = ks + q KSPLIT (128 k) of the thread's rows a, a + 1: two 16-byte vectors
-// in its own slot, and the warp's 16 rows' scales and zeros words in the warp's slot
-// (Int4Meta), copied by 4 lanes. The zero point comes off through the group sums of x
-// (int4_item_math). smem: A [S][T], B [S][T] uint4, meta [S][KSPLIT][12] u32, then xs (chunks
-// swizzled: x_swizzle).
-// Why it is built so (ncu, H200, qwen3-8b gate_up): the int4 stream needs ~4x the shared-memory
-// traffic of the bf16 one per weight byte, and the SM's shared-memory pipe (one wavefront a
-// cycle) was the limit: every 512 bytes of weights (a warp's item) cost 40 wavefronts of
-// cp.async, 32 more for per-thread 4-byte zeros / scales copies, 32 for the x chunks (a 2-way
-// bank conflict) and 10 for the ring reads: 115 a cycle-per-wavefront, the stream at 35% of
-// copy. Now: the metadata copied once per warp (~4), x conflict-free (16), and each item's
-// shared reads one item ahead of its math.
+// int4 weights (q [N, K / 8] kernel layout, AWQ zeros / fp16 scales: gemv_int4.cu), 16 warps:
+// TPB = 16 / KSPLIT tiles at a time, KSPLIT warps on each. A ring item is group grp = ks + q
+// KSPLIT (128 k) of the thread's rows a, a + 1: two 16-byte vectors in its own slot, and the
+// warp's 16 rows' scales and zeros words in the warp's slot (Int4Meta), copied by 4 lanes. The
+// zero point comes off through the group sums of x (int4_item_math). smem: A [S][512],
+// B [S][512] uint4, meta [S][16][12] u32, then xs (chunks swizzled: x_swizzle).
+// Why so (ncu, H200, qwen3-8b gate_up): per weight byte the int4 stream needs ~4x the
+// instructions and shared-memory traffic of the bf16 one. The first int4 ring (16 warps on one
+// tile) streamed at 35% of copy: the SM's shared-memory pipe was busy with per-thread 4-byte
+// copies of zeros / scales (16 wavefronts each) and 2-way conflicting x reads, and at K = 4096
+// each warp did 2 groups per tile between the tile's K-split barriers, reductions and
+// shuffles (~250 instructions issued per 2048 weights). Now the metadata is copied once per
+// warp, x is read conflict-free one item ahead, and with KSPLIT < 16 a warp does 16 / KSPLIT
+// times more groups per tile. Tiles are blockIdx.x, + gridDim.x, ... in groups of TPB; the
+// last group's missing tiles are computed from clamped rows and not stored (every warp meets
+// every barrier).
 template <int KSPLIT, int S, int PRO>
-__global__ void __launch_bounds__(32 * KSPLIT, 1)
+__global__ void __launch_bounds__(512, 1)
 gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
                const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M, int N,
                int K, const u16* res, const uint4* __restrict__ nw, float eps) {
   static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
                 "epilogue");
   static_assert(S >= 3, "one item in registers, one loading, at least one in flight");
-  constexpr int T = 32 * KSPLIT;
+  static_assert(KSPLIT == 4 || KSPLIT == 8 || KSPLIT == 16, "16 warps: TPB = 16 / KSPLIT");
+  constexpr int T = 512, TPB = 16 / KSPLIT;
   constexpr bool GLU = GEMV_GLU(PRO);
   extern __shared__ uint4 smem[];
-  __shared__ RingShared<KSPLIT, PRO> sh;
+  __shared__ float red[2 * 16 * 4 * 32];  // two rounds' K-split sums (ring_store)
+  __shared__ float part[GEMV_ACT(PRO) == 1 ? 17 * 8 : 1];  // stage_x's RMSNorm partials
   __shared__ __align__(16) float sx[RING_MAX_GROUPS * 8];  // int4_group_sums (float2 reads)
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
   const int kv = K >> 3, groups = K >> 7;
-  const RingThread<KSPLIT> th(N, groups);  // groups of 128 k
-  const int lane = th.lane, ks = th.ks, g = th.g, t = th.t;
-  const int per = th.per, mine = th.mine, total = th.total;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int ks = warp % KSPLIT, j = warp / KSPLIT, g = lane >> 2, t = lane & 3;
+  const int tiles = (N + 15) >> 4, sets = (tiles + TPB - 1) / TPB;  // sets of TPB tiles
+  const int rounds = blockIdx.x < sets ? (sets - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int per = max(0, (groups - ks + KSPLIT - 1) / KSPLIT);  // the warp's groups per tile
+  const int total = rounds * per;
+  const int tile0 = blockIdx.x * TPB + j, tstep = gridDim.x * TPB;  // the warp's tiles
   uint4* ra = smem;          // [S][T]
   uint4* rb = smem + S * T;  // [S][T]
-  u32* meta = reinterpret_cast<u32*>(smem + 2 * S * T);  // [S][KSPLIT][Int4Meta::WORDS]
-  uint4* xs = smem + 2 * S * T + S * KSPLIT * Int4Meta::WORDS / 4;
+  u32* meta = reinterpret_cast<u32*>(smem + 2 * S * T);  // [S][16][Int4Meta::WORDS]
+  uint4* xs = smem + 2 * S * T + S * 16 * Int4Meta::WORDS / 4;
   const u32 wrow = (u32)K >> 5;  // 16-byte vectors per row
   // The issue cursor: the next item's slot, tile and index in the tile, and its addresses.
-  RingCursor in{(int)blockIdx.x, 0, 0};
+  RingCursor in{tile0, 0, 0};
   const uint4* pq;  // row a's vector of the item (row b: + wrow)
   Int4Meta pm;
   auto at_tile = [&](int tile) {  // the addresses of group ks of the tile
@@ -398,11 +407,11 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
       const int o = in.slot * T + threadIdx.x;
       cp_async16(ra + o, pq);
       cp_async16(rb + o, pq + wrow);
-      pm.issue(meta + (in.slot * KSPLIT + ks) * Int4Meta::WORDS, lane);
+      pm.issue(meta + (in.slot * 16 + warp) * Int4Meta::WORDS, lane);
       in.slot = in.slot == S - 1 ? 0 : in.slot + 1;
       if (++in.q == per) {
         in.q = 0;
-        in.tile += gridDim.x;
+        in.tile += tstep;
         if (i + 1 < total) at_tile(in.tile);
       } else {
         pq += 4 * KSPLIT;
@@ -414,17 +423,18 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(i);  // before the wait: weights only
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
-  stage_x<GEMV_ACT(PRO), KSPLIT, true>(xs, x, nw, eps, M, kv, sh.part);
+  stage_x<GEMV_ACT(PRO), 16, true>(xs, x, nw, eps, M, kv, part);
   int4_group_sums(sx, xs, M, kv, groups);
   // The thread's x: its mma column g's activation row (row M - 1 for absent rows), chunks
-  // 4t + i of each group at swizzled places: i = 0, 1 at xa, xa + 1, i = 2, 3 at xb, xb + 1.
-  const int tsw = t & 2;  // x_swizzle(16 grp + 4t + i) = 16 grp + 4t + (i ^ tsw)
+  // 4t + i of each group at swizzled places: i = 0, 1 at xp + tsw, + 1; i = 2, 3 at xp + 2 -
+  // tsw, + 1 (x_swizzle(16 grp + 4t + i) = 16 grp + 4t + (i ^ tsw)).
+  const int tsw = t & 2;
   const uint4* xrow = xs + min(g, M - 1) * kv + 4 * t;
   const u32 zsh = 2 * ((2 * g) & 7);  // rows a, b's nibbles in the zeros word (a = 2g mod 8)
-  // Item ci + 1's shared-memory reads: slot `slot`, group index q1 of its tile.
+  // An item's shared-memory reads: slot `slot`, group index q1 of its tile (q1 < per).
   auto load_item = [&](int slot, int q1) {
     const int o = slot * T + threadIdx.x;
-    const u32* mw = meta + (slot * KSPLIT + ks) * Int4Meta::WORDS;
+    const u32* mw = meta + (slot * 16 + warp) * Int4Meta::WORDS;
     const uint4* xp = xrow + 16 * (ks + q1 * KSPLIT);
     return Int4Item{ra[o], rb[o], mw[8 + (g >> 2)], mw[g],
                     {xp[tsw], xp[1 + tsw], xp[2 - tsw], xp[3 - tsw]}};
@@ -433,9 +443,10 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   int ci = 0, slot = 0;
   cp_async_wait<S - 2>();  // item 0 has landed (its metadata: lanes 0-3's copies, then
   __syncwarp();            // the warp barrier shows them to the other lanes)
-  Int4Item cur = load_item(0, 0);
-  for (int tt = 0; tt < mine; ++tt) {
-    const int tile = blockIdx.x + tt * gridDim.x;
+  Int4Item cur{};
+  if (per > 0) cur = load_item(0, 0);
+  for (int r = 0; r < rounds; ++r) {
+    const int tile = tile0 + r * tstep;
     const float* sp = sx + 8 * ks + 2 * t;
 #pragma unroll 2
     for (int q = 0; q < per; ++q, ++ci) {
@@ -449,6 +460,9 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
       sp += 8 * KSPLIT;
     }
     int4_store_order<1>(acc, g, t);
-    ring_store<KSPLIT, PRO>(acc, sh.red, tt, y, res, tile, g, t, ks, lane, M, N);
+    reduce_ksplit<KSPLIT, 4>(&acc[0][0], red + (r & 1) * 16 * 4 * 32, j, ks, lane);
+    if (ks == 0) store_out<1, PRO>(y, res, acc, tile, g, t, M, N, 1.f, 1.f, nullptr);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
   }
 }

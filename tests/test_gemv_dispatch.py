@@ -65,7 +65,7 @@ def _recording_gemv(ring=None):
     gemv._run = lambda fn, grid, block, args, *smem: calls.append(
         (fn, grid, block, len(args), *smem))
     ring_names = {V.ring_name(f, ks, s, pro) for f in V.RING_KERNELS
-                  for ks, s in V.RING_VARIANTS for pro in V.RING_PROS}
+                  for ks, s in V.RING_VARIANTS[f] for pro in V.RING_PROS}
     gemv._ring_module = lambda pro: Module(ring_names)
     gemv._shared_set = {name: 1 << 30 for name in ring_names}  # no driver call here
     return gemv, calls

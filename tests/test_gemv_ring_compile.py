@@ -62,24 +62,28 @@ def test_default_ring_keeps_two_blocks_off_one_sm():
     memory, so ring blocks placed early under PDL cannot pile up on one SM
     (kernels/gemv_ring.cu); int4 stays on the tuned kernel by default."""
     ks, slots, bps = V.RING_DEFAULT
-    assert bps == 1 and (ks, slots) in V.RING_VARIANTS
+    assert bps == 1 and (ks, slots) in V.RING_VARIANTS["gemv"]
     assert 2 * V.ring_shared_bytes("gemv", ks, slots, 1, 128) > 228 * 1024
 
 
 def test_shared_bytes():
     # bf16: 8 slots x 256 threads x 32 bytes, then one row of 4096 bf16
     assert V.ring_shared_bytes("gemv", 8, 8, 1, 4096) == 8 * 256 * 32 + 8192
-    # int4: 4 slots x 16 warps x (32 threads x two 16-byte vectors + 48 bytes of metadata)
-    assert V.ring_shared_bytes("gemv_int4", 16, 4, 2, 2048) == 4 * 16 * (32 * 32 + 48) + 8192
-    worst = max(V.ring_shared_bytes(f, ks, s, 8, V.RING_X_BYTES // 16) + V.ring_static_bytes(ks)
-                for f in V.RING_KERNELS for ks, s in V.RING_VARIANTS)
+    # int4: 4 slots x 16 warps x (32 threads x two 16-byte vectors + 48 bytes of metadata),
+    # whatever KSPLIT (16 warps on 16 / KSPLIT tiles)
+    for ks in (16, 8, 4):
+        assert V.ring_shared_bytes("gemv_int4", ks, 4, 2, 2048) == 4 * 16 * (32 * 32 + 48) + 8192
+    assert [V.ring_tiles("gemv_int4", ks) for ks in (16, 8, 4)] == [1, 2, 4]
+    assert V.ring_warps("gemv", 8) == 8 and V.ring_tiles("gemv", 8) == 1
+    worst = max(V.ring_shared_bytes(f, ks, s, 8, V.RING_X_BYTES // 16)
+                + V.ring_static_bytes(f, ks) for f in V.RING_KERNELS for ks, s in V.RING_VARIANTS[f])
     assert worst <= 227 * 1024  # what one H100 / H200 block may have
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
 def test_every_ring_kernel_instantiates_without_spills(tmp_path):
     names = [V.ring_name(f, ks, s, pro) for pro in V.RING_PROS for f in V.RING_KERNELS
-             for ks, s in V.RING_VARIANTS]
+             for ks, s in V.RING_VARIANTS[f]]
     keep = ",\n".join(f"  (void*)&{n}" for n in names)
     src = tmp_path / "ring_inst.cu"
     src.write_text(L._source("gemv_ring") + f"\nstatic void* keep_kernels[] = {{\n{keep}\n}};\n")

@@ -46,10 +46,12 @@ BF16_PROS = (RSTD, RSTD | GLU)
 SSQ_PROS = (RESIDUAL | SSQ, RSTD_IN, RSTD_IN | GLU)
 
 
-# The persistent ring kernels (kernels/gemv_ring.cu): (KSPLIT warps per block, S ring slots
-# per thread) variants compiled, the prologues they take, the most bytes of x they stage in
-# shared memory (M * K * 2), and which weight kinds have one.
-RING_VARIANTS = ((8, 8), (8, 4), (16, 4), (16, 8), (4, 16))
+# The persistent ring kernels (kernels/gemv_ring.cu): the (KSPLIT, S) variants compiled per
+# weight kind (bf16: KSPLIT warps per block on one tile; int4: 16 warps per block, KSPLIT on
+# each of 16 / KSPLIT tiles; S ring slots per thread), the prologues they take, the most bytes
+# of x they stage in shared memory (M * K * 2), and which weight kinds have one.
+RING_VARIANTS = {"gemv": ((8, 8), (8, 4), (16, 4), (16, 8), (4, 16)),
+                 "gemv_int4": ((16, 8), (16, 4), (8, 8), (4, 8))}
 # The default for bf16 weights: 128 KB of ring per block, so at most one ring block per SM
 # (kernels/gemv_ring.cu). H200, bench/ablation.py: qwen3-8b bf16 decode step 4.200 ms against
 # 4.505 with the tuned kernels; int4 ring kernels measured slower (2.75 against 2.26 ms), so
@@ -67,15 +69,26 @@ def ring_name(file: str, ksplit: int, slots: int, pro: int) -> str:
     return f"{RING_KERNELS[file]}<{ksplit}, {slots}, {pro}>"
 
 
+def ring_warps(file: str, ksplit: int) -> int:
+    """Warps per block of a ring kernel: KSPLIT (bf16), 16 (int4)."""
+    return 16 if file == "gemv_int4" else ksplit
+
+
+def ring_tiles(file: str, ksplit: int) -> int:
+    """16-row tiles a ring block works on at a time: 1 (bf16), 16 / KSPLIT (int4)."""
+    return ring_warps(file, ksplit) // ksplit
+
+
 def ring_shared_bytes(file: str, ksplit: int, slots: int, m: int, k: int) -> int:
     """Dynamic shared memory of a ring launch: the slots, then x's m rows of k bf16."""
-    return slots * ksplit * RING_SLOT_BYTES[file] + m * k * 2
+    return slots * ring_warps(file, ksplit) * RING_SLOT_BYTES[file] + m * k * 2
 
 
-def ring_static_bytes(ksplit: int) -> int:
+def ring_static_bytes(file: str, ksplit: int) -> int:
     """Static shared memory of a ring kernel, at most: the K-split sums (two tiles' worth),
     the RMSNorm partials and the int4 group sums (kernels/gemv_ring.cu)."""
-    return 4 * (2 * ksplit * 4 * 32 + (ksplit + 1) * 8 + 128 * 8)
+    warps = ring_warps(file, ksplit)
+    return 4 * (2 * warps * 4 * 32 + (warps + 1) * 8 + 128 * 8)
 
 
 def pros_of(file: str) -> tuple[int, ...]:

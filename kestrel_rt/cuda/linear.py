@@ -58,6 +58,8 @@ from kestrel_rt.cuda.gemv_variants import (
     ring_name,
     ring_shared_bytes,
     ring_static_bytes,
+    ring_tiles,
+    ring_warps,
 )
 from kestrel_rt.cuda.module import Carveout, current_stream, full_source, set_max_dynamic_shared
 from kestrel_rt.quant import int4_fits
@@ -125,7 +127,7 @@ class Gemv:
 
     @ring.setter
     def ring(self, value: tuple[int, int, int] | None) -> None:
-        self._rings["gemv"] = _ring_setting(value, "Gemv.ring")
+        self._rings["gemv"] = _ring_setting(value, "Gemv.ring", "gemv")
 
     @property
     def ring_int4(self) -> tuple[int, int, int] | None:
@@ -135,7 +137,7 @@ class Gemv:
 
     @ring_int4.setter
     def ring_int4(self, value: tuple[int, int, int] | None) -> None:
-        self._rings["gemv_int4"] = _ring_setting(value, "Gemv.ring_int4")
+        self._rings["gemv_int4"] = _ring_setting(value, "Gemv.ring_int4", "gemv_int4")
 
     def _run(self, fn, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         """Launch a gemv kernel on torch's current stream (PDL when enabled)."""
@@ -171,7 +173,8 @@ class Gemv:
         key = ("gemv_ring", pro)
         module = self._modules.get(key)
         if module is None:
-            names = [ring_name(f, ks, s, pro) for f in RING_KERNELS for ks, s in RING_VARIANTS]
+            names = [ring_name(f, ks, s, pro) for f in RING_KERNELS
+                     for ks, s in RING_VARIANTS[f]]
             with self._cupy.cuda.Device(self.device_index):
                 module = self._cupy.RawModule(code=_source("gemv_ring"), options=self.options,
                                               name_expressions=names)
@@ -187,7 +190,7 @@ class Gemv:
         if ring is None or pro not in RING_PROS or m > 8 or m * k * 2 > RING_X_BYTES:
             return False
         ks, slots, _ = ring
-        return (ring_shared_bytes(file, ks, slots, m, k) + ring_static_bytes(ks)
+        return (ring_shared_bytes(file, ks, slots, m, k) + ring_static_bytes(file, ks)
                 <= self.max_shared)
 
     def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
@@ -204,7 +207,8 @@ class Gemv:
             self._shared_set[name] = smem
         args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(residual), _p(norm),
                 np.float32(eps))
-        self._run(fn, (min(math.ceil(n / 16), self.sms * bps),), (32 * ks,), args, smem)
+        sets = math.ceil(math.ceil(n / 16) / ring_tiles(file, ks))  # of tiles a block does at once
+        self._run(fn, (min(sets, self.sms * bps),), (32 * ring_warps(file, ks),), args, smem)
 
     def _stream(self):
         return current_stream(self._cupy, self.device_index, self._streams)
@@ -417,14 +421,15 @@ class Gemv:
         return F.linear(x, w)
 
 
-def _ring_setting(value, what: str) -> tuple[int, int, int] | None:
+def _ring_setting(value, what: str, file: str) -> tuple[int, int, int] | None:
     """A ring setting checked: None or (KSPLIT, S, blocks per SM) of a compiled variant."""
     if value is None:
         return None
     value = tuple(int(v) for v in value)
-    if len(value) != 3 or value[:2] not in RING_VARIANTS or not 1 <= value[2] <= 4:
+    if len(value) != 3 or value[:2] not in RING_VARIANTS[file] or not 1 <= value[2] <= 4:
         raise ValueError(f"{what} must be None or (KSPLIT, S, blocks per SM) with (KSPLIT, S) "
-                         f"one of {list(RING_VARIANTS)} and 1..4 blocks per SM, got {value!r}")
+                         f"one of {list(RING_VARIANTS[file])} and 1..4 blocks per SM, got "
+                         f"{value!r}")
     return value
 
 

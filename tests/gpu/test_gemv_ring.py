@@ -123,15 +123,17 @@ def test_ring_rmsnorm_prologue(gemv, kind, glu, m, n, k):
 
 
 @pytest.mark.parametrize("bps", [1, 2])
-@pytest.mark.parametrize("variant", RING_VARIANTS)
-@pytest.mark.parametrize("kind", ["bf16", "int4"])
+@pytest.mark.parametrize("kind,variant",
+                         [("bf16", v) for v in RING_VARIANTS["gemv"]]
+                         + [("int4", v) for v in RING_VARIANTS["gemv_int4"]])
 def test_every_ring_variant(kind, variant, bps):
     """Each (KSPLIT, S) with 1 and 2 blocks per SM: K short of the warps (idle warps), a grid
-    of fewer blocks than tiles and one of more."""
+    of fewer blocks than tiles and one of more, tile counts not a multiple of the int4
+    kernel's tiles per block."""
     g = Gemv("cuda")
     g.ring = g.ring_int4 = (*variant, bps)
     gen = torch.Generator("cuda").manual_seed(abs(hash((kind, variant, bps))) % 2**31)
-    for m, n, k in ((1, 8200, 1024), (4, 16, 256), (1, 40000, 128)):
+    for m, n, k in ((1, 8200, 1024), (4, 16, 256), (1, 40000, 128), (2, 4104, 512)):
         w, dense = _weight(kind, n, k, gen)
         x = _x(m, k, gen)
         y = getattr(g, kind)(x, w, out=_poisoned(m, n))
