@@ -194,8 +194,11 @@ def main() -> None:
         if ring != "off" and kind not in ("bf16", "int4"):
             continue
         gemv = gemvs[macros]
-        gemv.ring = gemv.ring_int4 = (None if ring == "off"
-                                      else tuple(int(v) for v in ring.split(".")))
+        setting = None if ring == "off" else tuple(int(v) for v in ring.split("."))
+        if kind == "bf16":
+            gemv.ring = setting
+        elif kind == "int4":
+            gemv.ring_int4 = setting
         ring = ring if len(sets) == 1 else f"{ring}/{macros or '-'}"
         for m in [int(v) for v in args.ms.split(",")]:
             for name, (n, k) in SHAPES_8B.items():

@@ -131,7 +131,10 @@ def test_every_ring_variant(kind, variant, bps):
     of fewer blocks than tiles and one of more, tile counts not a multiple of the int4
     kernel's tiles per block."""
     g = Gemv("cuda")
-    g.ring = g.ring_int4 = (*variant, bps)
+    if kind == "bf16":
+        g.ring = (*variant, bps)
+    else:
+        g.ring_int4 = (*variant, bps)
     gen = torch.Generator("cuda").manual_seed(abs(hash((kind, variant, bps))) % 2**31)
     for m, n, k in ((1, 8200, 1024), (4, 16, 256), (1, 40000, 128), (2, 4104, 512)):
         w, dense = _weight(kind, n, k, gen)
