@@ -322,28 +322,45 @@ __device__ __forceinline__ int int4_half_row(int tile, int j, int N) {
   return min(16 * tile + 8 * j, N - 8);
 }
 
+// cp.async of 16 (4) bytes to the shared-window address dst when p (predicated, no branch).
+__device__ __forceinline__ void cp_async16_if(u32 dst, const void* src, bool p) {
+  asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0;\n"
+               " @q cp.async.cg.shared.global [%0], [%1], 16; }" ::"r"(dst), "l"(src), "r"((int)p)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async4_if(u32 dst, const void* src, bool p) {
+  asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0;\n"
+               " @q cp.async.ca.shared.global [%0], [%1], 4; }" ::"r"(dst), "l"(src), "r"((int)p)
+               : "memory");
+}
+
+// 16 bytes global -> the shared-window address dst, L2 only, with the 256-byte prefetch hint.
+__device__ __forceinline__ void cp_async16_at(u32 dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src)
+               : "memory");
+}
+
 // The int4 ring's per-warp item metadata in shared memory (48 bytes per slot and warp): the
 // 16 rows' fp16 scales (scale pair u32 g is rows a, a + 1 of lane g), then the two zeros words
-// (word j holds the 8 rows of half j), copied by lanes 0-3 (Int4Meta::issue).
+// (word j holds the 8 rows of half j), copied by lanes 0-3: lanes 0, 1 16 bytes of scales
+// (half j = lane), lanes 2, 3 4 bytes of zeros (j = lane - 2).
 struct Int4Meta {
   static constexpr int WORDS = 12;  // 8 scale pairs, 2 zeros words, 2 padding
-  // lanes 0, 1: 16 bytes of scales (half j = lane), lanes 2, 3: 4 bytes of zeros (j = lane - 2)
-  const char* src;
-  u32 step;  // bytes per item (KSPLIT groups on)
+  const char* src;  // this lane's piece of the next item (lanes 0-3)
+  u32 step;         // bytes per item (KSPLIT groups on)
+  u32 dst;          // this lane's piece in slot 0 (shared-window address)
+  bool big, small;  // lanes 0, 1 / lanes 2, 3
   __device__ __forceinline__ void at(const u16* scales, const u32* zeros, int tile, int ks,
                                      int lane, int N, bool glu_rows) {
     const int j = lane & 1;
     const int row0 = glu_rows ? int4_half_row<true>(tile, j, N) : int4_half_row<false>(tile, j, N);
-    if (lane < 2)
-      src = reinterpret_cast<const char*>(scales + (size_t)ks * N + row0);
-    else
-      src = reinterpret_cast<const char*>(zeros + (size_t)ks * (N >> 3) + (row0 >> 3));
+    src = big ? reinterpret_cast<const char*>(scales + (size_t)ks * N + row0)
+              : reinterpret_cast<const char*>(zeros + (size_t)ks * (N >> 3) + (row0 >> 3));
   }
-  __device__ __forceinline__ void issue(u32* slot, int lane) const {
-    if (lane < 2)
-      cp_async16(slot + 4 * lane, src);
-    else if (lane < 4)
-      cp_async4(slot + 8 + (lane - 2), src);
+  // The piece of the item going to slot (its warp's meta at slot_bytes apart per slot).
+  __device__ __forceinline__ void issue(u32 slot_off) const {
+    cp_async16_if(dst + slot_off, src, big);
+    cp_async4_if(dst + slot_off, src, small);
   }
 };
 
@@ -396,18 +413,23 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   RingCursor in{tile0, 0, 0};
   const uint4* pq;  // row a's vector of the item (row b: + wrow)
   Int4Meta pm;
+  pm.big = lane < 2;
+  pm.small = (unsigned)(lane - 2) < 2u;
+  pm.step = pm.big ? KSPLIT * N * 2 : KSPLIT * (N >> 3) * 4;
+  pm.dst = (u32)__cvta_generic_to_shared(meta + warp * Int4Meta::WORDS) +
+           (pm.big ? 16 * lane : 32 + 4 * (lane & 1));
+  const u32 a0 = (u32)__cvta_generic_to_shared(ra + threadIdx.x);  // slot 0's A; B: + S T 16
   auto at_tile = [&](int tile) {  // the addresses of group ks of the tile
     pq = qw + ((u32)int4_row_a<GLU>(tile, g, N) * wrow + t + 4 * ks);
     pm.at(scales, zeros, tile, ks, lane, N, GLU);
   };
-  pm.step = lane < 2 ? KSPLIT * N * 2 : KSPLIT * (N >> 3) * 4;
   at_tile(in.tile);
   auto issue = [&](int i) {  // item i into slot in.slot (nothing past the end); one group
     if (i < total) {
-      const int o = in.slot * T + threadIdx.x;
-      cp_async16(ra + o, pq);
-      cp_async16(rb + o, pq + wrow);
-      pm.issue(meta + (in.slot * 16 + warp) * Int4Meta::WORDS, lane);
+      const u32 a = a0 + in.slot * (T * 16);
+      cp_async16_at(a, pq);
+      cp_async16_at(a + S * T * 16, pq + wrow);
+      pm.issue(in.slot * (16 * Int4Meta::WORDS * 4));
       in.slot = in.slot == S - 1 ? 0 : in.slot + 1;
       if (++in.q == per) {
         in.q = 0;
