@@ -4,8 +4,7 @@
                              [--late-trigger 0,1] [--fuse 0,1] [--glu 0,1] [--min-keys 8,32]
                              [--moe-early 0,1] [--moe-route 0,1] [--ring off,16.8.1]
                              [--ring-int4 off,16.8.1] [--ring-norm 0,1] [--carveout=-1,100]
-                             [--defines=,INT4_ZERO_CHAIN] [--fold none,moe,all,producer]
-                             [--breakdown]
+                             [--fold none,moe,all,producer] [--breakdown]
 
 Features (every combination of the values given is measured): pdl (programmatic dependent
 launch: of every kernel, of the gemvs only, of the other kernels only, or of none), late
@@ -18,9 +17,7 @@ int4 (the bf16 / int4 decode gemvs through the persistent ring kernels of kernel
 KSPLIT.S.BPS: warps per block, shared-memory slots per thread, blocks per SM, or off;
 Gemv.ring, Gemv.ring_int4), ring norm (the RMSNorm before a linear inside the ring gemv's
 staging of x: CupyBackend.ring_norm), carveout (the shared-memory percent every kernel asks
-for, -1 the driver's choice per kernel: kestrel_rt/cuda/module.py Carveout), defines (compile
-macros of the gemv kernels, '+'-joined, e.g. INT4_SHIFT_FMA+INT4_ZERO_CHAIN:
-kernels/int4_math.cuh) and fold (which
+for, -1 the driver's choice per kernel: kestrel_rt/cuda/module.py Carveout) and fold (which
 RMSNorm weights are folded into the next linears at load, kestrel_rt/fold.py, those norms
 then a row scale inside the kernels, CupyBackend.norm_row_scale: none, moe (a MoE layer's
 post-attention norm), all, producer (every norm folded, its rstd from the sums of squares the
@@ -80,7 +77,6 @@ FEATURES = (
     ("ring_int4", "--ring-int4", "off", ring, ring_label),
     ("ring_norm", "--ring-norm", "0", flag, str),
     ("carveout", "--carveout", "-1", int, str),
-    ("defines", "--defines", "", str, lambda v: v or "-"),
 )
 
 
@@ -88,19 +84,15 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
                  glu: bool = True, min_keys: int = 8, moe_early: bool = True,
                  moe_route: bool = False, ring: tuple | None = RING_DEFAULT,
                  ring_int4: tuple | None = None, ring_norm: bool = False,
-                 carveout: int = -1, defines: str = "") -> None:
-    """pdl: a key of PDL_MODES; late, defines: the gemvs' compile options (a new Gemv for the
-    backend when they change; defines: '+'-joined macros); the rest: the backend's and its
-    Gemv's settings."""
-    from kestrel_rt.cuda.gemv_variants import define_set
+                 carveout: int = -1) -> None:
+    """pdl: a key of PDL_MODES; late: the tuned gemvs' compile option (a new Gemv for the
+    backend when it changes); the rest: the backend's and its Gemv's settings."""
     from kestrel_rt.cuda.linear import Gemv
 
     be = model.backend
     small, gemv = PDL_MODES[pdl]
-    options = be.gemv().options
-    macros = {o[2:] for o in options if o.startswith("-D") and o != "-DGEMV_LATE_TRIGGER"}
-    if ("-DGEMV_LATE_TRIGGER" in options) != late or macros != set(define_set(defines)):
-        be._gemv = Gemv(be.device, pdl=True, late_trigger=late, defines=define_set(defines))
+    if ("-DGEMV_LATE_TRIGGER" in be.gemv().options) != late:
+        be._gemv = Gemv(be.device, pdl=True, late_trigger=late)
     if (small and be.kernels.pdl is None) or (gemv and be.gemv()._pdl is None):
         raise RuntimeError("this backend was built without PDL")
     be.kernels.pdl_enabled = small

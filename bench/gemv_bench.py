@@ -5,8 +5,6 @@
                                                    # per shape as DIR/gemv_tuned.json
     python bench/gemv_bench.py --kinds bf16,int4 --ms 1 --ring off,8.8.1 [--pdl]
                                                    # the ring kernels (gemv_ring.cu) too
-    python bench/gemv_bench.py --kinds int4 --ms 1 --defines=,INT4_ZERO_CHAIN
-                                                   # the kernels built with other macros
 
 
 For each kernel (bf16, int8, int4, and torch's own F.linear on bf16) and each qwen3-8b decode
@@ -34,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from measure import copy_bandwidth, time_graph
 
-from kestrel_rt.cuda.gemv_variants import FILES_OF, all_variants, define_set
+from kestrel_rt.cuda.gemv_variants import FILES_OF, all_variants
 from kestrel_rt.cuda.linear import Gemv
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
@@ -156,21 +154,10 @@ def main() -> None:
                         help="launch with programmatic dependent launch (consecutive calls "
                              "overlap)")
     parser.add_argument("--late-trigger", type=int, default=1)
-    parser.add_argument("--defines", default="",
-                        help="compile macros of the kernels, e.g. INT4_SHIFT_FMA "
-                             "(kernels/int4_math.cuh): a comma list of '+'-joined sets, each "
-                             "measured ('' = none; write --defines=,A to start with none)")
     args = parser.parse_args()
-    sets = args.defines.split(",")
     gen = torch.Generator("cuda").manual_seed(0)
-
-    def make_gemv(macros: str, tuned: Path | None = None) -> Gemv:
-        g = Gemv("cuda", sweep=args.sweep and tuned is None, tuned=tuned, pdl=args.pdl,
-                 late_trigger=bool(args.late_trigger), defines=define_set(macros))
-        g.compile()
-        return g
-
-    gemv = make_gemv(sets[0])
+    gemv = Gemv("cuda", sweep=args.sweep, pdl=args.pdl, late_trigger=bool(args.late_trigger))
+    gemv.compile()
     copy_bw = copy_bandwidth()
     props = torch.cuda.get_device_properties(0)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -185,21 +172,17 @@ def main() -> None:
         for r in found["best"]:
             print(f"{r['file']:10} {r['n']:6d} {r['k']:6d} {r['mt']:2d} {r['variant']!s:18} "
                   f"{r['us']:8.1f} {r['of_copy']:7.1%}")
-    tuned = args.out / "gemv_tuned.json" if args.sweep else None  # the table just measured
-    gemvs = {macros: make_gemv(macros, tuned) if tuned or macros != sets[0] else gemv
-             for macros in sets}
+        gemv = Gemv("cuda", tuned=args.out / "gemv_tuned.json")  # the table just measured
+        gemv.compile()
     rows = []
-    for macros, ring, kind in itertools.product(sets, args.ring.split(","),
-                                                args.kinds.split(",")):
+    for ring, kind in itertools.product(args.ring.split(","), args.kinds.split(",")):
         if ring != "off" and kind not in ("bf16", "int4"):
             continue
-        gemv = gemvs[macros]
         setting = None if ring == "off" else tuple(int(v) for v in ring.split("."))
         if kind == "bf16":
             gemv.ring = setting
-        elif kind == "int4":
+        else:
             gemv.ring_int4 = setting
-        ring = ring if len(sets) == 1 else f"{ring}/{macros or '-'}"
         for m in [int(v) for v in args.ms.split(",")]:
             for name, (n, k) in SHAPES_8B.items():
                 if name == "lm_head" and m != 1:
@@ -213,9 +196,9 @@ def main() -> None:
     (args.out / "gemv_bench.json").write_text(json.dumps(result, indent=1))
     print(f"\n{props.name}: copy bandwidth {copy_bw / 1e9:.0f} GB/s (read + write)")
     print(f"PDL {'on' if args.pdl else 'off'}, late trigger {args.late_trigger}")
-    print(f"{'kernel':7} {'ring':24} {'shape':10} {'M':>3} {'us':>9} {'GB/s':>7} {'of copy':>7}")
+    print(f"{'kernel':7} {'ring':7} {'shape':10} {'M':>3} {'us':>9} {'GB/s':>7} {'of copy':>7}")
     for r in rows:
-        print(f"{r['kernel']:7} {r['ring']:24} {r['shape']:10} {r['m']:3d} {r['us']:9.1f} "
+        print(f"{r['kernel']:7} {r['ring']:7} {r['shape']:10} {r['m']:3d} {r['us']:9.1f} "
               f"{r['gbps']:7.0f} {r['gbps'] * 1e9 / copy_bw:7.1%}")
 
 

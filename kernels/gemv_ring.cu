@@ -2,7 +2,7 @@
 // bf16 or int4 (AWQ, gemv_int4.cu's layout) weights, plain x or its RMSNorm (done once per
 // block as x is staged), and the residual or SwiGLU epilogue of gemv_mma.cuh (PRO 0, 1, 4, 8,
 // 9). The bf16 kernel does gemv.cu's mma arithmetic, the int4 one gemv_int4.cu's
-// dequantization with the zero point outside the mma chain (int4_group_sx); what differs
+// dequantization with the zero point outside the mma chain (int4_item_math); what differs
 // from those kernels is how the weights reach the registers and how many blocks there are.
 //
 // Why: at batch 1 a decode step is ~7 dependent kernels per layer. The tuned gemvs launch one
@@ -286,8 +286,8 @@ __device__ __forceinline__ void int4_item_math(float (&acc)[1][4], const Int4Ite
     u32 pa[4], pb[4];  // 128 + q of k pairs (2p, 2p + 1) of word i, rows a and b
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-      pa[p] = and_or(p ? nib_shift(wa[i], 4 * p) : wa[i], 0x000F000Fu, 0x43004300u);
-      pb[p] = and_or(p ? nib_shift(wb[i], 4 * p) : wb[i], 0x000F000Fu, 0x43004300u);
+      pa[p] = and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+      pb[p] = and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
     }
     mma_bf16(cg, pa[0], pb[0], pa[1], pb[1], it.x[i].x, it.x[i].y);
     mma_bf16(cg, pa[2], pb[2], pa[3], pb[3], it.x[i].z, it.x[i].w);
@@ -377,9 +377,11 @@ struct Int4Meta {
 // each warp did 2 groups per tile between the tile's K-split barriers, reductions and
 // shuffles (~250 instructions issued per 2048 weights). Now the metadata is copied once per
 // warp, x is read conflict-free one item ahead, and with KSPLIT < 16 a warp does 16 / KSPLIT
-// times more groups per tile. Tiles are blockIdx.x, + gridDim.x, ... in groups of TPB; the
-// last group's missing tiles are computed from clamped rows and not stored (every warp meets
-// every barrier).
+// times more groups per tile (H200, bench/gemv_bench.py, the 36-layer qwen3-8b int4 stream:
+// 35% of copy first, 39% with (16, 8) now, 43% with (8, 8), against 55% for gemv_int4.cu;
+// the decode step 2.601 ms with (8, 8) against 2.352: still off by default, NOTES_decode.md
+// session 8). Tiles are blockIdx.x, + gridDim.x, ... in sets of TPB; the last set's missing
+// tiles are computed from clamped rows and not stored (every warp meets every barrier).
 template <int KSPLIT, int S, int PRO>
 __global__ void __launch_bounds__(512, 1)
 gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,

@@ -13,20 +13,6 @@ __device__ __forceinline__ const T* kept(const T* p) {
   return p;
 }
 
-// w >> n (0 < n < 32) for the dequantization's nibble pairs: a shift (SHF, integer ALU pipe),
-// or with INT4_SHIFT_FMA the high word of w * 2^(32 - n) (IMAD.HI, FMA pipe). H200: the FMA
-// form made the 36-layer qwen3-8b int4 stream slower (1619 against 1551 us, gemv_bench) and
-// its decode step (2.429 against 2.348 ms): kept as a compile option for the ring kernels.
-__device__ __forceinline__ u32 nib_shift(u32 w, int n) {
-#ifdef INT4_SHIFT_FMA
-  u32 d;
-  asm("mul.hi.u32 %0, %1, %2;" : "=r"(d) : "r"(w), "r"(1u << (32 - n)));
-  return d;
-#else
-  return w >> n;
-#endif
-}
-
 // Chunk c (8 k) of act(x) for n-tile j: XLoad::load, except that PRO 0 reads row 0 again for
 // absent rows (row >= M) instead of zeros: an mma's column of B only reaches the same column
 // of C, never stored for those rows, and an unpredicated load needs no zeroing.
@@ -89,25 +75,20 @@ __device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U
     const u32 z2 = and_or(s.zw[u] >> zsh, 0x000F000Fu, 0xC300C300u);
     const u32 nza = __byte_perm(z2, 0u, 0x1010), nzb = __byte_perm(z2, 0u, 0x3232);
     float cg[MT][4] = {};  // the group's sum of -(128 + z) x + (128 + q) x, one chain
-#ifdef INT4_ZERO_CHAIN
-    float cz[MT][4] = {};  // the -(128 + z) x mmas in a chain of their own, added at the end
-#else
-    float (&cz)[MT][4] = cg;
-#endif
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       uint4 xv[MT];  // k 8i..8i+7 of this thread's 32
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
         xv[j] = x_chunk(xl, j, c0 + i);
-        mma_bf16(cz[j], nza, nzb, nza, nzb, xv[j].x, xv[j].y);
-        mma_bf16(cz[j], nza, nzb, nza, nzb, xv[j].z, xv[j].w);
+        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].x, xv[j].y);
+        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].z, xv[j].w);
       }
       u32 pa[4], pb[4];  // 128 + q of k pairs (2p, 2p + 1) of word i, rows a and b
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
-        pa[p] = and_or(p ? nib_shift(wa[i], 4 * p) : wa[i], 0x000F000Fu, 0x43004300u);
-        pb[p] = and_or(p ? nib_shift(wb[i], 4 * p) : wb[i], 0x000F000Fu, 0x43004300u);
+        pa[p] = and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+        pb[p] = and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
       }
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
@@ -116,12 +97,6 @@ __device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U
       }
     }
     const float sa = f16_to_f32((u16)s.sw[u]), sb = f16_to_f32((u16)(s.sw[u] >> 16));
-#ifdef INT4_ZERO_CHAIN
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) cg[j][c] += cz[j][c];
-#endif
 #pragma unroll
     for (int j = 0; j < MT; ++j) {
       acc[j][0] = fmaf(sa, cg[j][0], acc[j][0]);

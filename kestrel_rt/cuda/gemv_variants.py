@@ -54,8 +54,9 @@ RING_VARIANTS = {"gemv": ((8, 8), (8, 4), (16, 4), (16, 8), (4, 16)),
                  "gemv_int4": ((16, 8), (16, 4), (8, 8), (4, 8))}
 # The default for bf16 weights: 128 KB of ring per block, so at most one ring block per SM
 # (kernels/gemv_ring.cu). H200, bench/ablation.py: qwen3-8b bf16 decode step 4.200 ms against
-# 4.505 with the tuned kernels; int4 ring kernels measured slower (2.75 against 2.26 ms), so
-# int4 weights keep the tuned kernel unless Gemv.ring_int4 is set.
+# 4.505 with the tuned kernels; the int4 ring kernels measured slower (qwen3-8b int4: 2.601 ms
+# with (8, 8) against 2.352, session 8), so int4 weights keep the tuned kernel unless
+# Gemv.ring_int4 is set.
 RING_DEFAULT = (16, 8, 1)
 RING_PROS = (PLAIN, RESIDUAL, GLU, RMSNORM, RMSNORM | GLU)
 RING_X_BYTES = 32 * 1024
@@ -165,11 +166,3 @@ def load_tuned(path: Path = TUNED_FILE) -> dict:
     rows = json.loads(path.read_text())["best"]
     return {(r["file"], r["n"], r["k"], r["mt"]): tuple(r["variant"]) for r in rows}
 
-
-def define_set(macros: str) -> tuple[str, ...]:
-    """'A+B' -> ("A", "B"), '' -> (): a set of compile macros as the benchmarks write it."""
-    names = tuple(m for m in macros.split("+") if m)
-    for m in names:
-        if not m.replace("_", "").isalnum() or m[0].isdigit():
-            raise ValueError(f"not a macro name: {m!r} (in {macros!r})")
-    return names

@@ -78,16 +78,15 @@ class Gemv:
     """The skinny-matmul kernels of one backend, on one CUDA device."""
 
     def __init__(self, device: torch.device | str = "cuda", sweep: bool = False,
-                 tuned: Path | None = None, pdl: bool = False, late_trigger: bool = True,
-                 defines: tuple[str, ...] = ()) -> None:
+                 tuned: Path | None = None, pdl: bool = False, late_trigger: bool = True
+                 ) -> None:
         """sweep: compile every variant (for bench/gemv_bench.py --sweep), not just the
         tuned and default ones. pdl: launch the gemv kernels with programmatic dependent
         launch (kestrel_rt/cuda/pdl.py; they wait for the previous kernel before their first
         load); needs compute capability >= 9.0, else ignored. late_trigger: let the next
         kernel launch only after the K loop instead of at the top (kernels/pdl.cuh; on the
         H200, bench/ablation.py: qwen3-8b bf16 4.58 vs 4.96 ms per step, int4 2.56 vs 2.71,
-        qwen3-30b-a3b 3.31 vs 3.43, qwen3-0.6b 0.855 vs 0.888). defines: more macros for
-        the compiler, e.g. ("INT4_ZERO_CHAIN",) (kernels/int4_math.cuh), for comparisons."""
+        qwen3-30b-a3b 3.31 vs 3.43, qwen3-0.6b 0.855 vs 0.888)."""
         import cupy
 
         self._cupy = cupy
@@ -98,8 +97,7 @@ class Gemv:
         self._streams: dict[int, object] = {}
         self.tuned = load_tuned(tuned or TUNED_FILE)
         self.sweep = sweep
-        self.options = (("-std=c++17",) + (("-DGEMV_LATE_TRIGGER",) if late_trigger else ())
-                        + tuple(f"-D{d}" for d in defines))
+        self.options = ("-std=c++17",) + (("-DGEMV_LATE_TRIGGER",) if late_trigger else ())
         self._pdl = None
         self.pdl_enabled = True  # switch PDL off for a comparison (bench/ablation.py)
         # The persistent ring kernels (kernels/gemv_ring.cu) at M <= 8 with plain x, a
@@ -131,8 +129,8 @@ class Gemv:
 
     @property
     def ring_int4(self) -> tuple[int, int, int] | None:
-        """int4 weights: as `ring`, for gemv_ring_int4 (None by default: slower than the
-        tuned int4 kernel on the H200)."""
+        """int4 weights: as `ring`, for gemv_ring_int4 (16 warps per block on 16 / KSPLIT
+        tiles; None by default: slower than the tuned int4 kernel on the H200)."""
         return self._rings["gemv_int4"]
 
     @ring_int4.setter
