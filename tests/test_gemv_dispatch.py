@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kestrel_rt.cuda import gemv_variants as V
 
 # decode shapes (N, K) of qwen3-8b: qkv, o, gate_up, down, lm_head
@@ -240,3 +242,18 @@ def test_sums_of_squares_refusals():
     with pytest.raises(ValueError):
         gemv.fused(x, w, residual=res, ssq_out=torch.zeros(m, 2))
     assert not calls
+
+
+@pytest.mark.parametrize("ring_us,tuned_us,kept", [(101.0, 100.0, True), (109.0, 100.0, True),
+                                                  (140.0, 100.0, False)])
+def test_settle_ring_keeps_the_ring_only_where_it_streams(ring_us, tuned_us, kept):
+    """Gemv.settle_ring: the bf16 ring stays on within 10% of the tuned kernels' time on the
+    probe, goes off beyond it; nothing is probed when the ring is off already."""
+    gemv, _ = _recording_gemv(V.RING_DEFAULT)
+    probes = []
+    gemv.probe_ring = lambda: probes.append(1) or (ring_us, tuned_us)
+    gemv.settle_ring()
+    assert (gemv.ring == V.RING_DEFAULT) == kept and gemv.ring_probe_us == (ring_us, tuned_us)
+    gemv.ring = None
+    gemv.settle_ring()
+    assert len(probes) == 1 and gemv.ring is None

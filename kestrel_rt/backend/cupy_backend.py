@@ -113,6 +113,10 @@ class CupyBackend(GemvLinear, TorchBackend):
         # launch (bf16 weights at M <= 8 by default). Slower on the H200 (bench/ablation.py
         # --ring-norm 0,1: qwen3-8b bf16 4.266 vs 4.201 ms per step, int4 2.239 vs 2.227): off
         self.ring_norm = False
+        # measure on first use whether the bf16 ring gemvs stream about as fast as the tuned
+        # kernels on this device, and keep them only then (Gemv.settle_ring; one H200 streamed
+        # them at 63% of copy against 89%)
+        self.settle_ring = True
 
     NORM_ROW_SCALES = ("all", "moe", "none", "producer")
 

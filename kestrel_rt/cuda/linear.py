@@ -111,6 +111,7 @@ class Gemv:
         self.max_shared = cupy.cuda.runtime.deviceGetAttribute(
             MAX_SHARED_PER_BLOCK_OPTIN, self.device_index)
         self.carveout = Carveout()  # the L1 / shared split its kernels ask for (module.py)
+        self.ring_probe_us: tuple[float, float] | None = None  # settle_ring's measurement
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
             from kestrel_rt.cuda.pdl import Launcher
 
@@ -179,6 +180,54 @@ class Gemv:
                 module.compile()
             self._modules[key] = module
         return module
+
+    def probe_ring(self, n: int = 4096, k: int = 4096, copies: int = 4, reps: int = 5
+                   ) -> tuple[float, float]:
+        """Device microseconds of one [1, k] x [n, k] bf16 product through the ring kernel
+        (`ring`) and through the tuned kernel, each streaming `copies` distinct weights (more
+        bytes than the L2 holds; their contents do not matter), median of `reps` passes."""
+        dev = torch.device("cuda", self.device_index)
+        ws = [torch.empty(n, k, dtype=torch.bfloat16, device=dev) for _ in range(copies)]
+        x = torch.zeros(1, k, dtype=torch.bfloat16, device=dev)
+        out = torch.empty(1, n, dtype=torch.bfloat16, device=dev)
+        saved, times = self.ring, []
+        try:
+            for setting in (saved, None):
+                self.ring = setting
+                for w in ws:  # compile, set the shared-memory limit, warm up
+                    self.bf16(x, w, out=out)
+                passes = []
+                for _ in range(reps):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                        enable_timing=True)
+                    start.record()
+                    for w in ws:
+                        self.bf16(x, w, out=out)
+                    end.record()
+                    end.synchronize()
+                    passes.append(start.elapsed_time(end) * 1e3 / copies)
+                times.append(sorted(passes)[reps // 2])
+        finally:
+            self.ring = saved
+        return times[0], times[1]
+
+    def settle_ring(self, margin: float = 1.10) -> None:
+        """Keep the bf16 ring kernels only where they stream about as fast as the tuned ones
+        on this device: `ring` -> None when probe_ring's ring time exceeds the tuned time by
+        more than `margin`. Why: the ring's gain is in the decode step (the next kernel's
+        weights in flight while this one finishes), but how fast it streams depends on the
+        machine: on one H200 it matched the tuned kernels alone (87% against 88% of copy) and
+        made the qwen3-8b step 7% faster; on another (same code and driver family) it streamed
+        at 63% against 89% and made the step 26% slower (bench/results/NOTES_decode.md, session
+        8). Nothing is probed while a CUDA graph is being captured, or when the ring is off.
+        The times stay in `ring_probe_us` (ring, tuned)."""
+        if self.ring is None or (torch.cuda.is_available()
+                                 and torch.cuda.is_current_stream_capturing()):
+            return
+        self.ring_probe_us = self.probe_ring()
+        ring_us, tuned_us = self.ring_probe_us
+        if ring_us > margin * tuned_us:
+            self.ring = None
 
     def takes_ring(self, file: str, pro: int, m: int, k: int) -> bool:
         """True when a launch of kernels/FILE.cu with these goes to the ring kernel: a ring
@@ -517,7 +566,11 @@ class GemvLinear:
         return self.gemv().linear(x, self.weight(name))
 
     def gemv(self) -> Gemv:
-        """This backend's Gemv, made on first use (PDL when the backend's `pdl` is set)."""
+        """This backend's Gemv, made on first use (PDL when the backend's `pdl` is set), its
+        bf16 ring kept only where it streams well on this device (Gemv.settle_ring) unless
+        the backend's `settle_ring` is False."""
         if getattr(self, "_gemv", None) is None:
             self._gemv = Gemv(self.device, pdl=getattr(self, "pdl", False))
+            if getattr(self, "settle_ring", True):
+                self._gemv.settle_ring()
         return self._gemv

@@ -206,6 +206,7 @@ def test_model_decode_with_ring_as_accurate(ring_norm):
     ref = gm.run_script(gm.model("wide", tuned), lengths, 6)
     be = CupyBackend("cuda", torch.bfloat16)
     be.ring_norm = ring_norm
+    be.settle_ring = False  # the ring whatever this device's probe says
     g = be.gemv()
     assert g.ring is not None  # the default
     pros = []
@@ -216,3 +217,24 @@ def test_model_decode_with_ring_as_accurate(ring_norm):
     assert any(p & 3 == 1 for p in pros) == ring_norm  # RMSNorm prologue launches
     for g, r, e in zip(got, ref, exact, strict=True):
         assert gm.rel_err(g, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
+
+
+def test_probe_and_settle_ring():
+    """probe_ring times the ring and the tuned bf16 kernel (and leaves the setting as it was);
+    settle_ring keeps the ring or turns it off by that measurement; a backend settles its Gemv
+    on first use unless told not to."""
+    from kestrel_rt.backend.cupy_backend import CupyBackend
+    from kestrel_rt.cuda.gemv_variants import RING_DEFAULT
+
+    g = Gemv("cuda")
+    ring_us, tuned_us = g.probe_ring(copies=2, reps=3)
+    assert 0 < ring_us < 1e4 and 0 < tuned_us < 1e4
+    assert g.ring == RING_DEFAULT
+    g.settle_ring()
+    assert g.ring_probe_us is not None
+    assert g.ring == (RING_DEFAULT if g.ring_probe_us[0] <= 1.1 * g.ring_probe_us[1] else None)
+    be = CupyBackend("cuda", torch.bfloat16)
+    assert be.gemv().ring_probe_us is not None
+    off = CupyBackend("cuda", torch.bfloat16)
+    off.settle_ring = False
+    assert off.gemv().ring == RING_DEFAULT and off.gemv().ring_probe_us is None
