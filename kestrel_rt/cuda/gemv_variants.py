@@ -89,7 +89,8 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
     """Static shared memory of a ring kernel, at most: the K-split sums (two tiles' worth),
     the RMSNorm partials and the int4 group sums (kernels/gemv_ring.cu)."""
     warps = ring_warps(file, ksplit)
-    return 4 * (2 * warps * 4 * 32 + (warps + 1) * 8 + 128 * 8)
+    group_sums = 128 * 8 if file == "gemv_int4" else 0  # RING_MAX_GROUPS x 8 columns
+    return 4 * (2 * warps * 4 * 32 + (warps + 1) * 8 + group_sums)
 
 
 def pros_of(file: str) -> tuple[int, ...]:
@@ -165,4 +166,3 @@ def load_tuned(path: Path = TUNED_FILE) -> dict:
         return {}
     rows = json.loads(path.read_text())["best"]
     return {(r["file"], r["n"], r["k"], r["mt"]): tuple(r["variant"]) for r in rows}
-

@@ -181,12 +181,19 @@ class Gemv:
             self._modules[key] = module
         return module
 
-    def probe_ring(self, n: int = 4096, k: int = 4096, copies: int = 4, reps: int = 5
+    def probe_ring(self, n: int = 4096, k: int = 4096, copies: int = 8, reps: int = 5
                    ) -> tuple[float, float]:
         """Device microseconds of one [1, k] x [n, k] bf16 product through the ring kernel
-        (`ring`) and through the tuned kernel, each streaming `copies` distinct weights (more
-        bytes than the L2 holds; their contents do not matter), median of `reps` passes."""
+        (`ring`) and through the tuned kernel: `copies` products on distinct weights (more
+        bytes than the L2 holds; their contents do not matter; 256 MB while it runs) captured
+        in a CUDA graph (an eager launch costs the host more than the kernel takes), median of
+        `reps` replays."""
         dev = torch.device("cuda", self.device_index)
+        with torch.cuda.device(dev):
+            return self._probe_ring(dev, n, k, copies, reps)
+
+    def _probe_ring(self, dev: torch.device, n: int, k: int, copies: int, reps: int
+                    ) -> tuple[float, float]:
         ws = [torch.empty(n, k, dtype=torch.bfloat16, device=dev) for _ in range(copies)]
         x = torch.zeros(1, k, dtype=torch.bfloat16, device=dev)
         out = torch.empty(1, n, dtype=torch.bfloat16, device=dev)
@@ -194,15 +201,22 @@ class Gemv:
         try:
             for setting in (saved, None):
                 self.ring = setting
-                for w in ws:  # compile, set the shared-memory limit, warm up
-                    self.bf16(x, w, out=out)
+                side = torch.cuda.Stream(dev)
+                side.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(side):  # compile, set the shared-memory limit, warm up
+                    for w in ws:
+                        self.bf16(x, w, out=out)
+                torch.cuda.current_stream(dev).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for w in ws:
+                        self.bf16(x, w, out=out)
                 passes = []
                 for _ in range(reps):
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
                         enable_timing=True)
                     start.record()
-                    for w in ws:
-                        self.bf16(x, w, out=out)
+                    graph.replay()
                     end.record()
                     end.synchronize()
                     passes.append(start.elapsed_time(end) * 1e3 / copies)
@@ -218,7 +232,7 @@ class Gemv:
         weights in flight while this one finishes), but how fast it streams depends on the
         machine: on one H200 it matched the tuned kernels alone (87% against 88% of copy) and
         made the qwen3-8b step 7% faster; on another (same code and driver family) it streamed
-        at 63% against 89% and made the step 26% slower (bench/results/NOTES_decode.md, session
+        at 63% against 89% and made the step 28% slower (bench/results/NOTES_decode.md, session
         8). Nothing is probed while a CUDA graph is being captured, or when the ring is off.
         The times stay in `ring_probe_us` (ring, tuned)."""
         if self.ring is None or (torch.cuda.is_available()
