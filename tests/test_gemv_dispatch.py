@@ -152,6 +152,33 @@ def test_ring_dispatch():
         assert len(calls) == 1 and len(calls[0]) == 4  # a tuned kernel, no shared bytes
 
 
+def test_int4_ring_blocks_take_several_tiles():
+    """The int4 ring kernel has 16 warps whatever KSPLIT, on 16 / KSPLIT tiles at a time: its
+    grid counts sets of tiles (at most one block per SM and BPS), its shared memory 16 warps'
+    slots; the bf16 ring keeps KSPLIT warps on one tile."""
+    import torch
+
+    k = 512
+    for ks, n, want_grid in ((8, 4096, 128), (4, 4096, 64), (4, 4104, 65), (8, 24576, 132),
+                             (16, 4096, 132)):
+        gemv, calls = _recording_gemv()
+        gemv.ring_int4 = (ks, 8, 1)
+        gemv.int4(torch.randn(1, k).bfloat16(), _weight("int4", n, k))
+        (name, grid, block, _, smem), = calls
+        assert name == V.ring_name("gemv_int4", ks, 8, 0)
+        assert grid == (want_grid,) and block == (512,)
+        assert smem == 8 * 16 * (32 * 32 + 48) + k * 2
+    gemv, calls = _recording_gemv()
+    gemv.ring = (8, 8, 1)
+    gemv.bf16(torch.randn(1, k).bfloat16(), _weight("bf16", 4096, k))
+    (name, grid, block, _, smem), = calls
+    assert grid == (132,) and block == (256,) and smem == 8 * 8 * 32 * 32 + k * 2
+    with pytest.raises(ValueError, match="Gemv.ring_int4"):
+        gemv.ring_int4 = (4, 16, 1)  # a bf16 variant only
+    with pytest.raises(ValueError, match="Gemv.ring "):
+        gemv.ring = (4, 8, 1)  # an int4 variant only
+
+
 def test_rstd_refusals():
     """The row-scale RMSNorm takes plain x (int8 / int4 have no rstd keyword): ValueError,
     nothing launched."""

@@ -580,11 +580,12 @@ class GemvLinear:
         return self.gemv().linear(x, self.weight(name))
 
     def gemv(self) -> Gemv:
-        """This backend's Gemv, made on first use (PDL when the backend's `pdl` is set), its
-        bf16 ring kept only where it streams well on this device (Gemv.settle_ring) unless
-        the backend's `settle_ring` is False."""
+        """This backend's Gemv, made on first use (PDL when the backend's `pdl` is set); a
+        bf16 backend keeps the bf16 ring only where it streams well on this device
+        (Gemv.settle_ring) unless its `settle_ring` is False (other dtypes never run it)."""
         if getattr(self, "_gemv", None) is None:
             self._gemv = Gemv(self.device, pdl=getattr(self, "pdl", False))
-            if getattr(self, "settle_ring", True):
+            if (getattr(self, "settle_ring", True)
+                    and getattr(self, "dtype", torch.bfloat16) == torch.bfloat16):
                 self._gemv.settle_ring()
         return self._gemv
