@@ -284,3 +284,16 @@ def test_settle_ring_keeps_the_ring_only_where_it_streams(ring_us, tuned_us, kep
     gemv.ring = None
     gemv.settle_ring()
     assert len(probes) == 1 and gemv.ring is None
+
+
+def test_settle_ring_leaves_the_ring_when_the_probe_does_not_fit():
+    import torch
+
+    gemv, _ = _recording_gemv(V.RING_DEFAULT)
+
+    def no_memory():
+        raise torch.OutOfMemoryError("CUDA out of memory (test)")
+
+    gemv.probe_ring = no_memory
+    gemv.settle_ring()
+    assert gemv.ring == V.RING_DEFAULT

@@ -233,12 +233,16 @@ class Gemv:
         machine: on one H200 it matched the tuned kernels alone (87% against 88% of copy) and
         made the qwen3-8b step 7% faster; on another (same code and driver family) it streamed
         at 63% against 89% and made the step 28% slower (bench/results/NOTES_decode.md, session
-        8). Nothing is probed while a CUDA graph is being captured, or when the ring is off.
-        The times stay in `ring_probe_us` (ring, tuned)."""
+        8). Nothing is probed while a CUDA graph is being captured, when the ring is off, or
+        when the probe's 256 MB do not fit (the ring stays as it is). The times stay in
+        `ring_probe_us` (ring, tuned)."""
         if self.ring is None or (torch.cuda.is_available()
                                  and torch.cuda.is_current_stream_capturing()):
             return
-        self.ring_probe_us = self.probe_ring()
+        try:
+            self.ring_probe_us = self.probe_ring()
+        except torch.OutOfMemoryError:
+            return
         ring_us, tuned_us = self.ring_probe_us
         if ring_us > margin * tuned_us:
             self.ring = None
