@@ -303,8 +303,8 @@ __device__ __forceinline__ void int4_item_math(float (&acc)[1][4], const Int4Ite
   acc[0][3] = fmaf(sb, fmaf(-zb, s2.y, cg[3]), acc[0][3]);
 }
 
-// Where thread g's two adjacent int4 rows a, a + 1 of a tile start (gemv_int4.cu's pairing;
-// past the end the last pair again, read, never stored), as a 16-byte vector index into q.
+// Row a of thread g's two adjacent int4 rows a, a + 1 in a tile (gemv_int4.cu's pairing; past
+// the end the last pair again, read, never stored).
 template <bool GLU>
 __device__ __forceinline__ int int4_row_a(int tile, int g, int N) {
   if (GLU) {
@@ -357,7 +357,8 @@ struct Int4Meta {
     src = big ? reinterpret_cast<const char*>(scales + (size_t)ks * N + row0)
               : reinterpret_cast<const char*>(zeros + (size_t)ks * (N >> 3) + (row0 >> 3));
   }
-  // The piece of the item going to slot (its warp's meta at slot_bytes apart per slot).
+  // This lane's piece of the item into its slot: slot_off = the slot's byte offset in the
+  // meta array (slot x 16 warps x 48 bytes).
   __device__ __forceinline__ void issue(u32 slot_off) const {
     cp_async16_if(dst + slot_off, src, big);
     cp_async4_if(dst + slot_off, src, small);
@@ -394,7 +395,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   constexpr int T = 512, TPB = 16 / KSPLIT;
   constexpr bool GLU = GEMV_GLU(PRO);
   extern __shared__ uint4 smem[];
-  __shared__ float red[2 * 16 * 4 * 32];  // two rounds' K-split sums (ring_store)
+  __shared__ float red[2 * 16 * 4 * 32];  // two rounds' K-split sums (reduce_ksplit)
   __shared__ float part[GEMV_ACT(PRO) == 1 ? 17 * 8 : 1];  // stage_x's RMSNorm partials
   __shared__ __align__(16) float sx[RING_MAX_GROUPS * 8];  // int4_group_sums (float2 reads)
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
