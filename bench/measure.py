@@ -8,44 +8,21 @@ import time
 
 import torch
 
+from kestrel_rt.cuda.timing import (
+    median_event_s,
+    time_graph,  # noqa: F401  (the benchmarks' import point)
+)
 from kestrel_rt.quant_weights import QuantizedWeight
 
 
 # -- ceilings --------------------------------------------------------------------------------
-def _median_event_s(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return statistics.median(times)
-
-
-def time_graph(fn, reps: int = 10) -> float:
-    """Median seconds of one replay of a graph that runs fn once."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm up: compile, module load, cuBLAS handles
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    return _median_event_s(graph.replay, reps)
-
-
 def copy_bandwidth(nbytes: int = 4 << 30) -> float:
     """Device-to-device copy of random bf16 data: (bytes read + written) / s, median of 10."""
     a = torch.empty(nbytes // 4, dtype=torch.bfloat16, device="cuda").normal_()
     b = torch.empty_like(a)
     for _ in range(3):
         b.copy_(a)
-    return nbytes / _median_event_s(lambda: b.copy_(a), 10)
+    return nbytes / median_event_s(lambda: b.copy_(a), 10)
 
 
 def matmul_flops(n: int = 8192) -> float:
@@ -54,7 +31,7 @@ def matmul_flops(n: int = 8192) -> float:
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
-    return 2 * n**3 / _median_event_s(lambda: a @ b, 10)
+    return 2 * n**3 / median_event_s(lambda: a @ b, 10)
 
 
 # -- bytes and flops of a step -----------------------------------------------------------------
@@ -282,7 +259,7 @@ def kernel_breakdown(model, context: int, steps: int = 5) -> dict:
         for _ in range(3):
             one()
         torch.cuda.synchronize()
-        step_s = _median_event_s(one, 10)
+        step_s = median_event_s(one, 10)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
                 one()

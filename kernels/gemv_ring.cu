@@ -29,17 +29,26 @@
 // meet in shared memory per tile (reduce_ksplit, double-buffered by tile parity).
 #include "int4_math.cuh"
 
-// 16 bytes global -> shared, L2 only, with gemv's 256-byte L2 prefetch hint.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const u32 s = (u32)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s), "l"(src)
+// 16 bytes global -> the shared-window address dst, L2 only, with gemv's 256-byte L2
+// prefetch hint; cp_async16 takes a generic pointer to shared memory instead.
+__device__ __forceinline__ void cp_async16_at(u32 dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src)
                : "memory");
 }
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  cp_async16_at((u32)__cvta_generic_to_shared(dst), src);
+}
 
-// 4 bytes global -> shared (int4 zeros / scales words).
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  const u32 s = (u32)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src) : "memory");
+// cp.async of 16 (4) bytes to the shared-window address dst when p (predicated, no branch).
+__device__ __forceinline__ void cp_async16_if(u32 dst, const void* src, bool p) {
+  asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0;\n"
+               " @q cp.async.cg.shared.global [%0], [%1], 16; }" ::"r"(dst), "l"(src), "r"((int)p)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async4_if(u32 dst, const void* src, bool p) {
+  asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0;\n"
+               " @q cp.async.ca.shared.global [%0], [%1], 4; }" ::"r"(dst), "l"(src), "r"((int)p)
+               : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -120,13 +129,14 @@ __device__ __forceinline__ uint4 xs_chunk(const uint4* xs, int g, int M, int kv,
   return g < M ? xs[g * kv + v] : zero4();
 }
 
-// The per-tile K-split sum and the store of tile `tile` (bf16 kernel order: thread (g, t)
-// holds weight rows g, g + 8 of the tile).
+// The K-split sum and the store of tile `tile`, the block's tile j of this round (red: the
+// round's K-split floats, double-buffered by the caller; thread (g, t) holds weight rows g,
+// g + 8 of the tile, gemv.cu's order); acc zeroed after.
 template <int KSPLIT, int PRO>
-__device__ __forceinline__ void ring_store(float (&acc)[1][4], float* red, int tt, u16* y,
+__device__ __forceinline__ void ring_store(float (&acc)[1][4], float* red, int j, u16* y,
                                            const u16* res, int tile, int g, int t, int ks,
                                            int lane, int M, int N) {
-  reduce_ksplit<KSPLIT, 4>(&acc[0][0], red + (tt & 1) * KSPLIT * 4 * 32, 0, ks, lane);
+  reduce_ksplit<KSPLIT, 4>(&acc[0][0], red, j, ks, lane);
   if (ks == 0) store_out<1, PRO>(y, res, acc, tile, g, t, M, N, 1.f, 1.f, nullptr);
 #pragma unroll
   for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
@@ -225,8 +235,8 @@ gemv_ring_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
       acc[0][0][c] += acc[1][0][c];
       acc[1][0][c] = 0.f;
     }
-    ring_store<KSPLIT, PRO>(acc[0], sh.red, tt, y, res, blockIdx.x + tt * gridDim.x, g, t, ks,
-                            lane, M, N);
+    ring_store<KSPLIT, PRO>(acc[0], sh.red + (tt & 1) * KSPLIT * 4 * 32, 0, y, res,
+                            blockIdx.x + tt * gridDim.x, g, t, ks, lane, M, N);
   }
 }
 
@@ -322,24 +332,6 @@ __device__ __forceinline__ int int4_half_row(int tile, int j, int N) {
   return min(16 * tile + 8 * j, N - 8);
 }
 
-// cp.async of 16 (4) bytes to the shared-window address dst when p (predicated, no branch).
-__device__ __forceinline__ void cp_async16_if(u32 dst, const void* src, bool p) {
-  asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0;\n"
-               " @q cp.async.cg.shared.global [%0], [%1], 16; }" ::"r"(dst), "l"(src), "r"((int)p)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async4_if(u32 dst, const void* src, bool p) {
-  asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0;\n"
-               " @q cp.async.ca.shared.global [%0], [%1], 4; }" ::"r"(dst), "l"(src), "r"((int)p)
-               : "memory");
-}
-
-// 16 bytes global -> the shared-window address dst, L2 only, with the 256-byte prefetch hint.
-__device__ __forceinline__ void cp_async16_at(u32 dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src)
-               : "memory");
-}
-
 // The int4 ring's per-warp item metadata in shared memory (48 bytes per slot and warp): the
 // 16 rows' fp16 scales (scale pair u32 g is rows a, a + 1 of lane g), then the two zeros words
 // (word j holds the 8 rows of half j), copied by lanes 0-3: lanes 0, 1 16 bytes of scales
@@ -350,10 +342,10 @@ struct Int4Meta {
   u32 step;         // bytes per item (KSPLIT groups on)
   u32 dst;          // this lane's piece in slot 0 (shared-window address)
   bool big, small;  // lanes 0, 1 / lanes 2, 3
+  template <bool GLU>
   __device__ __forceinline__ void at(const u16* scales, const u32* zeros, int tile, int ks,
-                                     int lane, int N, bool glu_rows) {
-    const int j = lane & 1;
-    const int row0 = glu_rows ? int4_half_row<true>(tile, j, N) : int4_half_row<false>(tile, j, N);
+                                     int lane, int N) {
+    const int row0 = int4_half_row<GLU>(tile, lane & 1, N);
     src = big ? reinterpret_cast<const char*>(scales + (size_t)ks * N + row0)
               : reinterpret_cast<const char*>(zeros + (size_t)ks * (N >> 3) + (row0 >> 3));
   }
@@ -395,7 +387,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   constexpr int T = 512, TPB = 16 / KSPLIT;
   constexpr bool GLU = GEMV_GLU(PRO);
   extern __shared__ uint4 smem[];
-  __shared__ float red[2 * 16 * 4 * 32];  // two rounds' K-split sums (reduce_ksplit)
+  __shared__ float red[2 * 16 * 4 * 32];  // two rounds' K-split sums (ring_store)
   __shared__ float part[GEMV_ACT(PRO) == 1 ? 17 * 8 : 1];  // stage_x's RMSNorm partials
   __shared__ __align__(16) float sx[RING_MAX_GROUPS * 8];  // int4_group_sums (float2 reads)
   pdl_trigger();  // one wave: the next kernel's blocks may launch now (see the top)
@@ -424,7 +416,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   const u32 a0 = (u32)__cvta_generic_to_shared(ra + threadIdx.x);  // slot 0's A; B: + S T 16
   auto at_tile = [&](int tile) {  // the addresses of group ks of the tile
     pq = qw + ((u32)int4_row_a<GLU>(tile, g, N) * wrow + t + 4 * ks);
-    pm.at(scales, zeros, tile, ks, lane, N, GLU);
+    pm.template at<GLU>(scales, zeros, tile, ks, lane, N);
   };
   at_tile(in.tile);
   auto issue = [&](int i) {  // item i into slot in.slot (nothing past the end); one group
@@ -485,9 +477,7 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
       sp += 8 * KSPLIT;
     }
     int4_store_order<1>(acc, g, t);
-    reduce_ksplit<KSPLIT, 4>(&acc[0][0], red + (r & 1) * 16 * 4 * 32, j, ks, lane);
-    if (ks == 0) store_out<1, PRO>(y, res, acc, tile, g, t, M, N, 1.f, 1.f, nullptr);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
+    ring_store<KSPLIT, PRO>(acc, red + (r & 1) * 16 * 4 * 32, j, y, res, tile, g, t, ks, lane,
+                            M, N);
   }
 }

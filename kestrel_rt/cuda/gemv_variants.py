@@ -89,7 +89,8 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
     """Static shared memory of a ring kernel, at most: the K-split sums (two tiles' worth),
     the RMSNorm partials and the int4 group sums (kernels/gemv_ring.cu)."""
     warps = ring_warps(file, ksplit)
-    group_sums = 128 * 8 if file == "gemv_int4" else 0  # RING_MAX_GROUPS x 8 columns
+    # int4: 8 mma columns' sums per 128-k group, at most RING_X_BYTES of x at M = 1
+    group_sums = RING_X_BYTES // 2 // 128 * 8 if file == "gemv_int4" else 0
     return 4 * (2 * warps * 4 * 32 + (warps + 1) * 8 + group_sums)
 
 

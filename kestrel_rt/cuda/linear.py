@@ -62,6 +62,7 @@ from kestrel_rt.cuda.gemv_variants import (
     ring_warps,
 )
 from kestrel_rt.cuda.module import Carveout, current_stream, full_source, set_max_dynamic_shared
+from kestrel_rt.cuda.timing import time_graph
 from kestrel_rt.quant import int4_fits
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
 
@@ -189,38 +190,20 @@ class Gemv:
         in a CUDA graph (an eager launch costs the host more than the kernel takes), median of
         `reps` replays."""
         dev = torch.device("cuda", self.device_index)
-        with torch.cuda.device(dev):
-            return self._probe_ring(dev, n, k, copies, reps)
-
-    def _probe_ring(self, dev: torch.device, n: int, k: int, copies: int, reps: int
-                    ) -> tuple[float, float]:
         ws = [torch.empty(n, k, dtype=torch.bfloat16, device=dev) for _ in range(copies)]
         x = torch.zeros(1, k, dtype=torch.bfloat16, device=dev)
         out = torch.empty(1, n, dtype=torch.bfloat16, device=dev)
+
+        def products() -> None:
+            for w in ws:
+                self.bf16(x, w, out=out)
+
         saved, times = self.ring, []
         try:
-            for setting in (saved, None):
-                self.ring = setting
-                side = torch.cuda.Stream(dev)
-                side.wait_stream(torch.cuda.current_stream(dev))
-                with torch.cuda.stream(side):  # compile, set the shared-memory limit, warm up
-                    for w in ws:
-                        self.bf16(x, w, out=out)
-                torch.cuda.current_stream(dev).wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for w in ws:
-                        self.bf16(x, w, out=out)
-                passes = []
-                for _ in range(reps):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                        enable_timing=True)
-                    start.record()
-                    graph.replay()
-                    end.record()
-                    end.synchronize()
-                    passes.append(start.elapsed_time(end) * 1e3 / copies)
-                times.append(sorted(passes)[reps // 2])
+            with torch.cuda.device(dev):
+                for setting in (saved, None):
+                    self.ring = setting
+                    times.append(time_graph(products, reps) * 1e6 / copies)
         finally:
             self.ring = saved
         return times[0], times[1]

@@ -77,6 +77,8 @@ class Carveout:
         self._set: dict[int, int] = {}  # CUfunction -> the percent it was given
 
     def apply(self, fn) -> None:
+        if self.percent == DEFAULT_CARVEOUT and not self._set:
+            return  # no kernel was ever given another split: nothing to do
         func = getattr(fn, "kernel", fn).ptr
         if self._set.get(func, DEFAULT_CARVEOUT) != self.percent:
             _set_attribute(fn, PREFERRED_SHARED_MEMORY_CARVEOUT, self.percent,
