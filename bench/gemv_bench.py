@@ -3,7 +3,7 @@
     python bench/gemv_bench.py [--out DIR]
     python bench/gemv_bench.py --sweep --out DIR   # every launch variant; writes the best
                                                    # per shape as DIR/gemv_tuned.json
-    python bench/gemv_bench.py --kinds bf16,int4 --ms 1 --ring off,8.8.1 [--pdl]
+    python bench/gemv_bench.py --kinds bf16,int4 --ms 1 --ring off,8.8.1,b4.4.512 [--pdl]
                                                    # the ring kernels (gemv_ring.cu) too
 
 
@@ -149,7 +149,8 @@ def main() -> None:
     parser.add_argument("--ms", default="1,4,16")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--ring", default="off",
-                        help="bf16 / int4 through gemv_ring.cu: off or KSPLIT.S.BPS, a list")
+                        help="bf16 / int4 through gemv_ring.cu: off or KSPLIT.S.BPS, a list; "
+                             "bWARPS.S.C: bf16 through its bulk-copy kernel (Gemv.bulk)")
     parser.add_argument("--pdl", action="store_true",
                         help="launch with programmatic dependent launch (consecutive calls "
                              "overlap)")
@@ -176,11 +177,13 @@ def main() -> None:
         gemv.compile()
     rows = []
     for ring, kind in itertools.product(args.ring.split(","), args.kinds.split(",")):
-        if ring != "off" and kind not in ("bf16", "int4"):
+        bulk = ring.startswith("b")
+        if ring != "off" and kind not in (("bf16",) if bulk else ("bf16", "int4")):
             continue
-        setting = None if ring == "off" else tuple(int(v) for v in ring.split("."))
+        setting = None if ring == "off" else tuple(int(v) for v in ring.lstrip("b").split("."))
         if kind == "bf16":
-            gemv.ring = setting
+            gemv.bulk = setting if bulk else None
+            gemv.ring = None if bulk else setting
         else:
             gemv.ring_int4 = setting
         for m in [int(v) for v in args.ms.split(",")]:

@@ -3,7 +3,8 @@
     python bench/ring_probe.py [--models qwen3-8b:bf16,qwen3-8b:int4]
 
 For each model: the probe's times (ring kernel, tuned kernel: microseconds per [4096, 4096]
-product, kestrel_rt/cuda/linear.py Gemv.probe_ring), the ring setting it left, and the
+product, kestrel_rt/cuda/linear.py Gemv.probe_ring; none while the bulk kernel is set, the
+default on sm_90), the ring and bulk settings, and the
 median device time of a decode step at 128 cached tokens (bench/measure.py time_steps).
 """
 
@@ -36,7 +37,8 @@ def main() -> None:
         r = measure.time_steps(model, 1, 1, CONTEXT, 48, gen)
         ring_us, tuned_us = gemv.ring_probe_us or (float("nan"), float("nan"))
         print(f"{name} {quant}: probe ring {ring_us:.2f} us, tuned {tuned_us:.2f} us -> "
-              f"ring {gemv.ring}; step {r['ms']:.3f} ms, {r['tok_s']:.1f} tok/s", flush=True)
+              f"ring {gemv.ring}, bulk {gemv.bulk}; step {r['ms']:.3f} ms, "
+              f"{r['tok_s']:.1f} tok/s", flush=True)
         del model
         torch.cuda.empty_cache()
 

@@ -481,3 +481,162 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
                             M, N);
   }
 }
+
+// -- The bulk-copy ring (bf16) -------------------------------------------------------------
+// mbarrier and bulk-copy (TMA, 1-D) primitives; shared-window addresses.
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival that also expects `bytes` of bulk copies to complete on the barrier.
+__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+}
+// bytes (a multiple of 16) global -> shared dst by the SM's bulk-copy engine, completing on bar.
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+               "%2, [%3];" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// bf16 weights W [N, K] through one ring of bulk copies per block (one block per SM). An item
+// is C bytes of each of a tile's 16 rows (a slot: 16 rows of C + 64 bytes). A producer warp
+// (the block's last) issues each item's 16 row copies from one lane, completing on the slot's
+// `full` mbarrier, and refills a slot once the WARPS consumer warps have arrived on its
+// `empty` mbarrier; consumer warp w multiplies columns [w C / WARPS, (w + 1) C / WARPS) of
+// every slot row. The block's tiles are blockIdx.x, + gridDim.x, ...; at a tile's end the
+// consumers' sums meet in shared memory (one named barrier of the consumers per tile,
+// double-buffered by tile parity) and consumer warp 0 stores. S items (S 16 C bytes per SM)
+// are in flight, the first S issued before the PDL wait.
+// Why: the cp.async ring above issues two copies per thread per 1 KB of weights; on some H200
+// nodes it streamed at 63% of copy where the tuned kernels made 89%, though a bare cp.async
+// stream of its addresses ran at copy speed (bench/stream_probe.py). A bulk copy moves a row's
+// C bytes with one instruction (the bare bulk stream: 104% of copy, reads only). A producer of
+// its own: a consumer lane that also refills slots waits on `empty` beside its own warp's
+// waits on `full`. Slot rows are C + 64 bytes apart: a quarter warp's 16-byte reads (rows g,
+// g + 1, four chunks each) then cover the 32 banks once.
+// smem: ring [S][16][C + 64] bytes, then xs [M][K / 8] uint4.
+template <int WARPS, int S, int C, int PRO>
+__global__ void __launch_bounds__(32 * (WARPS + 1), 1)
+gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N,
+               int K, const u16* res, const uint4* __restrict__ nw, float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
+  static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
+                "epilogue");
+  static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 64-byte row pieces per warp");
+  constexpr int RS = C + 64, SLOT = 16 * RS, SUB = C / WARPS / 64;  // SUB: 32-k steps / warp
+  extern __shared__ uint4 smem[];
+  __shared__ __align__(8) unsigned long long full[S], empty[S];
+  __shared__ float red[2 * WARPS * 4 * 32];  // two tiles' per-warp sums
+  __shared__ float part[GEMV_ACT(PRO) == 1 ? (WARPS + 2) * 8 : 1];
+#ifndef GEMV_LATE_TRIGGER
+  pdl_trigger();  // the next kernel's blocks may launch now (else: as the last items stream)
+#endif
+  const int kv = K >> 3, row_bytes = 2 * K;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int tiles = (N + 15) >> 4, per = (row_bytes + C - 1) / C;  // items per tile
+  const int mine = (int)blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int total = mine * per;
+  const char* ring = reinterpret_cast<const char*>(smem);
+  const u32 ring_at = (u32)__cvta_generic_to_shared(ring);
+  uint4* xs = smem + S * SLOT / 16;
+  const u32 full0 = (u32)__cvta_generic_to_shared(full);
+  const u32 empty0 = (u32)__cvta_generic_to_shared(empty);
+  const bool producer = threadIdx.x == 32 * WARPS;
+  if (threadIdx.x < S) {
+    mbar_init(full0 + 8 * threadIdx.x, 1);
+    mbar_init(empty0 + 8 * threadIdx.x, WARPS);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+  // The producer's cursor: the next item's tile and index in it.
+  int in_tile = blockIdx.x, in_q = 0;
+  auto issue = [&](int i) {  // item i into slot i % S
+    const int slot = i % S, off = in_q * C, bytes = min(C, row_bytes - off);
+    const u32 bar = full0 + 8 * slot, dst = ring_at + slot * SLOT;
+    mbar_expect(bar, 16 * bytes);
+    const char* base = reinterpret_cast<const char*>(w) + off;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      int ra, rb;
+      tile_rows<GEMV_GLU(PRO)>(in_tile, r & 7, N, ra, rb);
+      bulk_copy(dst + r * RS, base + (size_t)(r & 8 ? rb : ra) * row_bytes, bytes, bar);
+    }
+    if (++in_q == per) {
+      in_q = 0;
+      in_tile += gridDim.x;
+    }
+  };
+  if (producer)
+    for (int i = 0; i < S && i < total; ++i) issue(i);  // before the wait: weights only
+  pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
+  stage_x<GEMV_ACT(PRO), WARPS + 1>(xs, x, nw, eps, M, kv, part);
+  if (warp == WARPS) {  // the producer warp: one lane refills slots as they empty
+    if (producer)
+      for (int i = S; i < total; ++i) {
+        mbar_wait(empty0 + 8 * (i % S), (u32)(i / S - 1) & 1u);
+        issue(i);
+      }
+    return;  // (an exit counts as the block's PDL trigger)
+  }
+  const int trigger_at = max(total - S, 0);  // late trigger: as the last S items stream
+  if (total == 0) GEMV_TRIGGER_END();
+  float acc[2][1][4] = {};
+  int q = 0, tile = blockIdx.x, tt = 0;
+  const int col0 = warp * (C / WARPS);  // this warp's first byte of a slot row
+  for (int i = 0; i < total; ++i) {
+    const int slot = i % S;
+    if (i == trigger_at) GEMV_TRIGGER_END();
+    mbar_wait(full0 + 8 * slot, (u32)(i / S) & 1u);
+    const uint4* wa = reinterpret_cast<const uint4*>(ring + slot * SLOT + g * RS + col0) + t;
+    const uint4* wb =
+        reinterpret_cast<const uint4*>(ring + slot * SLOT + (g + 8) * RS + col0) + t;
+    const int v0 = (q * C + col0) / 16 + t;  // the thread's first 16-byte vector of the row
+#pragma unroll
+    for (int s = 0; s < SUB; ++s) {
+      const int v = v0 + 4 * s;
+      uint4 A = wa[4 * s], B = wb[4 * s];
+      const uint4 X = v < kv ? xs_chunk(xs, g, M, kv, v) : zero4();
+      if (v >= kv) A = B = zero4();  // past the row's end: bytes no copy wrote
+      mma_bf16(acc[0][0], A.x, B.x, A.y, B.y, X.x, X.y);
+      mma_bf16(acc[1][0], A.z, B.z, A.w, B.w, X.z, X.w);
+    }
+    // This warp's reads of the slot are done (their values went into the mmas above): one
+    // arrival per warp.
+    __syncwarp();
+    if (lane == 0)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty0 + 8 * slot)
+                   : "memory");
+    if (++q == per) {  // the tile's sums: consumer warp 0 adds the others' and stores
+      float* buf = red + (tt & 1) * WARPS * 4 * 32;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        acc[0][0][c] += acc[1][0][c];
+        acc[1][0][c] = 0.f;
+        if (warp != 0) buf[(warp * 4 + c) * 32 + lane] = acc[0][0][c];
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(32 * WARPS) : "memory");  // the consumers only
+      if (warp == 0) {
+#pragma unroll
+        for (int v = 1; v < WARPS; ++v)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[0][0][c] += buf[(v * 4 + c) * 32 + lane];
+        store_out<1, PRO>(y, res, acc[0], tile, g, t, M, N, 1.f, 1.f, nullptr);
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[0][0][c] = 0.f;
+      q = 0;
+      tile += gridDim.x;
+      ++tt;
+    }
+  }
+#else
+  __trap();  // Gemv routes nothing here below sm_90 (Gemv.bulk_capable)
+#endif
+}

@@ -51,6 +51,7 @@ def _recording_gemv(ring=None):
     gemv = Gemv.__new__(Gemv)  # no device: only the launch logic runs
     gemv.tuned, gemv.sms, gemv.sweep = {}, 132, False
     gemv._rings = {"gemv": None, "gemv_int4": None}
+    gemv._bulk = None
     gemv.max_shared = 227 * 1024  # an H100 / H200 block's limit
     gemv.ring = gemv.ring_int4 = ring
     calls = []
@@ -68,6 +69,7 @@ def _recording_gemv(ring=None):
         (fn, grid, block, len(args), *smem))
     ring_names = {V.ring_name(f, ks, s, pro) for f in V.RING_KERNELS
                   for ks, s in V.RING_VARIANTS[f] for pro in V.RING_PROS}
+    ring_names |= {V.bulk_name(*v, pro) for v in V.BULK_VARIANTS for pro in V.RING_PROS}
     gemv._ring_module = lambda pro: Module(ring_names)
     gemv._shared_set = {name: 1 << 30 for name in ring_names}  # no driver call here
     return gemv, calls
@@ -150,6 +152,31 @@ def test_ring_dispatch():
         calls.clear()
         call()
         assert len(calls) == 1 and len(calls[0]) == 4  # a tuned kernel, no shared bytes
+
+
+def test_bulk_dispatch():
+    """With bulk set, the bf16 launches the ring would take go to gemv_bulk_bf16 instead (one
+    block per SM at most, WARPS + 1 warps, the slots' and x's shared bytes); int4 keeps its
+    ring or tuned kernel."""
+    import torch
+
+    gemv, calls = _recording_gemv(ring=(16, 8, 1))
+    gemv.bulk = V.BULK_DEFAULT
+    warps, slots, row_bytes = V.BULK_DEFAULT
+    k = 512
+    for n, m in ((256, 1), (8192, 8)):
+        x = torch.randn(m, k).bfloat16()
+        for kw, pro in (({}, 0), ({"residual": torch.zeros(m, n).bfloat16()}, 4),
+                        ({"glu": True}, 8), ({"norm": torch.ones(k).bfloat16()}, 1)):
+            calls.clear()
+            gemv.bf16(x, _weight("bf16", n, k), **kw)
+            (name, grid, block, nargs, smem), = calls
+            assert name == V.bulk_name(warps, slots, row_bytes, pro)
+            assert grid == (min(n // 16, 132),) and block == (32 * (warps + 1),)
+            assert nargs == 9 and smem == V.bulk_shared_bytes(warps, slots, row_bytes, m, k)
+    calls.clear()
+    gemv.int4(torch.randn(1, k).bfloat16(), _weight("int4", 256, k))
+    assert calls[0][0] == V.ring_name("gemv_int4", 16, 8, 0)
 
 
 def test_int4_ring_blocks_take_several_tiles():

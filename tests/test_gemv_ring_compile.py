@@ -20,6 +20,7 @@ def _gemv(ring):
     """A Gemv without a device (only the routing state), ring set for both weight kinds."""
     g = L.Gemv.__new__(L.Gemv)
     g._rings = {"gemv": None, "gemv_int4": None}
+    g._bulk = None
     g.max_shared = 227 * 1024  # an H100 / H200 block's limit
     if ring is not None:
         g.ring = g.ring_int4 = ring
@@ -66,6 +67,35 @@ def test_default_ring_keeps_two_blocks_off_one_sm():
     assert 2 * V.ring_shared_bytes("gemv", ks, slots, 1, 128) > 228 * 1024
 
 
+def test_bulk_routing_and_default():
+    """The bulk kernel takes what the ring takes (bf16 only), ahead of the ring; its default
+    keeps one block per SM (more than half of 228 KiB) and fits with x at its largest."""
+    g = _gemv(V.RING_DEFAULT)
+    assert not g.takes_bulk("gemv", V.PLAIN, 1, 4096)  # None: the ring
+    g.bulk_capable = True
+    g.bulk = V.BULK_DEFAULT
+    assert g.bulk == V.BULK_DEFAULT
+    assert g.takes_bulk("gemv", V.PLAIN, 1, 4096) and g.takes_bulk("gemv", V.RMSNORM | V.GLU, 4,
+                                                                   4096)
+    assert g.takes_bulk("gemv", V.RESIDUAL, 1, 12288)
+    assert not g.takes_bulk("gemv_int4", V.PLAIN, 1, 4096)
+    assert not g.takes_bulk("gemv", V.SWIGLU, 1, 4096)
+    assert not g.takes_bulk("gemv", V.PLAIN, 9, 1024)
+    assert not g.takes_bulk("gemv", V.PLAIN, 2, 12288)  # 48 KiB of x
+    with pytest.raises(ValueError, match="Gemv.bulk"):
+        g.bulk = (8, 5, 2048)
+    g.bulk_capable = False
+    with pytest.raises(ValueError, match="compute capability 9.0"):
+        g.bulk = V.BULK_DEFAULT
+    warps, slots, row_bytes = V.BULK_DEFAULT
+    assert 2 * V.bulk_shared_bytes(warps, slots, row_bytes, 1, 128) > 228 * 1024
+    for w, s_, c in V.BULK_VARIANTS:
+        assert c % (64 * w) == 0  # whole 64-byte row pieces per consumer warp
+        assert 2 * V.bulk_shared_bytes(w, s_, c, 1, 128) > 228 * 1024
+    assert (V.bulk_shared_bytes(*V.BULK_DEFAULT, 8, V.RING_X_BYTES // 16)
+            + V.bulk_static_bytes(warps, slots) <= 227 * 1024)
+
+
 def test_shared_bytes():
     # bf16: 8 slots x 256 threads x 32 bytes, then one row of 4096 bf16
     assert V.ring_shared_bytes("gemv", 8, 8, 1, 4096) == 8 * 256 * 32 + 8192
@@ -80,16 +110,34 @@ def test_shared_bytes():
     assert worst <= 227 * 1024  # what one H100 / H200 block may have
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
-def test_every_ring_kernel_instantiates_without_spills(tmp_path):
-    names = [V.ring_name(f, ks, s, pro) for pro in V.RING_PROS for f in V.RING_KERNELS
+def _ring_module_names() -> list[str]:
+    """What Gemv._ring_module compiles, for every prologue."""
+    return ([V.ring_name(f, ks, s, pro) for pro in V.RING_PROS for f in V.RING_KERNELS
              for ks, s in V.RING_VARIANTS[f]]
+            + [V.bulk_name(*v, pro) for pro in V.RING_PROS for v in V.BULK_VARIANTS])
+
+
+def _compile_ring_module(tmp_path, names: list[str], arch: str):
     keep = ",\n".join(f"  (void*)&{n}" for n in names)
     src = tmp_path / "ring_inst.cu"
     src.write_text(L._source("gemv_ring") + f"\nstatic void* keep_kernels[] = {{\n{keep}\n}};\n")
-    result = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v",
-                             str(src), "-o", str(tmp_path / "ring.cubin")],
-                            capture_output=True, text=True, check=False)
+    return subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-DGEMV_LATE_TRIGGER", "-cubin",
+                           "-Xptxas", "-v", str(src), "-o", str(tmp_path / "ring.cubin")],
+                          capture_output=True, text=True, check=False)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+def test_ring_module_builds_below_sm_90(tmp_path):
+    """An A100 (sm_80) builds the ring module too: the bulk kernels' bodies are compiled out
+    there (Gemv never routes to them: bulk_capable)."""
+    result = _compile_ring_module(tmp_path, _ring_module_names(), "sm_80")
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+def test_every_ring_kernel_instantiates_without_spills(tmp_path):
+    names = _ring_module_names()
+    result = _compile_ring_module(tmp_path, names, "sm_90")
     assert result.returncode == 0, result.stderr[-4000:]
     entries = re.findall(r"Compiling entry function '(\w+)'", result.stderr)
     assert len(entries) == len(names)

@@ -115,7 +115,8 @@ class CupyBackend(GemvLinear, TorchBackend):
         self.ring_norm = False
         # measure on first use whether the bf16 ring gemvs stream about as fast as the tuned
         # kernels on this device, and keep them only then (Gemv.settle_ring; one H200 streamed
-        # them at 63% of copy against 89%)
+        # them at 63% of copy against 89%). Nothing to measure while the Gemv's bulk kernel
+        # is set (the default on sm_90: it takes the ring's launches)
         self.settle_ring = True
 
     NORM_ROW_SCALES = ("all", "moe", "none", "producer")

@@ -94,6 +94,34 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
     return 4 * (2 * warps * 4 * 32 + (warps + 1) * 8 + group_sums)
 
 
+# The bulk-copy ring for bf16 weights (kernels/gemv_ring.cu gemv_bulk_bf16): (WARPS consumer
+# warps per block (and a producer warp), S slots per block, C bytes of each of a tile's 16 rows
+# per slot) variants compiled, each above half an SM's shared memory (one block per SM); the
+# same prologues and x limit as the rings above. Off unless Gemv.bulk is set.
+BULK_VARIANTS = ((8, 4, 2048), (8, 6, 2048), (16, 4, 2048), (8, 3, 4096), (16, 3, 4096))
+# The default for bf16 weights on sm_90 (ahead of the cp.async ring, which then never runs):
+# H200, bench/ablation.py, qwen3-8b bf16 decode step 4.270 ms against 4.444 with the tuned
+# kernels on a node where the cp.async ring streamed at 63% of copy; the bigger rings ((8, 6,
+# 2048): 203 KB) stream faster alone but make the step slower (4.94 ms): NOTES_decode.md,
+# session 9.
+BULK_DEFAULT = (8, 4, 2048)
+
+
+def bulk_name(warps: int, slots: int, row_bytes: int, pro: int) -> str:
+    return f"gemv_bulk_bf16<{warps}, {slots}, {row_bytes}, {pro}>"
+
+
+def bulk_shared_bytes(warps: int, slots: int, row_bytes: int, m: int, k: int) -> int:
+    """Dynamic shared memory of a bulk launch: the slots (rows padded by 64 bytes), then x."""
+    return slots * 16 * (row_bytes + 64) + m * k * 2
+
+
+def bulk_static_bytes(warps: int, slots: int) -> int:
+    """Static shared memory of a bulk kernel: its mbarriers, two tiles' per-warp sums and the
+    RMSNorm partials."""
+    return 16 * slots + 4 * (2 * warps * 4 * 32 + (warps + 2) * 8)
+
+
 def pros_of(file: str) -> tuple[int, ...]:
     """The PROs compiled for kernels/FILE.cu (see DENSE_PROS)."""
     return DENSE_PROS + SSQ_PROS + (BF16_PROS if file == "gemv" else ())

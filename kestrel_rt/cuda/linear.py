@@ -35,6 +35,8 @@ import torch.nn.functional as F
 
 from kestrel_rt.cuda.gemv_variants import (
     BF16_MAX_ROWS,
+    BULK_DEFAULT,
+    BULK_VARIANTS,
     GLU,
     KERNELS,
     MAX_ROWS,
@@ -51,6 +53,9 @@ from kestrel_rt.cuda.gemv_variants import (
     SSQ,
     SWIGLU,
     TUNED_FILE,
+    bulk_name,
+    bulk_shared_bytes,
+    bulk_static_bytes,
     default_variant,
     kernel_name,
     load_tuned,
@@ -106,6 +111,9 @@ class Gemv:
         # slots per thread, blocks per SM), or None (the tuned kernels). See ring, ring_int4.
         self._rings: dict[str, tuple[int, int, int] | None] = {"gemv": RING_DEFAULT,
                                                                "gemv_int4": None}
+        # the bulk-copy kernels need sm_90 (cp.async.bulk, mbarrier transaction counts)
+        self.bulk_capable = torch.cuda.get_device_capability(self.device_index) >= (9, 0)
+        self._bulk: tuple[int, int, int] | None = BULK_DEFAULT if self.bulk_capable else None
         self._shared_set: dict[str, int] = {}  # kernel -> dynamic shared bytes allowed
         # the most shared memory one block may have on this device (a ring launch above it
         # goes to the tuned kernels instead: GPUs with less than an H100's 227 KB)
@@ -138,6 +146,25 @@ class Gemv:
     @ring_int4.setter
     def ring_int4(self, value: tuple[int, int, int] | None) -> None:
         self._rings["gemv_int4"] = _ring_setting(value, "Gemv.ring_int4", "gemv_int4")
+
+    @property
+    def bulk(self) -> tuple[int, int, int] | None:
+        """bf16 weights: (WARPS, S, C) routes decode shapes to gemv_bulk_bf16 (one block per
+        SM: WARPS consumer warps and a producer warp streaming 16-row tiles through S
+        shared-memory slots of C bytes per row, filled by bulk copies), ahead of `ring`;
+        BULK_DEFAULT on sm_90 and newer; None: `ring` or the tuned kernels."""
+        return self._bulk
+
+    @bulk.setter
+    def bulk(self, value: tuple[int, int, int] | None) -> None:
+        if value is not None:
+            value = tuple(int(v) for v in value)
+            if value not in BULK_VARIANTS:
+                raise ValueError(f"Gemv.bulk must be None or (WARPS, S, C) of "
+                                 f"{list(BULK_VARIANTS)}, got {value!r}")
+            if not getattr(self, "bulk_capable", True):
+                raise ValueError("Gemv.bulk needs a GPU of compute capability 9.0 or newer")
+        self._bulk = value
 
     def _run(self, fn, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         """Launch a gemv kernel on torch's current stream (PDL when enabled)."""
@@ -175,6 +202,7 @@ class Gemv:
         if module is None:
             names = [ring_name(f, ks, s, pro) for f in RING_KERNELS
                      for ks, s in RING_VARIANTS[f]]
+            names += [bulk_name(*v, pro) for v in BULK_VARIANTS]
             with self._cupy.cuda.Device(self.device_index):
                 module = self._cupy.RawModule(code=_source("gemv_ring"), options=self.options,
                                               name_expressions=names)
@@ -185,7 +213,7 @@ class Gemv:
     def probe_ring(self, n: int = 4096, k: int = 4096, copies: int = 8, reps: int = 5
                    ) -> tuple[float, float]:
         """Device microseconds of one [1, k] x [n, k] bf16 product through the ring kernel
-        (`ring`) and through the tuned kernel: `copies` products on distinct weights (more
+        (`ring`, whatever `bulk` says) and through the tuned kernel: `copies` products on distinct weights (more
         bytes than the L2 holds; their contents do not matter; 256 MB while it runs) captured
         in a CUDA graph (an eager launch costs the host more than the kernel takes), median of
         `reps` replays."""
@@ -198,14 +226,15 @@ class Gemv:
             for w in ws:
                 self.bf16(x, w, out=out)
 
-        saved, times = self.ring, []
+        saved, bulk, times = self.ring, self._bulk, []
+        self._bulk = None  # the ring, not the bulk kernel
         try:
             with torch.cuda.device(dev):
                 for setting in (saved, None):
                     self.ring = setting
                     times.append(time_graph(products, reps) * 1e6 / copies)
         finally:
-            self.ring = saved
+            self.ring, self._bulk = saved, bulk
         return times[0], times[1]
 
     def settle_ring(self, margin: float = 1.10) -> None:
@@ -218,8 +247,9 @@ class Gemv:
         at 63% against 89% and made the step 28% slower (bench/results/NOTES_decode.md, session
         8). Nothing is probed while a CUDA graph is being captured, when the ring is off, or
         when the probe's 256 MB do not fit (the ring stays as it is). The times stay in
-        `ring_probe_us` (ring, tuned)."""
-        if self.ring is None or (torch.cuda.is_available()
+        `ring_probe_us` (ring, tuned). Nor while `bulk` is set: bf16 decode gemvs then take
+        the bulk kernel, never the ring."""
+        if self.ring is None or self._bulk is not None or (torch.cuda.is_available()
                                  and torch.cuda.is_current_stream_capturing()):
             return
         try:
@@ -240,6 +270,31 @@ class Gemv:
         ks, slots, _ = ring
         return (ring_shared_bytes(file, ks, slots, m, k) + ring_static_bytes(file, ks)
                 <= self.max_shared)
+
+    def takes_bulk(self, file: str, pro: int, m: int, k: int) -> bool:
+        """True when a launch goes to gemv_bulk_bf16: bf16 weights with `bulk` set, and
+        what takes_ring asks of a launch (prologue, rows of x, shared memory)."""
+        if (self._bulk is None or file != "gemv" or pro not in RING_PROS or m > 8
+                or m * k * 2 > RING_X_BYTES):
+            return False
+        warps, slots, _ = self._bulk
+        return (bulk_shared_bytes(*self._bulk, m, k) + bulk_static_bytes(warps, slots)
+                <= self.max_shared)
+
+    def _launch_bulk(self, x, w, y, m: int, n: int, k: int, residual, pro: int, norm,
+                     eps: float) -> None:
+        """y [M, N] = residual + act(x) @ W.T (or the GLU epilogue) through gemv_bulk_bf16:
+        one block per SM (fewer when there are fewer tiles)."""
+        warps, slots, row_bytes = self._bulk
+        name = bulk_name(warps, slots, row_bytes, pro)
+        fn = self._ring_module(pro).get_function(name)
+        smem = bulk_shared_bytes(warps, slots, row_bytes, m, k)
+        if self._shared_set.get(name, 0) < smem:
+            set_max_dynamic_shared(fn, smem)
+            self._shared_set[name] = smem
+        args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(residual), _p(norm),
+                np.float32(eps))
+        self._run(fn, (min(math.ceil(n / 16), self.sms),), (32 * (warps + 1),), args, smem)
 
     def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
                      norm, eps: float) -> None:
@@ -300,6 +355,9 @@ class Gemv:
         pro |= RSTD if rstd else 0
         pro |= SSQ if ssq_out is not None else 0
         pro |= RSTD_IN if ssq_in is not None else 0
+        if geom is None and self.takes_bulk(file, pro, m, k):
+            self._launch_bulk(x, w, y, m, n, k, residual, pro, norm, eps)
+            return y
         if geom is None and self.takes_ring(file, pro, m, k):
             self._launch_ring(file, x, w, y, m, n, k, residual, pro, norm, eps)
             return y

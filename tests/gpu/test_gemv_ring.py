@@ -27,6 +27,7 @@ SHAPES = [(1, 6144, 4096), (1, 4096, 12288), (1, 4096, 4096), (3, 1000, 1152), (
 @pytest.fixture(scope="module")
 def gemv():
     g = Gemv("cuda")
+    g.bulk = None  # the cp.async ring, not the bulk kernel
     g.ring = g.ring_int4 = (8, 8, 1)
     return g
 
@@ -131,6 +132,7 @@ def test_every_ring_variant(kind, variant, bps):
     of fewer blocks than tiles and one of more, tile counts not a multiple of the int4
     kernel's tiles per block."""
     g = Gemv("cuda")
+    g.bulk = None
     if kind == "bf16":
         g.ring = (*variant, bps)
     else:
@@ -152,7 +154,7 @@ def test_ring_not_taken_where_it_does_not_fit(gemv):
     assert gemv.takes_ring("gemv", 1, 1, 4096)  # its RMSNorm: done as x is staged
     assert not gemv.takes_ring("gemv_int8", 0, 1, 4096)
     default = Gemv("cuda")
-    assert default.takes_ring("gemv", 0, 1, 4096)  # bf16: the ring by default
+    assert default.takes_ring("gemv", 0, 1, 4096)  # bf16: the ring by default (behind bulk)
     assert not default.takes_ring("gemv_int4", 0, 1, 4096)  # int4: the tuned kernel
     default.ring = None
     assert not default.takes_ring("gemv", 0, 1, 4096)
@@ -164,6 +166,7 @@ def test_ring_under_pdl_in_a_cuda_graph():
     """A chain of ring launches with PDL (each waits for the one before: o = x @ W1, then
     y = o @ W2 + res) captured in a CUDA graph and replayed with new x."""
     g = Gemv("cuda", pdl=True)
+    g.bulk = None
     g.ring = g.ring_int4 = (8, 8, 1)
     gen = torch.Generator("cuda").manual_seed(5)
     w1, d1 = _weight("bf16", 4096, 4096, gen)
@@ -202,12 +205,13 @@ def test_model_decode_with_ring_as_accurate(ring_norm):
     lengths = [5, 9, 3, 20]
     exact = gm.run_script(gm.model("wide", TorchBackend("cuda", torch.float32)), lengths, 6)
     tuned = CupyBackend("cuda", torch.bfloat16)
-    tuned.gemv().ring = None
+    tuned.gemv().ring = tuned.gemv().bulk = None
     ref = gm.run_script(gm.model("wide", tuned), lengths, 6)
     be = CupyBackend("cuda", torch.bfloat16)
     be.ring_norm = ring_norm
     be.settle_ring = False  # the ring whatever this device's probe says
     g = be.gemv()
+    g.bulk = None  # the ring rather than the bulk kernel
     assert g.ring is not None  # the default
     pros = []
     launch_ring = g._launch_ring
@@ -220,21 +224,24 @@ def test_model_decode_with_ring_as_accurate(ring_norm):
 
 
 def test_probe_and_settle_ring():
-    """probe_ring times the ring and the tuned bf16 kernel (and leaves the setting as it was);
-    settle_ring keeps the ring or turns it off by that measurement; a backend settles its Gemv
-    on first use unless told not to."""
+    """probe_ring times the ring and the tuned bf16 kernel (and leaves the settings as they
+    were); settle_ring keeps the ring or turns it off by that measurement, and probes nothing
+    while the bulk kernel is set (the default on sm_90), as a backend's first use shows."""
     from kestrel_rt.backend.cupy_backend import CupyBackend
     from kestrel_rt.cuda.gemv_variants import RING_DEFAULT
 
     g = Gemv("cuda")
+    g.settle_ring()  # the bulk kernel is set (sm_90): nothing to probe
+    assert g.bulk is not None and g.ring_probe_us is None and g.ring == RING_DEFAULT
     ring_us, tuned_us = g.probe_ring(copies=2, reps=3)
     assert 0 < ring_us < 1e4 and 0 < tuned_us < 1e4
-    assert g.ring == RING_DEFAULT
+    assert g.ring == RING_DEFAULT and g.bulk is not None  # both as they were
+    g.bulk = None
     g.settle_ring()
     assert g.ring_probe_us is not None
     assert g.ring == (RING_DEFAULT if g.ring_probe_us[0] <= 1.1 * g.ring_probe_us[1] else None)
     be = CupyBackend("cuda", torch.bfloat16)
-    assert be.gemv().ring_probe_us is not None
+    assert be.gemv().bulk is not None and be.gemv().ring_probe_us is None
     off = CupyBackend("cuda", torch.bfloat16)
     off.settle_ring = False
     assert off.gemv().ring == RING_DEFAULT and off.gemv().ring_probe_us is None
