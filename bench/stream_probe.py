@@ -57,18 +57,16 @@ extern "C" __global__ void ld_stream(const uint4* __restrict__ src, long long n,
   out[me] = acc;
 }
 
-// Per-thread rings: item i of a thread is vector me + i T, slot i % S.
-template <int S>
-__device__ void cpasync_body(const uint4* __restrict__ src, long long n, uint4* out) {
-  extern __shared__ uint4 ring[];  // [S][blockDim.x]
-  const long long T = (long long)gridDim.x * blockDim.x;
-  const long long me = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  const long long items = me < n ? (n - 1 - me) / T + 1 : 0;
+// A per-thread ring of S slots filled by cp.async: the thread's items i < items are the
+// vectors src + at(i), item i in slot i % S of ring [S][blockDim.x]; returns their XOR.
+template <int S, class At>
+__device__ uint4 cpasync_fold(const uint4* __restrict__ src, long long items, At at) {
+  extern __shared__ uint4 ring[];
   auto issue = [&](long long i) {
     if (i < items) {
       const u32 dst = (u32)__cvta_generic_to_shared(ring + (i % S) * blockDim.x + threadIdx.x);
       asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst),
-                   "l"(src + me + i * T) : "memory");
+                   "l"(src + at(i)) : "memory");
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
@@ -79,7 +77,16 @@ __device__ void cpasync_body(const uint4* __restrict__ src, long long n, uint4* 
     asm volatile("cp.async.wait_group %0;" ::"n"(S - 1) : "memory");
     fold(acc, ring[(i % S) * blockDim.x + threadIdx.x]);
   }
-  out[me] = acc;
+  return acc;
+}
+
+// Per-thread rings: item i of a thread is vector me + i T.
+template <int S>
+__device__ void cpasync_body(const uint4* __restrict__ src, long long n, uint4* out) {
+  const long long T = (long long)gridDim.x * blockDim.x;
+  const long long me = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  const long long items = me < n ? (n - 1 - me) / T + 1 : 0;
+  out[me] = cpasync_fold<S>(src, items, [&](long long i) { return me + i * T; });
 }
 extern "C" __global__ void cpasync_4(const uint4* s, long long n, uint4* o) { cpasync_body<4>(s, n, o); }
 extern "C" __global__ void cpasync_8(const uint4* s, long long n, uint4* o) { cpasync_body<8>(s, n, o); }
@@ -148,27 +155,11 @@ __device__ __forceinline__ long long tile_vec(long long tile, int e) {
 // Per-thread rings of S slots (cp.async), the items of all the block's tiles in turn.
 template <int MAP, int S>
 __device__ void tile_cpasync(const uint4* __restrict__ src, long long n, uint4* out) {
-  extern __shared__ uint4 ring[];  // [S][512]
   const long long tiles = n / 8192;
   const long long mine = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const long long items = 16 * mine;
-  auto issue = [&](long long i) {
-    if (i < items) {
-      const u32 dst = (u32)__cvta_generic_to_shared(ring + (i % S) * 512 + threadIdx.x);
-      const long long tile = blockIdx.x + (i >> 4) * gridDim.x;
-      asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst),
-                   "l"(src + tile_vec<MAP>(tile, (int)(i & 15))) : "memory");
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  };
-  for (int s = 0; s < S - 1; ++s) issue(s);
-  uint4 acc = make_uint4(0, 0, 0, 0);
-  for (long long i = 0; i < items; ++i) {
-    issue(i + S - 1);
-    asm volatile("cp.async.wait_group %0;" ::"n"(S - 1) : "memory");
-    fold(acc, ring[(i % S) * 512 + threadIdx.x]);
-  }
-  out[blockIdx.x * 512ll + threadIdx.x] = acc;
+  out[blockIdx.x * 512ll + threadIdx.x] = cpasync_fold<S>(src, 16 * mine, [&](long long i) {
+    return tile_vec<MAP>(blockIdx.x + (i >> 4) * gridDim.x, (int)(i & 15));
+  });
 }
 
 // Register loads, U vectors in flight per thread.

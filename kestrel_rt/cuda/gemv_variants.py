@@ -97,13 +97,13 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
 # The bulk-copy ring for bf16 weights (kernels/gemv_ring.cu gemv_bulk_bf16): (WARPS consumer
 # warps per block (and a producer warp), S slots per block, C bytes of each of a tile's 16 rows
 # per slot) variants compiled, each above half an SM's shared memory (one block per SM); the
-# same prologues and x limit as the rings above. Off unless Gemv.bulk is set.
+# same prologues and x limit as the rings above.
 BULK_VARIANTS = ((8, 4, 2048), (8, 6, 2048), (16, 4, 2048), (8, 3, 4096), (16, 3, 4096))
 # The default for bf16 weights on sm_90 (ahead of the cp.async ring, which then never runs):
 # H200, bench/ablation.py, qwen3-8b bf16 decode step 4.270 ms against 4.444 with the tuned
 # kernels on a node where the cp.async ring streamed at 63% of copy; the bigger rings ((8, 6,
-# 2048): 203 KB) stream faster alone but make the step slower (4.94 ms): NOTES_decode.md,
-# session 9.
+# 2048): 203 KB) stream faster alone but make the step slower (4.94 ms); also faster for
+# qwen3-0.6b (0.761 vs 0.791 ms) and qwen3-30b-a3b (2.746 vs 2.883): NOTES_decode.md, session 9.
 BULK_DEFAULT = (8, 4, 2048)
 
 

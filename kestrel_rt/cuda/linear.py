@@ -6,7 +6,8 @@
 * M = prod(x.shape[:-1]) <= 16 rows: kernels/gemv.cu, gemv_int8.cu, gemv_int4.cu, launched
   on torch's current stream (so they interleave with torch ops and are captured in CUDA
   graphs), output allocated by torch; bf16 weights at M <= 8 (x within RING_X_BYTES) go to
-  the persistent ring kernel, kernels/gemv_ring.cu (`Gemv.ring`; int4 with `ring_int4`);
+  a persistent kernel of kernels/gemv_ring.cu: the bulk-copy one on sm_90 (`Gemv.bulk`),
+  else the cp.async ring (`Gemv.ring`; int4 with `ring_int4`, off by default);
 * more rows (prefill): torch's matmul (cuBLAS); a quantized weight is dequantized to bf16
   first by a one-pass kernel (dequant_int8 / dequant_int4), small next to a prefill's matmul.
 
@@ -213,10 +214,10 @@ class Gemv:
     def probe_ring(self, n: int = 4096, k: int = 4096, copies: int = 8, reps: int = 5
                    ) -> tuple[float, float]:
         """Device microseconds of one [1, k] x [n, k] bf16 product through the ring kernel
-        (`ring`, whatever `bulk` says) and through the tuned kernel: `copies` products on distinct weights (more
-        bytes than the L2 holds; their contents do not matter; 256 MB while it runs) captured
-        in a CUDA graph (an eager launch costs the host more than the kernel takes), median of
-        `reps` replays."""
+        (`ring`, whatever `bulk` says) and through the tuned kernel: `copies` products on
+        distinct weights (more bytes than the L2 holds; their contents do not matter; 256 MB
+        while it runs) captured in a CUDA graph (an eager launch costs the host more than the
+        kernel takes), median of `reps` replays."""
         dev = torch.device("cuda", self.device_index)
         ws = [torch.empty(n, k, dtype=torch.bfloat16, device=dev) for _ in range(copies)]
         x = torch.zeros(1, k, dtype=torch.bfloat16, device=dev)
@@ -286,15 +287,10 @@ class Gemv:
         """y [M, N] = residual + act(x) @ W.T (or the GLU epilogue) through gemv_bulk_bf16:
         one block per SM (fewer when there are fewer tiles)."""
         warps, slots, row_bytes = self._bulk
-        name = bulk_name(warps, slots, row_bytes, pro)
-        fn = self._ring_module(pro).get_function(name)
-        smem = bulk_shared_bytes(warps, slots, row_bytes, m, k)
-        if self._shared_set.get(name, 0) < smem:
-            set_max_dynamic_shared(fn, smem)
-            self._shared_set[name] = smem
-        args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(residual), _p(norm),
-                np.float32(eps))
-        self._run(fn, (min(math.ceil(n / 16), self.sms),), (32 * (warps + 1),), args, smem)
+        self._launch_persistent(bulk_name(warps, slots, row_bytes, pro), pro,
+                                bulk_shared_bytes(warps, slots, row_bytes, m, k),
+                                min(math.ceil(n / 16), self.sms), 32 * (warps + 1),
+                                (x, w, y, m, n, k, residual, norm, eps))
 
     def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
                      norm, eps: float) -> None:
@@ -302,16 +298,24 @@ class Gemv:
         with weight norm) through gemv_ring.cu: one wave of at most BPS blocks per SM, each
         looping over tiles."""
         ks, slots, bps = self._rings[file]
-        name = ring_name(file, ks, slots, pro)
+        sets = math.ceil(math.ceil(n / 16) / ring_tiles(file, ks))  # of tiles a block does at once
+        self._launch_persistent(ring_name(file, ks, slots, pro), pro,
+                                ring_shared_bytes(file, ks, slots, m, k),
+                                min(sets, self.sms * bps), 32 * ring_warps(file, ks),
+                                (x, w, y, m, n, k, residual, norm, eps))
+
+    def _launch_persistent(self, name: str, pro: int, smem: int, blocks: int, threads: int,
+                           call: tuple) -> None:
+        """Launch kernel `name` (prologue pro) of gemv_ring.cu, one wave of `blocks` blocks,
+        with smem dynamic shared bytes, on call = (x, w, y, m, n, k, residual, norm, eps)."""
+        x, w, y, m, n, k, residual, norm, eps = call
         fn = self._ring_module(pro).get_function(name)
-        smem = ring_shared_bytes(file, ks, slots, m, k)
         if self._shared_set.get(name, 0) < smem:
             set_max_dynamic_shared(fn, smem)
             self._shared_set[name] = smem
         args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(residual), _p(norm),
                 np.float32(eps))
-        sets = math.ceil(math.ceil(n / 16) / ring_tiles(file, ks))  # of tiles a block does at once
-        self._run(fn, (min(sets, self.sms * bps),), (32 * ring_warps(file, ks),), args, smem)
+        self._run(fn, (blocks,), (threads,), args, smem)
 
     def _stream(self):
         return current_stream(self._cupy, self.device_index, self._streams)

@@ -14,6 +14,8 @@ import torch
 
 cupy = pytest.importorskip("cupy")
 
+from test_gemv_ring import _poisoned, _rel_err, _silu_glu_ref
+
 from kestrel_rt.cuda.gemv_variants import BULK_DEFAULT, BULK_VARIANTS
 from kestrel_rt.cuda.linear import Gemv
 
@@ -28,15 +30,6 @@ def _gemv(variant) -> Gemv:
     g.ring = None
     g.bulk = variant
     return g
-
-
-def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    assert torch.isfinite(y).all(), "non-finite output (an element not written, or a NaN)"
-    return ((y.double() - ref).norm() / ref.norm()).item()
-
-
-def _poisoned(m: int, n: int) -> torch.Tensor:
-    return torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
 
 
 def _inputs(m: int, n: int, k: int, seed: int):
@@ -60,11 +53,6 @@ def test_bulk_plain_and_residual(variant, m, n, k):
     assert _rel_err(g.bf16(x, w, out=_poisoned(m, n), residual=res), want) <= TOL
     y = g.bf16(x, w, out=res, residual=res)  # in place: the residual stream
     assert y.data_ptr() == res.data_ptr() and _rel_err(y, want) <= TOL
-
-
-def _silu_glu_ref(prod: torch.Tensor) -> torch.Tensor:
-    gate, up = prod.bfloat16().chunk(2, dim=-1)
-    return (torch.nn.functional.silu(gate.float()).bfloat16() * up).double()
 
 
 @pytest.mark.parametrize("variant", BULK_VARIANTS, ids=lambda v: ".".join(map(str, v)))
