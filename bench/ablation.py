@@ -3,7 +3,8 @@
     python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16] [--pdl all,gemv,small,none]
                              [--late-trigger 0,1] [--fuse 0,1] [--glu 0,1] [--min-keys 8,32]
                              [--moe-early 0,1] [--moe-route 0,1] [--ring off,16.8.1]
-                             [--ring-int4 off,16.8.1] [--bulk off,4.4.512] [--ring-norm 0,1]
+                             [--ring-int4 off,16.8.1] [--bulk off,8.4.2048]
+                             [--bulk-int4 off,8.4.2048] [--ring-norm 0,1]
                              [--carveout=-1,100]
                              [--fold none,moe,all,producer] [--breakdown]
 
@@ -16,10 +17,10 @@ least), moe early (moe_down issues its first weight loads before its PDL wait), 
 routing inside moe_gate_up, no moe_route launch: CupyBackend.moe_fused_route), ring / ring
 int4 (the bf16 / int4 decode gemvs through the persistent ring kernels of kernels/gemv_ring.cu,
 KSPLIT.S.BPS: warps per block, shared-memory slots per thread, blocks per SM, or off;
-Gemv.ring, Gemv.ring_int4), bulk (the bf16 decode gemvs through gemv_bulk_bf16, WARPS.S.C:
-warps per block, slots per warp, bytes of each row per slot, ahead of the ring; Gemv.bulk),
-ring norm (the RMSNorm before a linear inside the ring gemv's
-staging of x: CupyBackend.ring_norm), carveout (the shared-memory percent every kernel asks
+Gemv.ring, Gemv.ring_int4), bulk / bulk int4 (the bf16 / int4 decode gemvs through the
+bulk-copy kernels gemv_bulk_bf16 / gemv_bulk_int4, WARPS.S.C: consumer warps per block, slots,
+bytes of each row per slot, ahead of the rings; Gemv.bulk, Gemv.bulk_int4), ring norm (the
+RMSNorm before a linear inside the ring gemv's staging of x: CupyBackend.ring_norm), carveout (the shared-memory percent every kernel asks
 for, -1 the driver's choice per kernel: kestrel_rt/cuda/module.py Carveout) and fold (which
 RMSNorm weights are folded into the next linears at load, kestrel_rt/fold.py, those norms
 then a row scale inside the kernels, CupyBackend.norm_row_scale: none, moe (a MoE layer's
@@ -79,6 +80,7 @@ FEATURES = (
     ("ring", "--ring", ring_label(RING_DEFAULT), ring, ring_label),
     ("ring_int4", "--ring-int4", "off", ring, ring_label),
     ("bulk", "--bulk", ring_label(BULK_DEFAULT), ring, ring_label),
+    ("bulk_int4", "--bulk-int4", "off", ring, ring_label),
     ("ring_norm", "--ring-norm", "0", flag, str),
     ("carveout", "--carveout", "-1", int, str),
 )
@@ -88,7 +90,8 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
                  glu: bool = True, min_keys: int = 8, moe_early: bool = True,
                  moe_route: bool = False, ring: tuple | None = RING_DEFAULT,
                  ring_int4: tuple | None = None, bulk: tuple | None = BULK_DEFAULT,
-                 ring_norm: bool = False, carveout: int = -1) -> None:
+                 bulk_int4: tuple | None = None, ring_norm: bool = False,
+                 carveout: int = -1) -> None:
     """pdl: a key of PDL_MODES; late: the tuned gemvs' compile option (a new Gemv for the
     backend when it changes); the rest: the backend's and its Gemv's settings."""
     from kestrel_rt.cuda.linear import Gemv
@@ -109,6 +112,7 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
     be.gemv().ring = ring
     be.gemv().ring_int4 = ring_int4
     be.gemv().bulk = bulk
+    be.gemv().bulk_int4 = bulk_int4
     be.ring_norm = ring_norm
     be.kernels.carveout.percent = carveout
     be.gemv().carveout.percent = carveout

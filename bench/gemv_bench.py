@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--ring", default="off",
                         help="bf16 / int4 through gemv_ring.cu: off or KSPLIT.S.BPS, a list; "
-                             "bWARPS.S.C: bf16 through its bulk-copy kernel (Gemv.bulk)")
+                             "bWARPS.S.C: through the bulk-copy kernels (Gemv.bulk, bulk_int4)")
     parser.add_argument("--pdl", action="store_true",
                         help="launch with programmatic dependent launch (consecutive calls "
                              "overlap)")
@@ -178,13 +178,16 @@ def main() -> None:
     rows = []
     for ring, kind in itertools.product(args.ring.split(","), args.kinds.split(",")):
         bulk = ring.startswith("b")
-        if ring != "off" and kind not in (("bf16",) if bulk else ("bf16", "int4")):
+        if ring != "off" and kind not in ("bf16", "int4"):
             continue
         setting = None if ring == "off" else tuple(int(v) for v in ring.lstrip("b").split("."))
         if kind == "bf16":
             gemv.bulk = setting if bulk else None
             gemv.ring = None if bulk else setting
+        elif bulk:
+            gemv.bulk_int4, gemv.ring_int4 = setting, None
         else:
+            gemv.bulk_int4 = None
             gemv.ring_int4 = setting
         for m in [int(v) for v in args.ms.split(",")]:
             for name, (n, k) in SHAPES_8B.items():

@@ -640,3 +640,148 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   __trap();  // Gemv routes nothing here below sm_90 (Gemv.bulk_capable)
 #endif
 }
+
+// int4 weights (q [N, K / 8] kernel layout, AWQ zeros / fp16 scales: gemv_int4.cu) through the
+// bulk-copy pipeline of gemv_bulk_bf16: slot row r holds row a(r / 2) + r % 2 of the tile
+// (gemv_int4.cu's pairs of adjacent rows, int4_row_a), C bytes (2 C k) of it per item;
+// consumer warp w takes groups [w, w + 1) C / (64 WARPS) of each item (64 bytes of a row per
+// 128-k group), lane (g, t) the 16-byte vectors t of its rows 2g, 2g + 1 in each, and does
+// gemv_int4.cu's dequantizing mma arithmetic (int4_math) on them; x comes from global memory
+// as in gemv_int4.cu (XLoad, L1), the group's zeros word and scale pair by register loads
+// issued one item ahead (their latency hidden behind the wait and the item before). Plain x,
+// a residual or the SwiGLU epilogue (PRO 0, 4, 8). Slot rows are C + 32 bytes apart: rows 2g
+// (and 2g + 1) of a quarter warp's lanes then fall in different bank halves.
+// smem: ring [S][16][C + 32] bytes.
+template <int WARPS, int S, int C, int PRO>
+__global__ void __launch_bounds__(32 * (WARPS + 1), 1)
+gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
+               const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M,
+               int N, int K, const u16* res, const uint4* __restrict__ nw, float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
+  static_assert(GEMV_RING_PRO(PRO) && GEMV_ACT(PRO) == 0, "plain x, a residual or the SwiGLU "
+                "epilogue");
+  static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 128-k groups per warp");
+  constexpr int RS = C + 32, SLOT = 16 * RS, GPW = C / WARPS / 64;  // groups per warp and item
+  constexpr bool GLU = GEMV_GLU(PRO);
+  extern __shared__ uint4 smem[];
+  __shared__ __align__(8) unsigned long long full[S], empty[S];
+  __shared__ float red[2 * WARPS * 4 * 32];  // two tiles' per-warp sums
+#ifndef GEMV_LATE_TRIGGER
+  pdl_trigger();
+#endif
+  const int row_bytes = K >> 1, groups = K >> 7;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int tiles = (N + 15) >> 4, per = (row_bytes + C - 1) / C;  // items per tile
+  const int mine = (int)blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int total = mine * per;
+  const char* ring = reinterpret_cast<const char*>(smem);
+  const u32 ring_at = (u32)__cvta_generic_to_shared(ring);
+  const u32 full0 = (u32)__cvta_generic_to_shared(full);
+  const u32 empty0 = (u32)__cvta_generic_to_shared(empty);
+  const bool producer = threadIdx.x == 32 * WARPS;
+  if (threadIdx.x < S) {
+    mbar_init(full0 + 8 * threadIdx.x, 1);
+    mbar_init(empty0 + 8 * threadIdx.x, WARPS);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+  int in_tile = blockIdx.x, in_q = 0;  // the producer's next item
+  auto issue = [&](int i) {            // item i into slot i % S
+    const int slot = i % S, off = in_q * C, bytes = min(C, row_bytes - off);
+    const u32 bar = full0 + 8 * slot, dst = ring_at + slot * SLOT;
+    mbar_expect(bar, 16 * bytes);
+    const char* base = reinterpret_cast<const char*>(qw) + off;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const int row = int4_row_a<GLU>(in_tile, r >> 1, N) + (r & 1);
+      bulk_copy(dst + r * RS, base + (size_t)row * row_bytes, bytes, bar);
+    }
+    if (++in_q == per) {
+      in_q = 0;
+      in_tile += gridDim.x;
+    }
+  };
+  if (producer)
+    for (int i = 0; i < S && i < total; ++i) issue(i);  // before the wait: weights only
+  pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
+  if (warp == WARPS) {  // the producer warp: one lane refills slots as they empty
+    if (producer)
+      for (int i = S; i < total; ++i) {
+        mbar_wait(empty0 + 8 * (i % S), (u32)(i / S - 1) & 1u);
+        issue(i);
+      }
+    return;  // (an exit counts as the block's PDL trigger)
+  }
+  XLoad<0, 1> xl{};
+  xl.template init<WARPS>(x, nw, nullptr, g, M, K, eps);
+  xl.row[0] = kept(xl.row[0]);
+  // The metadata of an item (tile, q): this warp's groups' zeros words and scale pairs.
+  u32 zw[GPW], sw[GPW], nzw[GPW], nsw[GPW];
+  const u32* scales2 = reinterpret_cast<const u32*>(scales);
+  auto meta = [&](int tile, int q, u32 (&z)[GPW], u32 (&s)[GPW]) {
+    const int a = int4_row_a<GLU>(tile, g, N);
+#pragma unroll
+    for (int u = 0; u < GPW; ++u) {
+      const int grp = min(q * (C / 64) + warp * GPW + u, groups - 1);
+      z[u] = __ldg(zeros + (size_t)grp * (N >> 3) + (a >> 3));
+      s[u] = __ldg(scales2 + (((size_t)grp * N + a) >> 1));
+    }
+  };
+  if (total > 0) meta(blockIdx.x, 0, nzw, nsw);
+  const int trigger_at = max(total - S, 0);  // late trigger: as the last S items stream
+  if (total == 0) GEMV_TRIGGER_END();
+  float acc[1][4] = {};
+  int q = 0, tile = blockIdx.x, tt = 0;
+  for (int i = 0; i < total; ++i) {
+    const int slot = i % S;
+    if (i == trigger_at) GEMV_TRIGGER_END();
+#pragma unroll
+    for (int u = 0; u < GPW; ++u) {
+      zw[u] = nzw[u];
+      sw[u] = nsw[u];
+    }
+    if (i + 1 < total) meta(q + 1 == per ? tile + gridDim.x : tile, q + 1 == per ? 0 : q + 1,
+                            nzw, nsw);
+    const u32 zsh = 2 * (int4_row_a<GLU>(tile, g, N) & 7);
+    mbar_wait(full0 + 8 * slot, (u32)(i / S) & 1u);
+    const char* rows = ring + slot * SLOT + 2 * g * RS + warp * GPW * 64 + 16 * t;
+#pragma unroll
+    for (int u = 0; u < GPW; ++u) {
+      const int grp = q * (C / 64) + warp * GPW + u;
+      if (grp >= groups) break;  // past the row's end (the same in the whole warp)
+      Int4Stage<1> st;
+      st.a[0] = *reinterpret_cast<const uint4*>(rows + u * 64);
+      st.b[0] = *reinterpret_cast<const uint4*>(rows + RS + u * 64);
+      st.zw[0] = zw[u];
+      st.sw[0] = sw[u];
+      int4_math<1, 1>(acc, st, xl, (u32)grp, (u32)groups, t, zsh);
+    }
+    __syncwarp();  // this warp's reads of the slot are done: one arrival per warp
+    if (lane == 0)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty0 + 8 * slot)
+                   : "memory");
+    if (++q == per) {  // the tile's sums: consumer warp 0 adds the others' and stores
+      int4_store_order<1>(acc, g, t);
+      float* buf = red + (tt & 1) * WARPS * 4 * 32;
+      if (warp != 0)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) buf[(warp * 4 + c) * 32 + lane] = acc[0][c];
+      asm volatile("bar.sync 1, %0;" ::"r"(32 * WARPS) : "memory");  // the consumers only
+      if (warp == 0) {
+#pragma unroll
+        for (int v = 1; v < WARPS; ++v)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[0][c] += buf[(v * 4 + c) * 32 + lane];
+        store_out<1, PRO>(y, res, acc, tile, g, t, M, N, 1.f, 1.f, nullptr);
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
+      q = 0;
+      tile += gridDim.x;
+      ++tt;
+    }
+  }
+#else
+  __trap();  // Gemv routes nothing here below sm_90 (Gemv.bulk_capable)
+#endif
+}

@@ -51,7 +51,7 @@ def _recording_gemv(ring=None):
     gemv = Gemv.__new__(Gemv)  # no device: only the launch logic runs
     gemv.tuned, gemv.sms, gemv.sweep = {}, 132, False
     gemv._rings = {"gemv": None, "gemv_int4": None}
-    gemv._bulk = None
+    gemv._bulks = {"gemv": None, "gemv_int4": None}
     gemv.max_shared = 227 * 1024  # an H100 / H200 block's limit
     gemv.ring = gemv.ring_int4 = ring
     calls = []
@@ -69,7 +69,8 @@ def _recording_gemv(ring=None):
         (fn, grid, block, len(args), *smem))
     ring_names = {V.ring_name(f, ks, s, pro) for f in V.RING_KERNELS
                   for ks, s in V.RING_VARIANTS[f] for pro in V.RING_PROS}
-    ring_names |= {V.bulk_name(*v, pro) for v in V.BULK_VARIANTS for pro in V.RING_PROS}
+    ring_names |= {V.bulk_name(f, *v, pro) for f in V.BULK_KERNELS for v in V.BULK_VARIANTS[f]
+                   for pro in V.BULK_PROS[f]}
     gemv._ring_module = lambda pro: Module(ring_names)
     gemv._shared_set = {name: 1 << 30 for name in ring_names}  # no driver call here
     return gemv, calls
@@ -156,24 +157,34 @@ def test_ring_dispatch():
 
 def test_bulk_dispatch():
     """With bulk set, the bf16 launches the ring would take go to gemv_bulk_bf16 instead (one
-    block per SM at most, WARPS + 1 warps, the slots' and x's shared bytes); int4 keeps its
-    ring or tuned kernel."""
+    block per SM at most, WARPS + 1 warps, the slots' and x's shared bytes); with bulk_int4,
+    int4 launches of plain x, a residual or the SwiGLU epilogue go to gemv_bulk_int4 (slots
+    only), its RMSNorm prologue to the ring."""
     import torch
 
     gemv, calls = _recording_gemv(ring=(16, 8, 1))
     gemv.bulk = V.BULK_DEFAULT
-    warps, slots, row_bytes = V.BULK_DEFAULT
     k = 512
-    for n, m in ((256, 1), (8192, 8)):
-        x = torch.randn(m, k).bfloat16()
-        for kw, pro in (({}, 0), ({"residual": torch.zeros(m, n).bfloat16()}, 4),
-                        ({"glu": True}, 8), ({"norm": torch.ones(k).bfloat16()}, 1)):
-            calls.clear()
-            gemv.bf16(x, _weight("bf16", n, k), **kw)
-            (name, grid, block, nargs, smem), = calls
-            assert name == V.bulk_name(warps, slots, row_bytes, pro)
-            assert grid == (min(n // 16, 132),) and block == (32 * (warps + 1),)
-            assert nargs == 9 and smem == V.bulk_shared_bytes(warps, slots, row_bytes, m, k)
+    for file, kind, setting in (("gemv", "bf16", V.BULK_DEFAULT),
+                                ("gemv_int4", "int4", V.BULK_VARIANTS["gemv_int4"][1])):
+        gemv.bulk_int4 = setting if kind == "int4" else None
+        warps, slots, row_bytes = setting
+        for n, m in ((256, 1), (8192, 8)):
+            x = torch.randn(m, k).bfloat16()
+            for kw, pro in (({}, 0), ({"residual": torch.zeros(m, n).bfloat16()}, 4),
+                            ({"glu": True}, 8)):
+                calls.clear()
+                getattr(gemv, kind)(x, _weight(kind, n, k), **kw)
+                (name, grid, block, nargs, smem), = calls
+                assert name == V.bulk_name(file, warps, slots, row_bytes, pro)
+                assert grid == (min(n // 16, 132),) and block == (32 * (warps + 1),)
+                assert nargs == (9 if kind == "bf16" else 11)
+                assert smem == V.bulk_shared_bytes(file, warps, slots, row_bytes, m, k)
+    calls.clear()
+    gemv.int4(torch.randn(1, k).bfloat16(), _weight("int4", 256, k),
+              norm=torch.ones(k).bfloat16())
+    assert calls[0][0] == V.ring_name("gemv_int4", 16, 8, 1)
+    gemv.bulk_int4 = None
     calls.clear()
     gemv.int4(torch.randn(1, k).bfloat16(), _weight("int4", 256, k))
     assert calls[0][0] == V.ring_name("gemv_int4", 16, 8, 0)

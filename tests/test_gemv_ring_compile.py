@@ -20,7 +20,7 @@ def _gemv(ring):
     """A Gemv without a device (only the routing state), ring set for both weight kinds."""
     g = L.Gemv.__new__(L.Gemv)
     g._rings = {"gemv": None, "gemv_int4": None}
-    g._bulk = None
+    g._bulks = {"gemv": None, "gemv_int4": None}
     g.max_shared = 227 * 1024  # an H100 / H200 block's limit
     if ring is not None:
         g.ring = g.ring_int4 = ring
@@ -68,32 +68,43 @@ def test_default_ring_keeps_two_blocks_off_one_sm():
 
 
 def test_bulk_routing_and_default():
-    """The bulk kernel takes what the ring takes (bf16 only), ahead of the ring; its default
-    keeps one block per SM (more than half of 228 KiB) and fits with x at its largest."""
+    """The bf16 bulk kernel takes what the ring takes, the int4 one plain x, a residual or the
+    SwiGLU epilogue (x read from global memory: no staging limit), each ahead of its ring;
+    every variant keeps one block per SM (more than half of 228 KiB) and the default fits with
+    x at its largest."""
     g = _gemv(V.RING_DEFAULT)
     assert not g.takes_bulk("gemv", V.PLAIN, 1, 4096)  # None: the ring
     g.bulk_capable = True
     g.bulk = V.BULK_DEFAULT
-    assert g.bulk == V.BULK_DEFAULT
+    assert g.bulk == V.BULK_DEFAULT and g.bulk_int4 is None
     assert g.takes_bulk("gemv", V.PLAIN, 1, 4096) and g.takes_bulk("gemv", V.RMSNORM | V.GLU, 4,
                                                                    4096)
     assert g.takes_bulk("gemv", V.RESIDUAL, 1, 12288)
-    assert not g.takes_bulk("gemv_int4", V.PLAIN, 1, 4096)
+    assert not g.takes_bulk("gemv_int4", V.PLAIN, 1, 4096)  # bulk_int4 None
     assert not g.takes_bulk("gemv", V.SWIGLU, 1, 4096)
     assert not g.takes_bulk("gemv", V.PLAIN, 9, 1024)
     assert not g.takes_bulk("gemv", V.PLAIN, 2, 12288)  # 48 KiB of x
-    with pytest.raises(ValueError, match="Gemv.bulk"):
+    assert not g.takes_bulk("gemv_int8", V.PLAIN, 1, 4096)
+    g.bulk_int4 = V.BULK_VARIANTS["gemv_int4"][0]
+    assert g.takes_bulk("gemv_int4", V.PLAIN, 8, 12288)  # x from global memory
+    assert g.takes_bulk("gemv_int4", V.GLU, 1, 4096)
+    assert not g.takes_bulk("gemv_int4", V.RMSNORM, 1, 4096)
+    with pytest.raises(ValueError, match="Gemv.bulk "):
         g.bulk = (8, 5, 2048)
+    with pytest.raises(ValueError, match="Gemv.bulk_int4"):
+        g.bulk_int4 = (8, 6, 2048)  # a bf16 variant only
     g.bulk_capable = False
     with pytest.raises(ValueError, match="compute capability 9.0"):
         g.bulk = V.BULK_DEFAULT
-    warps, slots, row_bytes = V.BULK_DEFAULT
-    assert 2 * V.bulk_shared_bytes(warps, slots, row_bytes, 1, 128) > 228 * 1024
-    for w, s_, c in V.BULK_VARIANTS:
-        assert c % (64 * w) == 0  # whole 64-byte row pieces per consumer warp
-        assert 2 * V.bulk_shared_bytes(w, s_, c, 1, 128) > 228 * 1024
-    assert (V.bulk_shared_bytes(*V.BULK_DEFAULT, 8, V.RING_X_BYTES // 16)
-            + V.bulk_static_bytes(warps, slots) <= 227 * 1024)
+    for f in V.BULK_KERNELS:
+        for w, s_, c in V.BULK_VARIANTS[f]:
+            assert c % (64 * w) == 0  # whole 64-byte row pieces (int4: groups) per warp
+            assert 2 * V.bulk_shared_bytes(f, w, s_, c, 1, 128) > 228 * 1024
+            assert (V.bulk_shared_bytes(f, w, s_, c, 1, 4096) + V.bulk_static_bytes(f, w, s_)
+                    <= 227 * 1024)
+    warps, slots, _ = V.BULK_DEFAULT
+    assert (V.bulk_shared_bytes("gemv", *V.BULK_DEFAULT, 8, V.RING_X_BYTES // 16)
+            + V.bulk_static_bytes("gemv", warps, slots) <= 227 * 1024)
 
 
 def test_shared_bytes():
@@ -114,7 +125,8 @@ def _ring_module_names() -> list[str]:
     """What Gemv._ring_module compiles, for every prologue."""
     return ([V.ring_name(f, ks, s, pro) for pro in V.RING_PROS for f in V.RING_KERNELS
              for ks, s in V.RING_VARIANTS[f]]
-            + [V.bulk_name(*v, pro) for pro in V.RING_PROS for v in V.BULK_VARIANTS])
+            + [V.bulk_name(f, *v, pro) for f in V.BULK_KERNELS for v in V.BULK_VARIANTS[f]
+               for pro in V.BULK_PROS[f]])
 
 
 def _compile_ring_module(tmp_path, names: list[str], arch: str):

@@ -94,32 +94,42 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
     return 4 * (2 * warps * 4 * 32 + (warps + 1) * 8 + group_sums)
 
 
-# The bulk-copy ring for bf16 weights (kernels/gemv_ring.cu gemv_bulk_bf16): (WARPS consumer
-# warps per block (and a producer warp), S slots per block, C bytes of each of a tile's 16 rows
-# per slot) variants compiled, each above half an SM's shared memory (one block per SM); the
-# same prologues and x limit as the rings above.
-BULK_VARIANTS = ((8, 4, 2048), (8, 6, 2048), (16, 4, 2048), (8, 3, 4096), (16, 3, 4096))
+# The bulk-copy kernels (kernels/gemv_ring.cu gemv_bulk_bf16 / gemv_bulk_int4): (WARPS
+# consumer warps per block (and a producer warp), S slots per block, C bytes of each of a
+# tile's 16 rows per slot) variants compiled per weight kind, each above half an SM's shared
+# memory (one block per SM), and the prologues they take (bf16: the rings' and x staged as they
+# do; int4: plain x, read as gemv_int4.cu reads it).
+BULK_KERNELS = {"gemv": "gemv_bulk_bf16", "gemv_int4": "gemv_bulk_int4"}
+BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 6, 2048), (16, 4, 2048), (8, 3, 4096), (16, 3, 4096)),
+                 "gemv_int4": ((8, 4, 2048), (4, 4, 2048), (16, 4, 2048), (8, 3, 4096))}
+BULK_PROS = {"gemv": RING_PROS, "gemv_int4": (PLAIN, RESIDUAL, GLU)}
 # The default for bf16 weights on sm_90 (ahead of the cp.async ring, which then never runs):
 # H200, bench/ablation.py, qwen3-8b bf16 decode step 4.270 ms against 4.444 with the tuned
 # kernels on a node where the cp.async ring streamed at 63% of copy; the bigger rings ((8, 6,
 # 2048): 203 KB) stream faster alone but make the step slower (4.94 ms); also faster for
 # qwen3-0.6b (0.761 vs 0.791 ms) and qwen3-30b-a3b (2.746 vs 2.883): NOTES_decode.md, session 9.
+# int4 weights keep the tuned kernel: the int4 bulk kernel has not run on a GPU yet.
 BULK_DEFAULT = (8, 4, 2048)
+# bytes a slot row is padded by: bank-conflict-free 16-byte reads (kernels/gemv_ring.cu)
+BULK_PAD = {"gemv": 64, "gemv_int4": 32}
 
 
-def bulk_name(warps: int, slots: int, row_bytes: int, pro: int) -> str:
-    return f"gemv_bulk_bf16<{warps}, {slots}, {row_bytes}, {pro}>"
+def bulk_name(file: str, warps: int, slots: int, row_bytes: int, pro: int) -> str:
+    return f"{BULK_KERNELS[file]}<{warps}, {slots}, {row_bytes}, {pro}>"
 
 
-def bulk_shared_bytes(warps: int, slots: int, row_bytes: int, m: int, k: int) -> int:
-    """Dynamic shared memory of a bulk launch: the slots (rows padded by 64 bytes), then x."""
-    return slots * 16 * (row_bytes + 64) + m * k * 2
+def bulk_shared_bytes(file: str, warps: int, slots: int, row_bytes: int, m: int,
+                      k: int) -> int:
+    """Dynamic shared memory of a bulk launch: the slots (16 padded rows each), then x (bf16;
+    the int4 kernel reads x from global memory)."""
+    x_bytes = m * k * 2 if file == "gemv" else 0
+    return slots * 16 * (row_bytes + BULK_PAD[file]) + x_bytes
 
 
-def bulk_static_bytes(warps: int, slots: int) -> int:
-    """Static shared memory of a bulk kernel: its mbarriers, two tiles' per-warp sums and the
-    RMSNorm partials."""
-    return 16 * slots + 4 * (2 * warps * 4 * 32 + (warps + 2) * 8)
+def bulk_static_bytes(file: str, warps: int, slots: int) -> int:
+    """Static shared memory of a bulk kernel: its mbarriers, two tiles' per-warp sums and (bf16)
+    the RMSNorm partials."""
+    return 16 * slots + 4 * 2 * warps * 4 * 32 + (4 * (warps + 2) * 8 if file == "gemv" else 0)
 
 
 def pros_of(file: str) -> tuple[int, ...]:

@@ -7,7 +7,8 @@
   on torch's current stream (so they interleave with torch ops and are captured in CUDA
   graphs), output allocated by torch; bf16 weights at M <= 8 (x within RING_X_BYTES) go to
   a persistent kernel of kernels/gemv_ring.cu: the bulk-copy one on sm_90 (`Gemv.bulk`),
-  else the cp.async ring (`Gemv.ring`; int4 with `ring_int4`, off by default);
+  else the cp.async ring (`Gemv.ring`); int4 weights with `bulk_int4` / `ring_int4` (both
+  off by default);
 * more rows (prefill): torch's matmul (cuBLAS); a quantized weight is dequantized to bf16
   first by a one-pass kernel (dequant_int8 / dequant_int4), small next to a prefill's matmul.
 
@@ -37,6 +38,8 @@ import torch.nn.functional as F
 from kestrel_rt.cuda.gemv_variants import (
     BF16_MAX_ROWS,
     BULK_DEFAULT,
+    BULK_KERNELS,
+    BULK_PROS,
     BULK_VARIANTS,
     GLU,
     KERNELS,
@@ -114,7 +117,8 @@ class Gemv:
                                                                "gemv_int4": None}
         # the bulk-copy kernels need sm_90 (cp.async.bulk, mbarrier transaction counts)
         self.bulk_capable = torch.cuda.get_device_capability(self.device_index) >= (9, 0)
-        self._bulk: tuple[int, int, int] | None = BULK_DEFAULT if self.bulk_capable else None
+        self._bulks: dict[str, tuple[int, int, int] | None] = {
+            "gemv": BULK_DEFAULT if self.bulk_capable else None, "gemv_int4": None}
         self._shared_set: dict[str, int] = {}  # kernel -> dynamic shared bytes allowed
         # the most shared memory one block may have on this device (a ring launch above it
         # goes to the tuned kernels instead: GPUs with less than an H100's 227 KB)
@@ -154,18 +158,33 @@ class Gemv:
         SM: WARPS consumer warps and a producer warp streaming 16-row tiles through S
         shared-memory slots of C bytes per row, filled by bulk copies), ahead of `ring`;
         BULK_DEFAULT on sm_90 and newer; None: `ring` or the tuned kernels."""
-        return self._bulk
+        return self._bulks["gemv"]
 
     @bulk.setter
     def bulk(self, value: tuple[int, int, int] | None) -> None:
-        if value is not None:
-            value = tuple(int(v) for v in value)
-            if value not in BULK_VARIANTS:
-                raise ValueError(f"Gemv.bulk must be None or (WARPS, S, C) of "
-                                 f"{list(BULK_VARIANTS)}, got {value!r}")
-            if not getattr(self, "bulk_capable", True):
-                raise ValueError("Gemv.bulk needs a GPU of compute capability 9.0 or newer")
-        self._bulk = value
+        self._bulks["gemv"] = self._bulk_setting(value, "Gemv.bulk", "gemv")
+
+    @property
+    def bulk_int4(self) -> tuple[int, int, int] | None:
+        """int4 weights: as `bulk`, for gemv_bulk_int4 (plain x, a residual or the SwiGLU
+        epilogue), ahead of `ring_int4`; None by default (not yet measured on a GPU)."""
+        return self._bulks["gemv_int4"]
+
+    @bulk_int4.setter
+    def bulk_int4(self, value: tuple[int, int, int] | None) -> None:
+        self._bulks["gemv_int4"] = self._bulk_setting(value, "Gemv.bulk_int4", "gemv_int4")
+
+    def _bulk_setting(self, value, what: str, file: str) -> tuple[int, int, int] | None:
+        """A bulk setting checked: None or (WARPS, S, C) of a compiled variant, on sm_90+."""
+        if value is None:
+            return None
+        value = tuple(int(v) for v in value)
+        if value not in BULK_VARIANTS[file]:
+            raise ValueError(f"{what} must be None or (WARPS, S, C) of "
+                             f"{list(BULK_VARIANTS[file])}, got {value!r}")
+        if not getattr(self, "bulk_capable", True):
+            raise ValueError(f"{what} needs a GPU of compute capability 9.0 or newer")
+        return value
 
     def _run(self, fn, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         """Launch a gemv kernel on torch's current stream (PDL when enabled)."""
@@ -203,7 +222,8 @@ class Gemv:
         if module is None:
             names = [ring_name(f, ks, s, pro) for f in RING_KERNELS
                      for ks, s in RING_VARIANTS[f]]
-            names += [bulk_name(*v, pro) for v in BULK_VARIANTS]
+            names += [bulk_name(f, *v, pro) for f in BULK_KERNELS for v in BULK_VARIANTS[f]
+                      if pro in BULK_PROS[f]]
             with self._cupy.cuda.Device(self.device_index):
                 module = self._cupy.RawModule(code=_source("gemv_ring"), options=self.options,
                                               name_expressions=names)
@@ -227,15 +247,15 @@ class Gemv:
             for w in ws:
                 self.bf16(x, w, out=out)
 
-        saved, bulk, times = self.ring, self._bulk, []
-        self._bulk = None  # the ring, not the bulk kernel
+        saved, bulk, times = self.ring, self.bulk, []
+        self._bulks["gemv"] = None  # the ring, not the bulk kernel
         try:
             with torch.cuda.device(dev):
                 for setting in (saved, None):
                     self.ring = setting
                     times.append(time_graph(products, reps) * 1e6 / copies)
         finally:
-            self.ring, self._bulk = saved, bulk
+            self.ring, self._bulks["gemv"] = saved, bulk
         return times[0], times[1]
 
     def settle_ring(self, margin: float = 1.10) -> None:
@@ -250,7 +270,7 @@ class Gemv:
         when the probe's 256 MB do not fit (the ring stays as it is). The times stay in
         `ring_probe_us` (ring, tuned). Nor while `bulk` is set: bf16 decode gemvs then take
         the bulk kernel, never the ring."""
-        if self.ring is None or self._bulk is not None or (torch.cuda.is_available()
+        if self.ring is None or self.bulk is not None or (torch.cuda.is_available()
                                  and torch.cuda.is_current_stream_capturing()):
             return
         try:
@@ -273,22 +293,24 @@ class Gemv:
                 <= self.max_shared)
 
     def takes_bulk(self, file: str, pro: int, m: int, k: int) -> bool:
-        """True when a launch goes to gemv_bulk_bf16: bf16 weights with `bulk` set, and
-        what takes_ring asks of a launch (prologue, rows of x, shared memory)."""
-        if (self._bulk is None or file != "gemv" or pro not in RING_PROS or m > 8
-                or m * k * 2 > RING_X_BYTES):
+        """True when a launch goes to a bulk kernel: a bulk setting for the weight kind, a
+        prologue it takes, at most 8 rows of x (bf16: within RING_X_BYTES, staged as the
+        ring stages it), and the block's shared memory within the device's limit."""
+        setting = self._bulks.get(file)
+        if (setting is None or pro not in BULK_PROS[file] or m > 8
+                or (file == "gemv" and m * k * 2 > RING_X_BYTES)):
             return False
-        warps, slots, _ = self._bulk
-        return (bulk_shared_bytes(*self._bulk, m, k) + bulk_static_bytes(warps, slots)
+        warps, slots, _ = setting
+        return (bulk_shared_bytes(file, *setting, m, k) + bulk_static_bytes(file, warps, slots)
                 <= self.max_shared)
 
-    def _launch_bulk(self, x, w, y, m: int, n: int, k: int, residual, pro: int, norm,
-                     eps: float) -> None:
-        """y [M, N] = residual + act(x) @ W.T (or the GLU epilogue) through gemv_bulk_bf16:
-        one block per SM (fewer when there are fewer tiles)."""
-        warps, slots, row_bytes = self._bulk
-        self._launch_persistent(bulk_name(warps, slots, row_bytes, pro), pro,
-                                bulk_shared_bytes(warps, slots, row_bytes, m, k),
+    def _launch_bulk(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
+                     norm, eps: float) -> None:
+        """y [M, N] = residual + act(x) @ W.T (or the GLU epilogue) through the bulk kernel
+        of the weight kind: one block per SM (fewer when there are fewer tiles)."""
+        warps, slots, row_bytes = self._bulks[file]
+        self._launch_persistent(bulk_name(file, warps, slots, row_bytes, pro), pro,
+                                bulk_shared_bytes(file, warps, slots, row_bytes, m, k),
                                 min(math.ceil(n / 16), self.sms), 32 * (warps + 1),
                                 (x, w, y, m, n, k, residual, norm, eps))
 
@@ -360,7 +382,7 @@ class Gemv:
         pro |= SSQ if ssq_out is not None else 0
         pro |= RSTD_IN if ssq_in is not None else 0
         if geom is None and self.takes_bulk(file, pro, m, k):
-            self._launch_bulk(x, w, y, m, n, k, residual, pro, norm, eps)
+            self._launch_bulk(file, x, w, y, m, n, k, residual, pro, norm, eps)
             return y
         if geom is None and self.takes_ring(file, pro, m, k):
             self._launch_ring(file, x, w, y, m, n, k, residual, pro, norm, eps)

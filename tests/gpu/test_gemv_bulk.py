@@ -1,7 +1,8 @@
-"""The bulk-copy ring gemv (kernels/gemv_ring.cu gemv_bulk_bf16) against the torch reference.
+"""The bulk-copy gemvs (kernels/gemv_ring.cu gemv_bulk_bf16, gemv_bulk_int4) against the torch
+reference.
 
-Every compiled (WARPS, S, C) variant; plain, residual (also in place), SwiGLU-epilogue and
-RMSNorm-prologue launches; rows whose length is not a multiple of C (a partial last item),
+Every compiled (WARPS, S, C) variant of both; plain, residual (also in place) and
+SwiGLU-epilogue launches, bf16 also with the RMSNorm prologue; rows whose length is not a multiple of C (a partial last item),
 tile counts below and above the warps of the grid, up to 8 rows of x. Fresh random inputs,
 NaN-poisoned outputs (every element must be written), relative error <= 1e-2; NaN never
 passes. Plus a chain under PDL inside a CUDA graph, and a model's decode through it.
@@ -14,7 +15,7 @@ import torch
 
 cupy = pytest.importorskip("cupy")
 
-from test_gemv_ring import _poisoned, _rel_err, _silu_glu_ref
+from test_gemv_ring import _poisoned, _rel_err, _silu_glu_ref, _weight
 
 from kestrel_rt.cuda.gemv_variants import BULK_DEFAULT, BULK_VARIANTS
 from kestrel_rt.cuda.linear import Gemv
@@ -32,6 +33,13 @@ def _gemv(variant) -> Gemv:
     return g
 
 
+def _gemv_int4(variant) -> Gemv:
+    g = Gemv("cuda")
+    g.ring_int4 = None
+    g.bulk_int4 = variant
+    return g
+
+
 def _inputs(m: int, n: int, k: int, seed: int):
     gen = torch.Generator("cuda").manual_seed(seed)
     w = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).bfloat16()
@@ -39,7 +47,15 @@ def _inputs(m: int, n: int, k: int, seed: int):
     return w, x, gen
 
 
-@pytest.mark.parametrize("variant", BULK_VARIANTS, ids=lambda v: ".".join(map(str, v)))
+BF16 = BULK_VARIANTS["gemv"]
+INT4 = BULK_VARIANTS["gemv_int4"]
+
+
+def _ids(v) -> str:
+    return ".".join(map(str, v))
+
+
+@pytest.mark.parametrize("variant", BF16, ids=_ids)
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_bulk_plain_and_residual(variant, m, n, k):
     g = _gemv(variant)
@@ -55,7 +71,7 @@ def test_bulk_plain_and_residual(variant, m, n, k):
     assert y.data_ptr() == res.data_ptr() and _rel_err(y, want) <= TOL
 
 
-@pytest.mark.parametrize("variant", BULK_VARIANTS, ids=lambda v: ".".join(map(str, v)))
+@pytest.mark.parametrize("variant", BF16, ids=_ids)
 @pytest.mark.parametrize("m,i,k", [(1, 12288, 4096), (5, 520, 384)])
 @pytest.mark.parametrize("norm", [False, True])
 def test_bulk_glu_and_rmsnorm(variant, m, i, k, norm):
@@ -80,19 +96,21 @@ def test_bulk_setting_checked_and_routing():
     assert not g.takes_bulk("gemv", 0, 1, 4096)
     with pytest.raises(ValueError, match="Gemv.bulk"):
         g.bulk = (4, 4, 384)
-    g.bulk = BULK_VARIANTS[0]
+    g.bulk = BF16[0]
     assert g.takes_bulk("gemv", 0, 1, 4096) and g.takes_bulk("gemv", 1, 4, 4096)
     assert not g.takes_bulk("gemv", 0, 9, 4096)  # more than 8 rows
     assert not g.takes_bulk("gemv", 2, 1, 4096)  # SwiGLU prologue
-    assert not g.takes_bulk("gemv_int4", 0, 1, 4096)
+    assert not g.takes_bulk("gemv_int4", 0, 1, 4096)  # int4: off by default
     assert not g.takes_bulk("gemv", 0, 2, 12288)  # x above the staging budget
+    g.bulk_int4 = INT4[0]
+    assert g.takes_bulk("gemv_int4", 0, 1, 4096) and not g.takes_bulk("gemv_int4", 1, 1, 4096)
 
 
 def test_bulk_under_pdl_in_a_cuda_graph():
     """o = x @ W1, then y = o @ W2 + res: each launch waits for the one before (PDL), captured
     in a CUDA graph and replayed with new x."""
     g = Gemv("cuda", pdl=True)
-    g.bulk = BULK_VARIANTS[0]
+    g.bulk = BF16[0]
     w1, x, gen = _inputs(1, 4096, 4096, 5)
     w2 = (torch.randn(4096, 4096, device="cuda", generator=gen) * 0.02).bfloat16()
     mid, res, out = _poisoned(1, 4096), _poisoned(1, 4096), _poisoned(1, 4096)
@@ -132,7 +150,7 @@ def test_model_decode_with_bulk_as_accurate():
     be = CupyBackend("cuda", torch.bfloat16)
     be.settle_ring = False
     g = be.gemv()
-    g.bulk = BULK_VARIANTS[0]
+    g.bulk = BF16[0]
     launches = []
     launch = g._launch_bulk
     g._launch_bulk = lambda *a: launches.append(a) or launch(*a)
@@ -140,3 +158,66 @@ def test_model_decode_with_bulk_as_accurate():
     assert launches
     for a, r, e in zip(got, ref, exact, strict=True):
         assert gm.rel_err(a, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
+
+
+# (M, N, K) for int4 (K % 128 == 0, N % 8 == 0): qwen3-8b's qkv and down, a row shorter than
+# an item's C bytes (a partial last item), 8-row tiles at the end, up to 8 rows of x
+INT4_SHAPES = [(1, 6144, 4096), (1, 4096, 12288), (3, 1000, 1152), (8, 520, 384),
+               (1, 8, 128), (2, 40000, 256)]
+
+
+@pytest.mark.parametrize("variant", INT4, ids=_ids)
+@pytest.mark.parametrize("m,n,k", INT4_SHAPES)
+def test_bulk_int4_plain_and_residual(variant, m, n, k):
+    g = _gemv_int4(variant)
+    assert g.takes_bulk("gemv_int4", 0, m, k)
+    gen = torch.Generator("cuda").manual_seed(m * 131 + n + k + sum(variant))
+    w, dense = _weight("int4", n, k, gen)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    ref = x.double() @ dense.T
+    assert _rel_err(g.int4(x, w, out=_poisoned(m, n)), ref) <= TOL
+    res = (torch.randn(m, n, device="cuda", generator=gen) * ref.std() * 0.3).bfloat16()
+    want = res.double() + ref
+    assert _rel_err(g.int4(x, w, out=_poisoned(m, n), residual=res), want) <= TOL
+    y = g.int4(x, w, out=res, residual=res)
+    assert y.data_ptr() == res.data_ptr() and _rel_err(y, want) <= TOL
+
+
+@pytest.mark.parametrize("variant", INT4, ids=_ids)
+@pytest.mark.parametrize("m,i,k", [(1, 12288, 4096), (5, 520, 384)])
+def test_bulk_int4_glu(variant, m, i, k):
+    g = _gemv_int4(variant)
+    gen = torch.Generator("cuda").manual_seed(m + i + k)
+    w, dense = _weight("int4", 2 * i, k, gen)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    y = g.int4(x, w, out=_poisoned(m, i), glu=True)
+    assert _rel_err(y, _silu_glu_ref(x.double() @ dense.T)) <= TOL
+
+
+def test_bulk_int4_under_pdl_in_a_cuda_graph():
+    """A bf16 bulk launch, then an int4 one on its output with a residual, under PDL in a CUDA
+    graph, replayed with new x."""
+    g = Gemv("cuda", pdl=True)
+    g.bulk, g.bulk_int4 = BF16[0], INT4[0]
+    gen = torch.Generator("cuda").manual_seed(9)
+    w1, d1 = _weight("bf16", 4096, 4096, gen)
+    w2, d2 = _weight("int4", 4096, 4096, gen)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16, generator=gen)
+    mid, res, out = _poisoned(1, 4096), _poisoned(1, 4096), _poisoned(1, 4096)
+
+    def step():
+        g.bf16(x, w1, out=mid)
+        g.int4(mid, w2, out=out, residual=res)
+
+    res.copy_(torch.randn(1, 4096, device="cuda", generator=gen).bfloat16())
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        x.copy_(torch.randn(1, 4096, device="cuda", generator=gen).bfloat16())
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel_err(mid, x.double() @ d1.T) <= TOL
+        assert _rel_err(out, res.double() + mid.double() @ d2.T) <= TOL
