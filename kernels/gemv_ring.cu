@@ -4,6 +4,8 @@
 // 9). The bf16 kernel does gemv.cu's mma arithmetic, the int4 one gemv_int4.cu's
 // dequantization with the zero point outside the mma chain (int4_item_math); what differs
 // from those kernels is how the weights reach the registers and how many blocks there are.
+// On sm_90 the bf16 launches go to gemv_bulk.cu instead (Gemv.bulk): this ring streamed at 63%
+// of copy on most H200 nodes (NOTES_decode.md, session 9); it stays for older GPUs and int4.
 //
 // Why: at batch 1 a decode step is ~7 dependent kernels per layer. The tuned gemvs launch one
 // block per 16-row tile (several waves) and let the next kernel launch only after their K
@@ -27,7 +29,7 @@
 // synchronization it needs. Item i of a thread is sub-step (ks + q KSPLIT) of its block's
 // tile number i / per (per = sub-steps of the warp per tile); the KSPLIT warps of the block
 // meet in shared memory per tile (reduce_ksplit, double-buffered by tile parity).
-#include "int4_math.cuh"
+#include "ring_stage.cuh"
 
 // 16 bytes global -> the shared-window address dst, L2 only, with gemv's 256-byte L2
 // prefetch hint; cp_async16 takes a generic pointer to shared memory instead.
@@ -76,59 +78,6 @@ __device__ __forceinline__ void ring_advance(RingCursor& c, int per) {
   }
 }
 
-// Where x chunk c of a row sits in the int4 ring's staged copy: c with bit 1 flipped where
-// bit 3 is set. A thread reads the chunks 4t + i of its group, one i at a time across the
-// warp's 4 t: unswizzled, t = 0, 2 (and 1, 3) hit the same banks (64 bytes apart: a 2-way
-// conflict); swizzled, the four sit in four bank quarters. An involution.
-__device__ __forceinline__ int x_swizzle(int c) { return c ^ ((c >> 2) & 2); }
-
-// act(x) rows m < M of x [M, K] into xs [M][K / 8] (SWZ: chunk v of a row at x_swizzle(v)): x itself (ACT 0) or its RMSNorm with
-// weight nw [K] (ACT 1, gemv_mma.cuh's PRO 1 rounding: bf16(nw * bf16(x * rstd)), rstd =
-// rsqrt(sum x^2 / K + eps), the sum in a fixed order: each thread its chunks tid, tid + T,
-// ..., then the warps' shuffle tree, then the WARPS partials in warp order). part: shared
-// floats [(WARPS + 1) * 8]. The whole block calls it (ending with a __syncthreads).
-template <int ACT, int WARPS, bool SWZ = false>
-__device__ __forceinline__ void stage_x(uint4* xs, const uint4* x, const uint4* nw, float eps,
-                                        int M, int kv, float* part) {
-#pragma unroll 4
-  for (int c = threadIdx.x; c < M * kv; c += blockDim.x) {
-    const int m = c / kv, v = c - m * kv;
-    xs[m * kv + (SWZ ? x_swizzle(v) : v)] = ld_cached(x + c);
-  }
-  if constexpr (ACT == 1) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    for (int m = 0; m < M; ++m) {
-      float ss = 0.f;
-      for (int v = threadIdx.x; v < kv; v += blockDim.x) ss = sum_squares(xs[m * kv + v], ss);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (lane == 0) part[warp * 8 + m] = ss;
-    }
-    __syncthreads();
-    if (threadIdx.x < M) {
-      float ss = 0.f;
-      for (int w = 0; w < WARPS; ++w) ss += part[w * 8 + threadIdx.x];
-      part[WARPS * 8 + threadIdx.x] = rsqrtf(ss / (float)(8 * kv) + eps);
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < M * kv; c += blockDim.x) {
-      const int m = c / kv, v = c - m * kv;  // xs[c] holds chunk v, or x_swizzle(v) (SWZ)
-      const float r = part[WARPS * 8 + m];
-      const uint4 a = xs[c], w = ld_cached(nw + (SWZ ? x_swizzle(v) : v));
-      xs[c] = make_uint4(rmsnorm2(a.x, w.x, r), rmsnorm2(a.y, w.y, r), rmsnorm2(a.z, w.z, r),
-                         rmsnorm2(a.w, w.w, r));
-    }
-  }
-  __syncthreads();
-}
-
-// x chunk v of activation row g + 8 j from the staged rows (zero for rows >= M: gemv.cu's
-// convention, so absent rows never meet a NaN weight product).
-__device__ __forceinline__ uint4 xs_chunk(const uint4* xs, int g, int M, int kv, int v) {
-  return g < M ? xs[g * kv + v] : zero4();
-}
-
 // The K-split sum and the store of tile `tile`, the block's tile j of this round (red: the
 // round's K-split floats, double-buffered by the caller; thread (g, t) holds weight rows g,
 // g + 8 of the tile, gemv.cu's order); acc zeroed after.
@@ -141,10 +90,6 @@ __device__ __forceinline__ void ring_store(float (&acc)[1][4], float* red, int j
 #pragma unroll
   for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
 }
-
-// The PROs the ring kernels take: plain x or its RMSNorm, a residual or the SwiGLU epilogue.
-#define GEMV_RING_PRO(PRO) \
-  (GEMV_ACT(PRO) <= 1 && !GEMV_RSTD(PRO) && !GEMV_SSQ(PRO) && !GEMV_RSTD_IN(PRO))
 
 // A ring kernel's static shared memory: the K-split sums of two tiles (ring_store) and the
 // RMSNorm partials (stage_x); gemv_variants.ring_static_bytes counts them.
@@ -313,17 +258,6 @@ __device__ __forceinline__ void int4_item_math(float (&acc)[1][4], const Int4Ite
   acc[0][3] = fmaf(sb, fmaf(-zb, s2.y, cg[3]), acc[0][3]);
 }
 
-// Row a of thread g's two adjacent int4 rows a, a + 1 in a tile (gemv_int4.cu's pairing; past
-// the end the last pair again, read, never stored).
-template <bool GLU>
-__device__ __forceinline__ int int4_row_a(int tile, int g, int N) {
-  if (GLU) {
-    const int half = N >> 1;
-    return min(8 * tile + 2 * (g & 3), half - 2) + (g >= 4 ? half : 0);
-  }
-  return min(16 * tile + 2 * g, N - 2);
-}
-
 // The first weight row of the 8-row half j of a tile (GLU: the gate rows, then the up rows;
 // past the end the last 8 rows, read, never stored). N % 8 == 0; GLU: N % 16 == 0.
 template <bool GLU>
@@ -480,308 +414,4 @@ gemv_ring_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
     ring_store<KSPLIT, PRO>(acc, red + (r & 1) * 16 * 4 * 32, j, y, res, tile, g, t, ks, lane,
                             M, N);
   }
-}
-
-// -- The bulk-copy ring (bf16) -------------------------------------------------------------
-// mbarrier and bulk-copy (TMA, 1-D) primitives; shared-window addresses.
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-// One arrival that also expects `bytes` of bulk copies to complete on the barrier.
-__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  u32 done = 0;
-  while (!done)
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 " selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-}
-// bytes (a multiple of 16) global -> shared dst by the SM's bulk-copy engine, completing on bar.
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-               "%2, [%3];" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-
-// bf16 weights W [N, K] through one ring of bulk copies per block (one block per SM). An item
-// is C bytes of each of a tile's 16 rows (a slot: 16 rows of C + 64 bytes). A producer warp
-// (the block's last) issues each item's 16 row copies from one lane, completing on the slot's
-// `full` mbarrier, and refills a slot once the WARPS consumer warps have arrived on its
-// `empty` mbarrier; consumer warp w multiplies columns [w C / WARPS, (w + 1) C / WARPS) of
-// every slot row. The block's tiles are blockIdx.x, + gridDim.x, ...; at a tile's end the
-// consumers' sums meet in shared memory (one named barrier of the consumers per tile,
-// double-buffered by tile parity) and consumer warp 0 stores. S items (S 16 C bytes per SM)
-// are in flight, the first S issued before the PDL wait.
-// Why: the cp.async ring above issues two copies per thread per 1 KB of weights; on some H200
-// nodes it streamed at 63% of copy where the tuned kernels made 89%, though a bare cp.async
-// stream of its addresses ran at copy speed (bench/stream_probe.py). A bulk copy moves a row's
-// C bytes with one instruction (the bare bulk stream: 104% of copy, reads only). A producer of
-// its own: a consumer lane that also refills slots waits on `empty` beside its own warp's
-// waits on `full`. Slot rows are C + 64 bytes apart: a quarter warp's 16-byte reads (rows g,
-// g + 1, four chunks each) then cover the 32 banks once.
-// smem: ring [S][16][C + 64] bytes, then xs [M][K / 8] uint4.
-template <int WARPS, int S, int C, int PRO>
-__global__ void __launch_bounds__(32 * (WARPS + 1), 1)
-gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N,
-               int K, const u16* res, const uint4* __restrict__ nw, float eps) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
-  static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
-                "epilogue");
-  static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 64-byte row pieces per warp");
-  constexpr int RS = C + 64, SLOT = 16 * RS, SUB = C / WARPS / 64;  // SUB: 32-k steps / warp
-  extern __shared__ uint4 smem[];
-  __shared__ __align__(8) unsigned long long full[S], empty[S];
-  __shared__ float red[2 * WARPS * 4 * 32];  // two tiles' per-warp sums
-  __shared__ float part[GEMV_ACT(PRO) == 1 ? (WARPS + 2) * 8 : 1];
-#ifndef GEMV_LATE_TRIGGER
-  pdl_trigger();  // the next kernel's blocks may launch now (else: as the last items stream)
-#endif
-  const int kv = K >> 3, row_bytes = 2 * K;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int tiles = (N + 15) >> 4, per = (row_bytes + C - 1) / C;  // items per tile
-  const int mine = (int)blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const int total = mine * per;
-  const char* ring = reinterpret_cast<const char*>(smem);
-  const u32 ring_at = (u32)__cvta_generic_to_shared(ring);
-  uint4* xs = smem + S * SLOT / 16;
-  const u32 full0 = (u32)__cvta_generic_to_shared(full);
-  const u32 empty0 = (u32)__cvta_generic_to_shared(empty);
-  const bool producer = threadIdx.x == 32 * WARPS;
-  if (threadIdx.x < S) {
-    mbar_init(full0 + 8 * threadIdx.x, 1);
-    mbar_init(empty0 + 8 * threadIdx.x, WARPS);
-  }
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  __syncthreads();
-  // The producer's cursor: the next item's tile and index in it.
-  int in_tile = blockIdx.x, in_q = 0;
-  auto issue = [&](int i) {  // item i into slot i % S
-    const int slot = i % S, off = in_q * C, bytes = min(C, row_bytes - off);
-    const u32 bar = full0 + 8 * slot, dst = ring_at + slot * SLOT;
-    mbar_expect(bar, 16 * bytes);
-    const char* base = reinterpret_cast<const char*>(w) + off;
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      int ra, rb;
-      tile_rows<GEMV_GLU(PRO)>(in_tile, r & 7, N, ra, rb);
-      bulk_copy(dst + r * RS, base + (size_t)(r & 8 ? rb : ra) * row_bytes, bytes, bar);
-    }
-    if (++in_q == per) {
-      in_q = 0;
-      in_tile += gridDim.x;
-    }
-  };
-  if (producer)
-    for (int i = 0; i < S && i < total; ++i) issue(i);  // before the wait: weights only
-  pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
-  stage_x<GEMV_ACT(PRO), WARPS + 1>(xs, x, nw, eps, M, kv, part);
-  if (warp == WARPS) {  // the producer warp: one lane refills slots as they empty
-    if (producer)
-      for (int i = S; i < total; ++i) {
-        mbar_wait(empty0 + 8 * (i % S), (u32)(i / S - 1) & 1u);
-        issue(i);
-      }
-    return;  // (an exit counts as the block's PDL trigger)
-  }
-  const int trigger_at = max(total - S, 0);  // late trigger: as the last S items stream
-  if (total == 0) GEMV_TRIGGER_END();
-  float acc[2][1][4] = {};
-  int q = 0, tile = blockIdx.x, tt = 0;
-  const int col0 = warp * (C / WARPS);  // this warp's first byte of a slot row
-  for (int i = 0; i < total; ++i) {
-    const int slot = i % S;
-    if (i == trigger_at) GEMV_TRIGGER_END();
-    mbar_wait(full0 + 8 * slot, (u32)(i / S) & 1u);
-    const uint4* wa = reinterpret_cast<const uint4*>(ring + slot * SLOT + g * RS + col0) + t;
-    const uint4* wb =
-        reinterpret_cast<const uint4*>(ring + slot * SLOT + (g + 8) * RS + col0) + t;
-    const int v0 = (q * C + col0) / 16 + t;  // the thread's first 16-byte vector of the row
-#pragma unroll
-    for (int s = 0; s < SUB; ++s) {
-      const int v = v0 + 4 * s;
-      uint4 A = wa[4 * s], B = wb[4 * s];
-      const uint4 X = v < kv ? xs_chunk(xs, g, M, kv, v) : zero4();
-      if (v >= kv) A = B = zero4();  // past the row's end: bytes no copy wrote
-      mma_bf16(acc[0][0], A.x, B.x, A.y, B.y, X.x, X.y);
-      mma_bf16(acc[1][0], A.z, B.z, A.w, B.w, X.z, X.w);
-    }
-    // This warp's reads of the slot are done (their values went into the mmas above): one
-    // arrival per warp.
-    __syncwarp();
-    if (lane == 0)
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty0 + 8 * slot)
-                   : "memory");
-    if (++q == per) {  // the tile's sums: consumer warp 0 adds the others' and stores
-      float* buf = red + (tt & 1) * WARPS * 4 * 32;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        acc[0][0][c] += acc[1][0][c];
-        acc[1][0][c] = 0.f;
-        if (warp != 0) buf[(warp * 4 + c) * 32 + lane] = acc[0][0][c];
-      }
-      asm volatile("bar.sync 1, %0;" ::"r"(32 * WARPS) : "memory");  // the consumers only
-      if (warp == 0) {
-#pragma unroll
-        for (int v = 1; v < WARPS; ++v)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[0][0][c] += buf[(v * 4 + c) * 32 + lane];
-        store_out<1, PRO>(y, res, acc[0], tile, g, t, M, N, 1.f, 1.f, nullptr);
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[0][0][c] = 0.f;
-      q = 0;
-      tile += gridDim.x;
-      ++tt;
-    }
-  }
-#else
-  __trap();  // Gemv routes nothing here below sm_90 (Gemv.bulk_capable)
-#endif
-}
-
-// int4 weights (q [N, K / 8] kernel layout, AWQ zeros / fp16 scales: gemv_int4.cu) through the
-// bulk-copy pipeline of gemv_bulk_bf16: slot row r holds row a(r / 2) + r % 2 of the tile
-// (gemv_int4.cu's pairs of adjacent rows, int4_row_a), C bytes (2 C k) of it per item;
-// consumer warp w takes groups [w, w + 1) C / (64 WARPS) of each item (64 bytes of a row per
-// 128-k group), lane (g, t) the 16-byte vectors t of its rows 2g, 2g + 1 in each, and does
-// gemv_int4.cu's dequantizing mma arithmetic (int4_math) on them; x comes from global memory
-// as in gemv_int4.cu (XLoad, L1), the group's zeros word and scale pair by register loads
-// issued one item ahead (their latency hidden behind the wait and the item before). Plain x,
-// a residual or the SwiGLU epilogue (PRO 0, 4, 8). Slot rows are C + 32 bytes apart: rows 2g
-// (and 2g + 1) of a quarter warp's lanes then fall in different bank halves.
-// smem: ring [S][16][C + 32] bytes.
-template <int WARPS, int S, int C, int PRO>
-__global__ void __launch_bounds__(32 * (WARPS + 1), 1)
-gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
-               const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M,
-               int N, int K, const u16* res, const uint4* __restrict__ nw, float eps) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
-  static_assert(GEMV_RING_PRO(PRO) && GEMV_ACT(PRO) == 0, "plain x, a residual or the SwiGLU "
-                "epilogue");
-  static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 128-k groups per warp");
-  constexpr int RS = C + 32, SLOT = 16 * RS, GPW = C / WARPS / 64;  // groups per warp and item
-  constexpr bool GLU = GEMV_GLU(PRO);
-  extern __shared__ uint4 smem[];
-  __shared__ __align__(8) unsigned long long full[S], empty[S];
-  __shared__ float red[2 * WARPS * 4 * 32];  // two tiles' per-warp sums
-#ifndef GEMV_LATE_TRIGGER
-  pdl_trigger();
-#endif
-  const int row_bytes = K >> 1, groups = K >> 7;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int tiles = (N + 15) >> 4, per = (row_bytes + C - 1) / C;  // items per tile
-  const int mine = (int)blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const int total = mine * per;
-  const char* ring = reinterpret_cast<const char*>(smem);
-  const u32 ring_at = (u32)__cvta_generic_to_shared(ring);
-  const u32 full0 = (u32)__cvta_generic_to_shared(full);
-  const u32 empty0 = (u32)__cvta_generic_to_shared(empty);
-  const bool producer = threadIdx.x == 32 * WARPS;
-  if (threadIdx.x < S) {
-    mbar_init(full0 + 8 * threadIdx.x, 1);
-    mbar_init(empty0 + 8 * threadIdx.x, WARPS);
-  }
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  __syncthreads();
-  int in_tile = blockIdx.x, in_q = 0;  // the producer's next item
-  auto issue = [&](int i) {            // item i into slot i % S
-    const int slot = i % S, off = in_q * C, bytes = min(C, row_bytes - off);
-    const u32 bar = full0 + 8 * slot, dst = ring_at + slot * SLOT;
-    mbar_expect(bar, 16 * bytes);
-    const char* base = reinterpret_cast<const char*>(qw) + off;
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const int row = int4_row_a<GLU>(in_tile, r >> 1, N) + (r & 1);
-      bulk_copy(dst + r * RS, base + (size_t)row * row_bytes, bytes, bar);
-    }
-    if (++in_q == per) {
-      in_q = 0;
-      in_tile += gridDim.x;
-    }
-  };
-  if (producer)
-    for (int i = 0; i < S && i < total; ++i) issue(i);  // before the wait: weights only
-  pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
-  if (warp == WARPS) {  // the producer warp: one lane refills slots as they empty
-    if (producer)
-      for (int i = S; i < total; ++i) {
-        mbar_wait(empty0 + 8 * (i % S), (u32)(i / S - 1) & 1u);
-        issue(i);
-      }
-    return;  // (an exit counts as the block's PDL trigger)
-  }
-  XLoad<0, 1> xl{};
-  xl.template init<WARPS>(x, nw, nullptr, g, M, K, eps);
-  xl.row[0] = kept(xl.row[0]);
-  // The metadata of an item (tile, q): this warp's groups' zeros words and scale pairs.
-  u32 zw[GPW], sw[GPW], nzw[GPW], nsw[GPW];
-  const u32* scales2 = reinterpret_cast<const u32*>(scales);
-  auto meta = [&](int tile, int q, u32 (&z)[GPW], u32 (&s)[GPW]) {
-    const int a = int4_row_a<GLU>(tile, g, N);
-#pragma unroll
-    for (int u = 0; u < GPW; ++u) {
-      const int grp = min(q * (C / 64) + warp * GPW + u, groups - 1);
-      z[u] = __ldg(zeros + (size_t)grp * (N >> 3) + (a >> 3));
-      s[u] = __ldg(scales2 + (((size_t)grp * N + a) >> 1));
-    }
-  };
-  if (total > 0) meta(blockIdx.x, 0, nzw, nsw);
-  const int trigger_at = max(total - S, 0);  // late trigger: as the last S items stream
-  if (total == 0) GEMV_TRIGGER_END();
-  float acc[1][4] = {};
-  int q = 0, tile = blockIdx.x, tt = 0;
-  for (int i = 0; i < total; ++i) {
-    const int slot = i % S;
-    if (i == trigger_at) GEMV_TRIGGER_END();
-#pragma unroll
-    for (int u = 0; u < GPW; ++u) {
-      zw[u] = nzw[u];
-      sw[u] = nsw[u];
-    }
-    if (i + 1 < total) meta(q + 1 == per ? tile + gridDim.x : tile, q + 1 == per ? 0 : q + 1,
-                            nzw, nsw);
-    const u32 zsh = 2 * (int4_row_a<GLU>(tile, g, N) & 7);
-    mbar_wait(full0 + 8 * slot, (u32)(i / S) & 1u);
-    const char* rows = ring + slot * SLOT + 2 * g * RS + warp * GPW * 64 + 16 * t;
-#pragma unroll
-    for (int u = 0; u < GPW; ++u) {
-      const int grp = q * (C / 64) + warp * GPW + u;
-      if (grp >= groups) break;  // past the row's end (the same in the whole warp)
-      Int4Stage<1> st;
-      st.a[0] = *reinterpret_cast<const uint4*>(rows + u * 64);
-      st.b[0] = *reinterpret_cast<const uint4*>(rows + RS + u * 64);
-      st.zw[0] = zw[u];
-      st.sw[0] = sw[u];
-      int4_math<1, 1>(acc, st, xl, (u32)grp, (u32)groups, t, zsh);
-    }
-    __syncwarp();  // this warp's reads of the slot are done: one arrival per warp
-    if (lane == 0)
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty0 + 8 * slot)
-                   : "memory");
-    if (++q == per) {  // the tile's sums: consumer warp 0 adds the others' and stores
-      int4_store_order<1>(acc, g, t);
-      float* buf = red + (tt & 1) * WARPS * 4 * 32;
-      if (warp != 0)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) buf[(warp * 4 + c) * 32 + lane] = acc[0][c];
-      asm volatile("bar.sync 1, %0;" ::"r"(32 * WARPS) : "memory");  // the consumers only
-      if (warp == 0) {
-#pragma unroll
-        for (int v = 1; v < WARPS; ++v)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[0][c] += buf[(v * 4 + c) * 32 + lane];
-        store_out<1, PRO>(y, res, acc, tile, g, t, M, N, 1.f, 1.f, nullptr);
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
-      q = 0;
-      tile += gridDim.x;
-      ++tt;
-    }
-  }
-#else
-  __trap();  // Gemv routes nothing here below sm_90 (Gemv.bulk_capable)
-#endif
 }

@@ -127,3 +127,14 @@ __device__ __forceinline__ void int4_store_order(float (&acc)[MT][4], int g, int
     }
   }
 }
+
+// Row a of thread g's two adjacent int4 rows a, a + 1 in a tile (gemv_int4.cu's pairing; past
+// the end the last pair again, read, never stored).
+template <bool GLU>
+__device__ __forceinline__ int int4_row_a(int tile, int g, int N) {
+  if (GLU) {
+    const int half = N >> 1;
+    return min(8 * tile + 2 * (g & 3), half - 2) + (g >= 4 ? half : 0);
+  }
+  return min(16 * tile + 2 * g, N - 2);
+}

@@ -71,7 +71,8 @@ def _recording_gemv(ring=None):
                   for ks, s in V.RING_VARIANTS[f] for pro in V.RING_PROS}
     ring_names |= {V.bulk_name(f, *v, pro) for f in V.BULK_KERNELS for v in V.BULK_VARIANTS[f]
                    for pro in V.BULK_PROS[f]}
-    gemv._ring_module = lambda pro: Module(ring_names)
+    gemv._persistent_module = lambda source, pro: Module(
+        set(V.persistent_names(source, pro)))
     gemv._shared_set = {name: 1 << 30 for name in ring_names}  # no driver call here
     return gemv, calls
 

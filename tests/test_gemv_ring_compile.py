@@ -121,35 +121,34 @@ def test_shared_bytes():
     assert worst <= 227 * 1024  # what one H100 / H200 block may have
 
 
-def _ring_module_names() -> list[str]:
-    """What Gemv._ring_module compiles, for every prologue."""
-    return ([V.ring_name(f, ks, s, pro) for pro in V.RING_PROS for f in V.RING_KERNELS
-             for ks, s in V.RING_VARIANTS[f]]
-            + [V.bulk_name(f, *v, pro) for f in V.BULK_KERNELS for v in V.BULK_VARIANTS[f]
-               for pro in V.BULK_PROS[f]])
+SOURCES = ("gemv_ring", "gemv_bulk")
 
 
-def _compile_ring_module(tmp_path, names: list[str], arch: str):
+def _compile(tmp_path, source: str, arch: str):
+    """kernels/SOURCE.cu with every kernel Gemv asks cupy for (all prologues), for arch."""
+    names = [n for pro in V.RING_PROS for n in V.persistent_names(source, pro)]
     keep = ",\n".join(f"  (void*)&{n}" for n in names)
-    src = tmp_path / "ring_inst.cu"
-    src.write_text(L._source("gemv_ring") + f"\nstatic void* keep_kernels[] = {{\n{keep}\n}};\n")
-    return subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-DGEMV_LATE_TRIGGER", "-cubin",
-                           "-Xptxas", "-v", str(src), "-o", str(tmp_path / "ring.cubin")],
-                          capture_output=True, text=True, check=False)
+    src = tmp_path / f"{source}_inst.cu"
+    src.write_text(L._source(source) + f"\nstatic void* keep_kernels[] = {{\n{keep}\n}};\n")
+    result = subprocess.run([NVCC, "-std=c++17", f"-arch={arch}", "-DGEMV_LATE_TRIGGER", "-cubin",
+                             "-Xptxas", "-v", str(src), "-o", str(tmp_path / f"{source}.cubin")],
+                            capture_output=True, text=True, check=False)
+    return names, result
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
-def test_ring_module_builds_below_sm_90(tmp_path):
-    """An A100 (sm_80) builds the ring module too: the bulk kernels' bodies are compiled out
-    there (Gemv never routes to them: bulk_capable)."""
-    result = _compile_ring_module(tmp_path, _ring_module_names(), "sm_80")
-    assert result.returncode == 0, result.stderr[-4000:]
+def test_persistent_modules_build_below_sm_90(tmp_path):
+    """An A100 (sm_80) builds both modules: the bulk kernels' bodies are compiled out there
+    (Gemv never routes to them: bulk_capable)."""
+    for source in SOURCES:
+        _, result = _compile(tmp_path, source, "sm_80")
+        assert result.returncode == 0, result.stderr[-4000:]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
-def test_every_ring_kernel_instantiates_without_spills(tmp_path):
-    names = _ring_module_names()
-    result = _compile_ring_module(tmp_path, names, "sm_90")
+@pytest.mark.parametrize("source", SOURCES)
+def test_every_persistent_kernel_instantiates_without_spills(tmp_path, source):
+    names, result = _compile(tmp_path, source, "sm_90")
     assert result.returncode == 0, result.stderr[-4000:]
     entries = re.findall(r"Compiling entry function '(\w+)'", result.stderr)
     assert len(entries) == len(names)

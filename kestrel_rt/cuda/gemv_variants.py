@@ -94,7 +94,7 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
     return 4 * (2 * warps * 4 * 32 + (warps + 1) * 8 + group_sums)
 
 
-# The bulk-copy kernels (kernels/gemv_ring.cu gemv_bulk_bf16 / gemv_bulk_int4): (WARPS
+# The bulk-copy kernels (kernels/gemv_bulk.cu gemv_bulk_bf16 / gemv_bulk_int4): (WARPS
 # consumer warps per block (and a producer warp), S slots per block, C bytes of each of a
 # tile's 16 rows per slot) variants compiled per weight kind, each above half an SM's shared
 # memory (one block per SM), and the prologues they take (bf16: the rings' and x staged as they
@@ -110,8 +110,17 @@ BULK_PROS = {"gemv": RING_PROS, "gemv_int4": (PLAIN, RESIDUAL, GLU)}
 # qwen3-0.6b (0.761 vs 0.791 ms) and qwen3-30b-a3b (2.746 vs 2.883): NOTES_decode.md, session 9.
 # int4 weights keep the tuned kernel: the int4 bulk kernel has not run on a GPU yet.
 BULK_DEFAULT = (8, 4, 2048)
-# bytes a slot row is padded by: bank-conflict-free 16-byte reads (kernels/gemv_ring.cu)
+# bytes a slot row is padded by: bank-conflict-free 16-byte reads (kernels/gemv_bulk.cu)
 BULK_PAD = {"gemv": 64, "gemv_int4": 32}
+
+
+def persistent_names(source: str, pro: int) -> list[str]:
+    """The kernels a module of kernels/SOURCE.cu (gemv_ring or gemv_bulk) holds for prologue
+    pro: every variant of both weight kinds that takes it."""
+    if source == "gemv_ring":
+        return [ring_name(f, ks, s, pro) for f in RING_KERNELS for ks, s in RING_VARIANTS[f]]
+    return [bulk_name(f, *v, pro) for f in BULK_KERNELS for v in BULK_VARIANTS[f]
+            if pro in BULK_PROS[f]]
 
 
 def bulk_name(file: str, warps: int, slots: int, row_bytes: int, pro: int) -> str:

@@ -6,9 +6,9 @@
 * M = prod(x.shape[:-1]) <= 16 rows: kernels/gemv.cu, gemv_int8.cu, gemv_int4.cu, launched
   on torch's current stream (so they interleave with torch ops and are captured in CUDA
   graphs), output allocated by torch; bf16 weights at M <= 8 (x within RING_X_BYTES) go to
-  a persistent kernel of kernels/gemv_ring.cu: the bulk-copy one on sm_90 (`Gemv.bulk`),
-  else the cp.async ring (`Gemv.ring`); int4 weights with `bulk_int4` / `ring_int4` (both
-  off by default);
+  a persistent kernel: the bulk-copy one on sm_90 (kernels/gemv_bulk.cu, `Gemv.bulk`), else
+  the cp.async ring (kernels/gemv_ring.cu, `Gemv.ring`); int4 weights with `bulk_int4` /
+  `ring_int4` (both off by default);
 * more rows (prefill): torch's matmul (cuBLAS); a quantized weight is dequantized to bf16
   first by a one-pass kernel (dequant_int8 / dequant_int4), small next to a prefill's matmul.
 
@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from kestrel_rt.cuda.gemv_variants import (
     BF16_MAX_ROWS,
     BULK_DEFAULT,
-    BULK_KERNELS,
     BULK_PROS,
     BULK_VARIANTS,
     GLU,
@@ -47,7 +46,6 @@ from kestrel_rt.cuda.gemv_variants import (
     PLAIN,
     RESIDUAL,
     RING_DEFAULT,
-    RING_KERNELS,
     RING_PROS,
     RING_VARIANTS,
     RING_X_BYTES,
@@ -64,6 +62,7 @@ from kestrel_rt.cuda.gemv_variants import (
     kernel_name,
     load_tuned,
     module_names,
+    persistent_names,
     ring_name,
     ring_shared_bytes,
     ring_static_bytes,
@@ -214,21 +213,16 @@ class Gemv:
             self._modules[(file, pro)] = module
         return module
 
-    def _ring_module(self, pro: int):
-        """kernels/gemv_ring.cu for prologue `pro`, every RING_VARIANTS kernel of both
-        weight kinds (compiled on first use)."""
-        key = ("gemv_ring", pro)
-        module = self._modules.get(key)
+    def _persistent_module(self, source: str, pro: int):
+        """kernels/SOURCE.cu (gemv_ring or gemv_bulk) for prologue `pro`: every variant of
+        both weight kinds that takes it (persistent_names; compiled on first use)."""
+        module = self._modules.get((source, pro))
         if module is None:
-            names = [ring_name(f, ks, s, pro) for f in RING_KERNELS
-                     for ks, s in RING_VARIANTS[f]]
-            names += [bulk_name(f, *v, pro) for f in BULK_KERNELS for v in BULK_VARIANTS[f]
-                      if pro in BULK_PROS[f]]
             with self._cupy.cuda.Device(self.device_index):
-                module = self._cupy.RawModule(code=_source("gemv_ring"), options=self.options,
-                                              name_expressions=names)
+                module = self._cupy.RawModule(code=_source(source), options=self.options,
+                                              name_expressions=persistent_names(source, pro))
                 module.compile()
-            self._modules[key] = module
+            self._modules[(source, pro)] = module
         return module
 
     def probe_ring(self, n: int = 4096, k: int = 4096, copies: int = 8, reps: int = 5
@@ -309,7 +303,7 @@ class Gemv:
         """y [M, N] = residual + act(x) @ W.T (or the GLU epilogue) through the bulk kernel
         of the weight kind: one block per SM (fewer when there are fewer tiles)."""
         warps, slots, row_bytes = self._bulks[file]
-        self._launch_persistent(bulk_name(file, warps, slots, row_bytes, pro), pro,
+        self._launch_persistent("gemv_bulk", bulk_name(file, warps, slots, row_bytes, pro), pro,
                                 bulk_shared_bytes(file, warps, slots, row_bytes, m, k),
                                 min(math.ceil(n / 16), self.sms), 32 * (warps + 1),
                                 (x, w, y, m, n, k, residual, norm, eps))
@@ -321,17 +315,18 @@ class Gemv:
         looping over tiles."""
         ks, slots, bps = self._rings[file]
         sets = math.ceil(math.ceil(n / 16) / ring_tiles(file, ks))  # of tiles a block does at once
-        self._launch_persistent(ring_name(file, ks, slots, pro), pro,
+        self._launch_persistent("gemv_ring", ring_name(file, ks, slots, pro), pro,
                                 ring_shared_bytes(file, ks, slots, m, k),
                                 min(sets, self.sms * bps), 32 * ring_warps(file, ks),
                                 (x, w, y, m, n, k, residual, norm, eps))
 
-    def _launch_persistent(self, name: str, pro: int, smem: int, blocks: int, threads: int,
-                           call: tuple) -> None:
-        """Launch kernel `name` (prologue pro) of gemv_ring.cu, one wave of `blocks` blocks,
-        with smem dynamic shared bytes, on call = (x, w, y, m, n, k, residual, norm, eps)."""
+    def _launch_persistent(self, source: str, name: str, pro: int, smem: int, blocks: int,
+                           threads: int, call: tuple) -> None:
+        """Launch kernel `name` (prologue pro) of kernels/SOURCE.cu, one wave of `blocks`
+        blocks, with smem dynamic shared bytes, on call = (x, w, y, m, n, k, residual, norm,
+        eps)."""
         x, w, y, m, n, k, residual, norm, eps = call
-        fn = self._ring_module(pro).get_function(name)
+        fn = self._persistent_module(source, pro).get_function(name)
         if self._shared_set.get(name, 0) < smem:
             set_max_dynamic_shared(fn, smem)
             self._shared_set[name] = smem

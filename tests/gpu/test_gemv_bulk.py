@@ -1,4 +1,4 @@
-"""The bulk-copy gemvs (kernels/gemv_ring.cu gemv_bulk_bf16, gemv_bulk_int4) against the torch
+"""The bulk-copy gemvs (kernels/gemv_bulk.cu gemv_bulk_bf16, gemv_bulk_int4) against the torch
 reference.
 
 Every compiled (WARPS, S, C) variant of both; plain, residual (also in place) and

@@ -1,0 +1,313 @@
+// Persistent skinny matmuls fed by the SM's bulk-copy engine (sm_90): y[M, N] = x[M, K] @ W^T,
+// M <= 8, bf16 (gemv_bulk_bf16) or int4 weights (gemv_bulk_int4, gemv_int4.cu's layout).
+//
+// One block per SM (grid: the SMs, fewer when there are fewer 16-row tiles), looping over the
+// tiles blockIdx.x, + gridDim.x, ...; an item is C bytes of each of a tile's 16 rows, a slot of
+// the block's ring 16 such rows (padded). A producer warp (the block's last) issues each item's
+// 16 row copies (cp.async.bulk) from one lane, completing on the slot's `full` mbarrier, and
+// refills a slot once the WARPS consumer warps have arrived on its `empty` mbarrier; the first
+// S items go out before the PDL wait (weights are immutable). Consumer warp w works on columns
+// [w C / WARPS, (w + 1) C / WARPS) of every slot row; at a tile's end the consumers' sums meet
+// in shared memory (one named barrier of the consumers per tile, double-buffered by tile
+// parity) and consumer warp 0 stores. The next kernel may launch at the top, or with
+// GEMV_LATE_TRIGGER (Gemv's default) once the producer has issued its last item (its exit) and
+// the consumers start on the last S.
+// Why (H200, bench/results/NOTES_decode.md session 9): the cp.async ring (gemv_ring.cu) issues
+// two copies per thread per 1 KB of weights; on most H200 nodes it streamed at 63% of copy where
+// the tuned kernels made 89%, though a bare cp.async stream of its addresses ran at copy speed
+// (bench/stream_probe.py). A bulk copy moves a row's C bytes with one instruction (a bare bulk
+// stream: 104% of copy, reads only). The producer has a warp of its own: a consumer lane that
+// also refills slots waits on `empty` beside its own warp's waits on `full` (streams at 42-81%
+// of copy that way, 84-86% now), and one lane issues all 16 copies (a bulk copy takes
+// warp-uniform operands: 16 lanes issuing one each are serialized by the compiler).
+#include "ring_stage.cuh"
+
+// -- mbarrier and bulk-copy (TMA, 1-D) primitives; shared-window addresses -----------------
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival that also expects `bytes` of bulk copies to complete on the barrier.
+__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+}
+// bytes (a multiple of 16) global -> shared dst by the SM's bulk-copy engine, completing on bar.
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+               "%2, [%3];" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// The block's ring: S slots of 16 rows of RS bytes (C of weights each) at the start of the
+// dynamic shared memory, their mbarriers, and the producer's cursor (the next item's tile and
+// index in it). `row(tile, r)`: the weight row slot row r holds.
+template <int WARPS, int S, int C, int RS>
+struct BulkRing {
+  static constexpr int SLOT = 16 * RS;
+  u32 at, full0, empty0;
+  int tile, q, per, row_bytes, total;
+  const char* w;
+
+  // The whole block calls it (a __syncthreads).
+  __device__ __forceinline__ void init(const void* smem, unsigned long long* full,
+                                       unsigned long long* empty, const void* weights, int N,
+                                       int row_bytes_) {
+    at = (u32)__cvta_generic_to_shared(smem);
+    full0 = (u32)__cvta_generic_to_shared(full);
+    empty0 = (u32)__cvta_generic_to_shared(empty);
+    if (threadIdx.x < S) {
+      mbar_init(full0 + 8 * threadIdx.x, 1);
+      mbar_init(empty0 + 8 * threadIdx.x, WARPS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncthreads();
+    w = reinterpret_cast<const char*>(weights);
+    row_bytes = row_bytes_;
+    per = (row_bytes + C - 1) / C;
+    const int tiles = (N + 15) >> 4;
+    total = (int)blockIdx.x < tiles ? ((tiles - 1 - blockIdx.x) / gridDim.x + 1) * per : 0;
+    tile = blockIdx.x;
+    q = 0;
+  }
+  // Item i into slot i % S (the producer lane).
+  template <class Row>
+  __device__ __forceinline__ void issue(int i, Row row) {
+    const int slot = i % S, off = q * C, bytes = min(C, row_bytes - off);
+    const u32 bar = full0 + 8 * slot, dst = at + slot * SLOT;
+    mbar_expect(bar, 16 * bytes);
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+      bulk_copy(dst + r * RS, w + (size_t)row(tile, r) * row_bytes + off, bytes, bar);
+    if (++q == per) {
+      q = 0;
+      tile += gridDim.x;
+    }
+  }
+  // The producer before the PDL wait: the first S items.
+  template <class Row>
+  __device__ __forceinline__ void prefill(Row row) {
+    for (int i = 0; i < S && i < total; ++i) issue(i, row);
+  }
+  // The producer after it: each later item once its slot's consumers are done.
+  template <class Row>
+  __device__ __forceinline__ void refill(Row row) {
+    for (int i = S; i < total; ++i) {
+      mbar_wait(empty0 + 8 * (i % S), (u32)(i / S - 1) & 1u);
+      issue(i, row);
+    }
+  }
+  // Consumers: item i has landed; its slot's bytes.
+  __device__ __forceinline__ const char* wait(int i, const char* ring) const {
+    mbar_wait(full0 + 8 * (i % S), (u32)(i / S) & 1u);
+    return ring + (i % S) * SLOT;
+  }
+  // Consumers: this warp is done with item i's slot (the whole warp calls it).
+  __device__ __forceinline__ void release(int i, int lane) const {
+    __syncwarp();  // every lane's reads of the slot done (their values are in registers)
+    if (lane == 0)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty0 + 8 * (i % S))
+                   : "memory");
+  }
+};
+
+// A tile's sums of the WARPS consumer warps into warp 0's acc (store order already), then zero
+// in the others. red: 2 * WARPS * 4 * 32 floats, half tt % 2 for the block's tile number tt.
+template <int WARPS>
+__device__ __forceinline__ void bulk_tile_sum(float (&acc)[1][4], float* red, int tt, int warp,
+                                              int lane) {
+  float* buf = red + (tt & 1) * WARPS * 4 * 32;
+  if (warp != 0)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) buf[(warp * 4 + c) * 32 + lane] = acc[0][c];
+  asm volatile("bar.sync 1, %0;" ::"r"(32 * WARPS) : "memory");  // the consumers only
+  if (warp == 0) {
+#pragma unroll
+    for (int v = 1; v < WARPS; ++v)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[0][c] += buf[(v * 4 + c) * 32 + lane];
+  }
+}
+
+// bf16 weights W [N, K]: slot row r holds tile row r (tile_rows: r and r + 8 of thread g =
+// r % 8's pair), C bytes (C / 2 k) of it per item; lane (g, t) of consumer warp w multiplies the
+// 16-byte vectors t, t + 4, ... of its columns of rows g, g + 8 with x staged once per block
+// (act(x): x or its RMSNorm, stage_x). Slot rows are C + 64 bytes apart: a quarter warp's
+// 16-byte reads (rows g, g + 1, four vectors each) then cover the 32 banks once.
+// smem: ring [S][16][C + 64] bytes, then xs [M][K / 8] uint4.
+template <int WARPS, int S, int C, int PRO>
+__global__ void __launch_bounds__(32 * (WARPS + 1), 1)
+gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N,
+               int K, const u16* res, const uint4* __restrict__ nw, float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
+  static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
+                "epilogue");
+  static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 64-byte row pieces per warp");
+  constexpr int RS = C + 64, SUB = C / WARPS / 64;  // SUB: 32-k steps per warp and item
+  extern __shared__ uint4 smem[];
+  __shared__ __align__(8) unsigned long long full[S], empty[S];
+  __shared__ float red[2 * WARPS * 4 * 32];
+  __shared__ float part[GEMV_ACT(PRO) == 1 ? (WARPS + 2) * 8 : 1];
+#ifndef GEMV_LATE_TRIGGER
+  pdl_trigger();
+#endif
+  const int kv = K >> 3;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  BulkRing<WARPS, S, C, RS> ring;
+  ring.init(smem, full, empty, w, N, 2 * K);
+  auto row = [&](int tile, int r) {
+    int ra, rb;
+    tile_rows<GEMV_GLU(PRO)>(tile, r & 7, N, ra, rb);
+    return r & 8 ? rb : ra;
+  };
+  if (threadIdx.x == 32 * WARPS) ring.prefill(row);
+  pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
+  uint4* xs = smem + S * ring.SLOT / 16;
+  stage_x<GEMV_ACT(PRO), WARPS + 1>(xs, x, nw, eps, M, kv, part);
+  if (warp == WARPS) {  // the producer warp: one lane refills slots as they empty
+    if (lane == 0) ring.refill(row);
+    return;  // (an exit counts as the block's PDL trigger)
+  }
+  const int total = ring.total, per = ring.per, trigger_at = max(total - S, 0);
+  if (total == 0) GEMV_TRIGGER_END();
+  float acc[2][1][4] = {};
+  int q = 0, tile = blockIdx.x, tt = 0;
+  const int col0 = warp * (C / WARPS);  // this warp's first byte of a slot row
+  for (int i = 0; i < total; ++i) {
+    if (i == trigger_at) GEMV_TRIGGER_END();
+    const char* slot = ring.wait(i, reinterpret_cast<const char*>(smem));
+    const uint4* wa = reinterpret_cast<const uint4*>(slot + g * RS + col0) + t;
+    const uint4* wb = reinterpret_cast<const uint4*>(slot + (g + 8) * RS + col0) + t;
+    const int v0 = (q * C + col0) / 16 + t;  // the thread's first 16-byte vector of the row
+#pragma unroll
+    for (int s = 0; s < SUB; ++s) {
+      const int v = v0 + 4 * s;
+      uint4 A = wa[4 * s], B = wb[4 * s];
+      const uint4 X = v < kv ? xs_chunk(xs, g, M, kv, v) : zero4();
+      if (v >= kv) A = B = zero4();  // past the row's end: bytes no copy wrote
+      mma_bf16(acc[0][0], A.x, B.x, A.y, B.y, X.x, X.y);
+      mma_bf16(acc[1][0], A.z, B.z, A.w, B.w, X.z, X.w);
+    }
+    ring.release(i, lane);
+    if (++q == per) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        acc[0][0][c] += acc[1][0][c];
+        acc[1][0][c] = 0.f;
+      }
+      bulk_tile_sum<WARPS>(acc[0], red, tt, warp, lane);
+      if (warp == 0) store_out<1, PRO>(y, res, acc[0], tile, g, t, M, N, 1.f, 1.f, nullptr);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[0][0][c] = 0.f;
+      q = 0;
+      tile += gridDim.x;
+      ++tt;
+    }
+  }
+#else
+  __trap();  // Gemv routes nothing here below sm_90 (Gemv.bulk_capable)
+#endif
+}
+
+// int4 weights (q [N, K / 8] kernel layout, AWQ zeros / fp16 scales: gemv_int4.cu): slot row r
+// holds row a(r / 2) + r % 2 of the tile (gemv_int4.cu's pairs of adjacent rows, int4_row_a),
+// C bytes (2 C k) of it per item; consumer warp w takes groups [w, w + 1) C / (64 WARPS) of
+// each item (64 bytes of a row per 128-k group), lane (g, t) the 16-byte vectors t of its rows
+// 2g, 2g + 1 in each, and does gemv_int4.cu's dequantizing mma arithmetic (int4_math) on them;
+// x comes from global memory as in gemv_int4.cu (XLoad, L1), the group's zeros word and scale
+// pair by register loads issued one item ahead (their latency behind the wait and the item
+// before). Plain x, a residual or the SwiGLU epilogue (PRO 0, 4, 8). Slot rows are C + 32 bytes
+// apart: rows 2g (and 2g + 1) of a quarter warp's lanes then fall in different bank halves.
+// smem: ring [S][16][C + 32] bytes.
+template <int WARPS, int S, int C, int PRO>
+__global__ void __launch_bounds__(32 * (WARPS + 1), 1)
+gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
+               const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M,
+               int N, int K, const u16* res, const uint4* __restrict__ nw, float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
+  static_assert(GEMV_RING_PRO(PRO) && GEMV_ACT(PRO) == 0, "plain x, a residual or the SwiGLU "
+                "epilogue");
+  static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 128-k groups per warp");
+  constexpr int RS = C + 32, GPW = C / WARPS / 64;  // GPW: groups per warp and item
+  constexpr bool GLU = GEMV_GLU(PRO);
+  extern __shared__ uint4 smem[];
+  __shared__ __align__(8) unsigned long long full[S], empty[S];
+  __shared__ float red[2 * WARPS * 4 * 32];
+#ifndef GEMV_LATE_TRIGGER
+  pdl_trigger();
+#endif
+  const int groups = K >> 7;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  BulkRing<WARPS, S, C, RS> ring;
+  ring.init(smem, full, empty, qw, N, K >> 1);
+  auto row = [&](int tile, int r) { return int4_row_a<GLU>(tile, r >> 1, N) + (r & 1); };
+  if (threadIdx.x == 32 * WARPS) ring.prefill(row);
+  pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
+  if (warp == WARPS) {  // the producer warp: one lane refills slots as they empty
+    if (lane == 0) ring.refill(row);
+    return;  // (an exit counts as the block's PDL trigger)
+  }
+  XLoad<0, 1> xl{};
+  xl.template init<WARPS>(x, nw, nullptr, g, M, K, eps);
+  xl.row[0] = kept(xl.row[0]);
+  // The metadata of an item (tile, q): this warp's groups' zeros words and scale pairs.
+  u32 zw[GPW], sw[GPW], nzw[GPW], nsw[GPW];
+  const u32* scales2 = reinterpret_cast<const u32*>(scales);
+  auto meta = [&](int tile, int q, u32 (&z)[GPW], u32 (&s)[GPW]) {
+    const int a = int4_row_a<GLU>(tile, g, N);
+#pragma unroll
+    for (int u = 0; u < GPW; ++u) {
+      const int grp = min(q * (C / 64) + warp * GPW + u, groups - 1);
+      z[u] = __ldg(zeros + (size_t)grp * (N >> 3) + (a >> 3));
+      s[u] = __ldg(scales2 + (((size_t)grp * N + a) >> 1));
+    }
+  };
+  const int total = ring.total, per = ring.per, trigger_at = max(total - S, 0);
+  if (total > 0) meta(blockIdx.x, 0, nzw, nsw);
+  if (total == 0) GEMV_TRIGGER_END();
+  float acc[1][4] = {};
+  int q = 0, tile = blockIdx.x, tt = 0;
+  for (int i = 0; i < total; ++i) {
+    if (i == trigger_at) GEMV_TRIGGER_END();
+#pragma unroll
+    for (int u = 0; u < GPW; ++u) {
+      zw[u] = nzw[u];
+      sw[u] = nsw[u];
+    }
+    if (i + 1 < total)
+      meta(q + 1 == per ? tile + gridDim.x : tile, q + 1 == per ? 0 : q + 1, nzw, nsw);
+    const u32 zsh = 2 * (int4_row_a<GLU>(tile, g, N) & 7);
+    const char* rows = ring.wait(i, reinterpret_cast<const char*>(smem)) + 2 * g * RS +
+                       warp * GPW * 64 + 16 * t;
+#pragma unroll
+    for (int u = 0; u < GPW; ++u) {
+      const int grp = q * (C / 64) + warp * GPW + u;
+      if (grp >= groups) break;  // past the row's end (the same in the whole warp)
+      Int4Stage<1> st;
+      st.a[0] = *reinterpret_cast<const uint4*>(rows + u * 64);
+      st.b[0] = *reinterpret_cast<const uint4*>(rows + RS + u * 64);
+      st.zw[0] = zw[u];
+      st.sw[0] = sw[u];
+      int4_math<1, 1>(acc, st, xl, (u32)grp, (u32)groups, t, zsh);
+    }
+    ring.release(i, lane);
+    if (++q == per) {
+      int4_store_order<1>(acc, g, t);
+      bulk_tile_sum<WARPS>(acc, red, tt, warp, lane);
+      if (warp == 0) store_out<1, PRO>(y, res, acc, tile, g, t, M, N, 1.f, 1.f, nullptr);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
+      q = 0;
+      tile += gridDim.x;
+      ++tt;
+    }
+  }
+#else
+  __trap();  // Gemv routes nothing here below sm_90 (Gemv.bulk_capable)
+#endif
+}
