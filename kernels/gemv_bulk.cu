@@ -116,11 +116,13 @@ struct BulkRing {
   }
 };
 
-// A tile's sums of the WARPS consumer warps into warp 0's acc (store order already), then zero
-// in the others. red: 2 * WARPS * 4 * 32 floats, half tt % 2 for the block's tile number tt.
-template <int WARPS>
-__device__ __forceinline__ void bulk_tile_sum(float (&acc)[1][4], float* red, int tt, int warp,
-                                              int lane) {
+// A tile's end: the WARPS consumer warps' sums (store order already) meet in shared memory,
+// consumer warp 0 adds them and stores the tile (store_out), every warp's acc is zeroed. red:
+// 2 * WARPS * 4 * 32 floats, half tt % 2 for the block's tile number tt.
+template <int WARPS, int PRO>
+__device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, int tt, int warp,
+                                                int lane, u16* y, const u16* res, int tile,
+                                                int M, int N) {
   float* buf = red + (tt & 1) * WARPS * 4 * 32;
   if (warp != 0)
 #pragma unroll
@@ -131,7 +133,10 @@ __device__ __forceinline__ void bulk_tile_sum(float (&acc)[1][4], float* red, in
     for (int v = 1; v < WARPS; ++v)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[0][c] += buf[(v * 4 + c) * 32 + lane];
+    store_out<1, PRO>(y, res, acc, tile, lane >> 2, lane & 3, M, N, 1.f, 1.f, nullptr);
   }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
 }
 
 // bf16 weights W [N, K]: slot row r holds tile row r (tile_rows: r and r + 8 of thread g =
@@ -200,10 +205,7 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
         acc[0][0][c] += acc[1][0][c];
         acc[1][0][c] = 0.f;
       }
-      bulk_tile_sum<WARPS>(acc[0], red, tt, warp, lane);
-      if (warp == 0) store_out<1, PRO>(y, res, acc[0], tile, g, t, M, N, 1.f, 1.f, nullptr);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[0][0][c] = 0.f;
+      bulk_tile_store<WARPS, PRO>(acc[0], red, tt, warp, lane, y, res, tile, M, N);
       q = 0;
       tile += gridDim.x;
       ++tt;
@@ -298,10 +300,7 @@ gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
     ring.release(i, lane);
     if (++q == per) {
       int4_store_order<1>(acc, g, t);
-      bulk_tile_sum<WARPS>(acc, red, tt, warp, lane);
-      if (warp == 0) store_out<1, PRO>(y, res, acc, tile, g, t, M, N, 1.f, 1.f, nullptr);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
+      bulk_tile_store<WARPS, PRO>(acc, red, tt, warp, lane, y, res, tile, M, N);
       q = 0;
       tile += gridDim.x;
       ++tt;
