@@ -23,22 +23,27 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from kernels import KERNEL_DIR
-from kestrel_rt.cuda.gemv_variants import KERNELS, PLAIN, RMSNORM, SWIGLU, pros_of
+from kestrel_rt.cuda.gemv_variants import KERNELS, PLAIN, RING_PROS, RMSNORM, SWIGLU, pros_of
 
+# The persistent gemvs' sources: one module per prologue (Gemv._persistent_module)
+PERSISTENT = ("gemv_bulk", "gemv_ring")
 # Prologues of the every-variant gemv modules that the GPU tests compile (test_gemv.py's
 # gemv_all: PLAIN; test_gemv_fused.py's: RMSNORM and SWIGLU)
 SWEEP_PROS = (PLAIN, RMSNORM, SWIGLU)
 
 
 def jobs(sweep: bool = False) -> list[tuple]:
-    """("kernels", file) for each kernels/*.cu that KernelModules compiles whole, and
-    ("gemv", file, pro) for each gemv module (Gemv's default options; gemv_variants.pros_of);
-    sweep: ("gemv-sweep", file, pro) too, every launch variant, for pro in SWEEP_PROS. The
-    largest first, so that they do not end the run alone."""
-    whole = sorted(p.stem for p in KERNEL_DIR.glob("*.cu") if p.stem not in KERNELS)
+    """("kernels", file) for each kernels/*.cu that KernelModules compiles whole,
+    ("gemv", file, pro) for each gemv module (Gemv's default options; gemv_variants.pros_of)
+    and ("persistent", source, pro) for each ring / bulk module; sweep: ("gemv-sweep", file,
+    pro) too, every launch variant, for pro in SWEEP_PROS. The largest first, so that they do
+    not end the run alone."""
+    whole = sorted(p.stem for p in KERNEL_DIR.glob("*.cu")
+                   if p.stem not in KERNELS and p.stem not in PERSISTENT)
     every = [("gemv-sweep", f, pro) for f in sorted(KERNELS) for pro in SWEEP_PROS] if sweep else []
     return (every + [("kernels", f) for f in whole]
-            + [("gemv", f, pro) for f in sorted(KERNELS) for pro in pros_of(f)])
+            + [("gemv", f, pro) for f in sorted(KERNELS) for pro in pros_of(f)]
+            + [("persistent", f, pro) for f in PERSISTENT for pro in RING_PROS])
 
 
 def compile_job(job: tuple) -> tuple[tuple, float, str | None]:
@@ -51,6 +56,10 @@ def compile_job(job: tuple) -> tuple[tuple, float, str | None]:
             from kestrel_rt.cuda.module import KernelModules
 
             KernelModules(torch.device("cuda")).compile_all((job[1],))
+        elif job[0] == "persistent":
+            from kestrel_rt.cuda.linear import Gemv
+
+            Gemv("cuda")._persistent_module(job[1], job[2])
         else:
             from kestrel_rt.cuda.linear import Gemv
 
