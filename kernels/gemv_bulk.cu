@@ -223,7 +223,8 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
 // 2g, 2g + 1 in each, and does gemv_int4.cu's dequantizing mma arithmetic (int4_math) on them;
 // x comes from global memory as in gemv_int4.cu (XLoad, L1), the group's zeros word and scale
 // pair by register loads issued one item ahead (their latency behind the wait and the item
-// before). Plain x, a residual or the SwiGLU epilogue (PRO 0, 4, 8). Slot rows are C + 32 bytes
+// before). Plain x or its RMSNorm (XLoad's, the rows' rstd taken once per block by all its
+// warps), a residual or the SwiGLU epilogue (PRO 0, 1, 4, 8, 9). Slot rows are C + 32 bytes
 // apart: rows 2g (and 2g + 1) of a quarter warp's lanes then fall in different bank halves.
 // smem: ring [S][16][C + 32] bytes.
 template <int WARPS, int S, int C, int PRO>
@@ -232,7 +233,7 @@ gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
                const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M,
                int N, int K, const u16* res, const uint4* __restrict__ nw, float eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
-  static_assert(GEMV_RING_PRO(PRO) && GEMV_ACT(PRO) == 0, "plain x, a residual or the SwiGLU "
+  static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
                 "epilogue");
   static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 128-k groups per warp");
   constexpr int RS = C + 32, GPW = C / WARPS / 64;  // GPW: groups per warp and item
@@ -240,6 +241,7 @@ gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   extern __shared__ uint4 smem[];
   __shared__ __align__(8) unsigned long long full[S], empty[S];
   __shared__ float red[2 * WARPS * 4 * 32];
+  __shared__ float part[ProShared<PRO, WARPS + 1>::N];
 #ifndef GEMV_LATE_TRIGGER
   pdl_trigger();
 #endif
@@ -250,12 +252,12 @@ gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   auto row = [&](int tile, int r) { return int4_row_a<GLU>(tile, r >> 1, N) + (r & 1); };
   if (threadIdx.x == 32 * WARPS) ring.prefill(row);
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
+  XLoad<GEMV_ACT(PRO), 1> xl{};
+  xl.template init<WARPS + 1>(x, nw, part, g, M, K, eps);  // the whole block (PRO 1: rstd)
   if (warp == WARPS) {  // the producer warp: one lane refills slots as they empty
     if (lane == 0) ring.refill(row);
     return;  // (an exit counts as the block's PDL trigger)
   }
-  XLoad<0, 1> xl{};
-  xl.template init<WARPS>(x, nw, nullptr, g, M, K, eps);
   xl.row[0] = kept(xl.row[0]);
   // The metadata of an item (tile, q): this warp's groups' zeros words and scale pairs.
   u32 zw[GPW], sw[GPW], nzw[GPW], nsw[GPW];

@@ -157,10 +157,9 @@ def test_ring_dispatch():
 
 
 def test_bulk_dispatch():
-    """With bulk set, the bf16 launches the ring would take go to gemv_bulk_bf16 instead (one
-    block per SM at most, WARPS + 1 warps, the slots' and x's shared bytes); with bulk_int4,
-    int4 launches of plain x, a residual or the SwiGLU epilogue go to gemv_bulk_int4 (slots
-    only), its RMSNorm prologue to the ring."""
+    """With bulk / bulk_int4 set, the launches the rings would take go to gemv_bulk_bf16 /
+    gemv_bulk_int4 instead (one block per SM at most, WARPS + 1 warps, the slots' shared bytes,
+    and x's for bf16); without, int4 goes back to its ring."""
     import torch
 
     gemv, calls = _recording_gemv(ring=(16, 8, 1))
@@ -173,7 +172,8 @@ def test_bulk_dispatch():
         for n, m in ((256, 1), (8192, 8)):
             x = torch.randn(m, k).bfloat16()
             for kw, pro in (({}, 0), ({"residual": torch.zeros(m, n).bfloat16()}, 4),
-                            ({"glu": True}, 8)):
+                            ({"glu": True}, 8), ({"norm": torch.ones(k).bfloat16()}, 1),
+                            ({"norm": torch.ones(k).bfloat16(), "glu": True}, 9)):
                 calls.clear()
                 getattr(gemv, kind)(x, _weight(kind, n, k), **kw)
                 (name, grid, block, nargs, smem), = calls
@@ -181,10 +181,6 @@ def test_bulk_dispatch():
                 assert grid == (min(n // 16, 132),) and block == (32 * (warps + 1),)
                 assert nargs == (9 if kind == "bf16" else 11)
                 assert smem == V.bulk_shared_bytes(file, warps, slots, row_bytes, m, k)
-    calls.clear()
-    gemv.int4(torch.randn(1, k).bfloat16(), _weight("int4", 256, k),
-              norm=torch.ones(k).bfloat16())
-    assert calls[0][0] == V.ring_name("gemv_int4", 16, 8, 1)
     gemv.bulk_int4 = None
     calls.clear()
     gemv.int4(torch.randn(1, k).bfloat16(), _weight("int4", 256, k))

@@ -68,8 +68,8 @@ def test_default_ring_keeps_two_blocks_off_one_sm():
 
 
 def test_bulk_routing_and_default():
-    """The bf16 bulk kernel takes what the ring takes, the int4 one plain x, a residual or the
-    SwiGLU epilogue (x read from global memory: no staging limit), each ahead of its ring;
+    """The bulk kernels take what the rings take (int4: x read from global memory, no staging
+    limit), each ahead of its ring;
     every variant keeps one block per SM (more than half of 228 KiB) and the default fits with
     x at its largest."""
     g = _gemv(V.RING_DEFAULT)
@@ -88,7 +88,8 @@ def test_bulk_routing_and_default():
     g.bulk_int4 = V.BULK_VARIANTS["gemv_int4"][0]
     assert g.takes_bulk("gemv_int4", V.PLAIN, 8, 12288)  # x from global memory
     assert g.takes_bulk("gemv_int4", V.GLU, 1, 4096)
-    assert not g.takes_bulk("gemv_int4", V.RMSNORM, 1, 4096)
+    assert g.takes_bulk("gemv_int4", V.RMSNORM | V.GLU, 1, 4096)
+    assert not g.takes_bulk("gemv_int4", V.SWIGLU, 1, 4096)
     with pytest.raises(ValueError, match="Gemv.bulk "):
         g.bulk = (8, 5, 2048)
     with pytest.raises(ValueError, match="Gemv.bulk_int4"):

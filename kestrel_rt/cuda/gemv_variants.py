@@ -97,12 +97,13 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
 # The bulk-copy kernels (kernels/gemv_bulk.cu gemv_bulk_bf16 / gemv_bulk_int4): (WARPS
 # consumer warps per block (and a producer warp), S slots per block, C bytes of each of a
 # tile's 16 rows per slot) variants compiled per weight kind, each above half an SM's shared
-# memory (one block per SM), and the prologues they take (bf16: the rings' and x staged as they
-# do; int4: plain x, read as gemv_int4.cu reads it).
+# memory (one block per SM), and the prologues they take (the rings': plain x or its RMSNorm,
+# a residual or the SwiGLU epilogue; bf16 stages x as the ring does, int4 reads it as
+# gemv_int4.cu does).
 BULK_KERNELS = {"gemv": "gemv_bulk_bf16", "gemv_int4": "gemv_bulk_int4"}
 BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 6, 2048), (16, 4, 2048), (8, 3, 4096), (16, 3, 4096)),
                  "gemv_int4": ((8, 4, 2048), (4, 4, 2048), (16, 4, 2048), (8, 3, 4096))}
-BULK_PROS = {"gemv": RING_PROS, "gemv_int4": (PLAIN, RESIDUAL, GLU)}
+BULK_PROS = {"gemv": RING_PROS, "gemv_int4": RING_PROS}
 # The default for bf16 weights on sm_90 (ahead of the cp.async ring, which then never runs):
 # H200, bench/ablation.py, qwen3-8b bf16 decode step 4.270 ms against 4.444 with the tuned
 # kernels on a node where the cp.async ring streamed at 63% of copy; the bigger rings ((8, 6,

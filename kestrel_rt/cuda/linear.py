@@ -165,8 +165,8 @@ class Gemv:
 
     @property
     def bulk_int4(self) -> tuple[int, int, int] | None:
-        """int4 weights: as `bulk`, for gemv_bulk_int4 (plain x, a residual or the SwiGLU
-        epilogue), ahead of `ring_int4`; None by default (not yet measured on a GPU)."""
+        """int4 weights: as `bulk`, for gemv_bulk_int4 (the same prologues and epilogues),
+        ahead of `ring_int4`; None by default (not yet measured on a GPU)."""
         return self._bulks["gemv_int4"]
 
     @bulk_int4.setter

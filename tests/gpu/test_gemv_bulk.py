@@ -15,7 +15,7 @@ import torch
 
 cupy = pytest.importorskip("cupy")
 
-from test_gemv_ring import _poisoned, _rel_err, _silu_glu_ref, _weight
+from test_gemv_ring import _poisoned, _rel_err, _rms_ref, _silu_glu_ref, _weight
 
 from kestrel_rt.cuda.gemv_variants import BULK_DEFAULT, BULK_VARIANTS
 from kestrel_rt.cuda.linear import Gemv
@@ -80,10 +80,7 @@ def test_bulk_glu_and_rmsnorm(variant, m, i, k, norm):
     assert g.takes_bulk("gemv", 9 if norm else 8, m, k)
     w, x, gen = _inputs(m, 2 * i, k, m + i + k + norm)
     nw = (torch.rand(k, device="cuda", generator=gen) + 0.5).bfloat16() if norm else None
-    xin = x
-    if norm:
-        xf = x.float()
-        xin = nw * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+    xin = _rms_ref(x, nw, 1e-6) if norm else x
     want = _silu_glu_ref(xin.double() @ w.double().T)
     y = g.bf16(x, w, out=_poisoned(m, i), glu=True, norm=nw, eps=1e-6)
     assert _rel_err(y, want) <= TOL
@@ -103,7 +100,7 @@ def test_bulk_setting_checked_and_routing():
     assert not g.takes_bulk("gemv_int4", 0, 1, 4096)  # int4: off by default
     assert not g.takes_bulk("gemv", 0, 2, 12288)  # x above the staging budget
     g.bulk_int4 = INT4[0]
-    assert g.takes_bulk("gemv_int4", 0, 1, 4096) and not g.takes_bulk("gemv_int4", 1, 1, 4096)
+    assert g.takes_bulk("gemv_int4", 0, 1, 4096) and g.takes_bulk("gemv_int4", 9, 1, 4096)
 
 
 @pytest.mark.parametrize("kind2", ["bf16", "int4"])
@@ -188,10 +185,14 @@ def test_bulk_int4_plain_and_residual(variant, m, n, k):
 
 @pytest.mark.parametrize("variant", INT4, ids=_ids)
 @pytest.mark.parametrize("m,i,k", [(1, 12288, 4096), (5, 520, 384)])
-def test_bulk_int4_glu(variant, m, i, k):
+@pytest.mark.parametrize("norm", [False, True])
+def test_bulk_int4_glu_and_rmsnorm(variant, m, i, k, norm):
+    """The SwiGLU epilogue, with and without the RMSNorm of x (XLoad's, rstd per block)."""
     g = _gemv_int4(variant)
-    gen = torch.Generator("cuda").manual_seed(m + i + k)
+    gen = torch.Generator("cuda").manual_seed(m + i + k + norm)
     w, dense = _weight("int4", 2 * i, k, gen)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-    y = g.int4(x, w, out=_poisoned(m, i), glu=True)
-    assert _rel_err(y, _silu_glu_ref(x.double() @ dense.T)) <= TOL
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 3
+    nw = (torch.rand(k, device="cuda", generator=gen) + 0.5).bfloat16() if norm else None
+    xin = _rms_ref(x, nw, 1e-6) if norm else x
+    y = g.int4(x, w, out=_poisoned(m, i), glu=True, norm=nw, eps=1e-6)
+    assert _rel_err(y, _silu_glu_ref(xin.double() @ dense.T)) <= TOL
