@@ -271,14 +271,16 @@ class CupyBackend(GemvLinear, TorchBackend):
 
     # -- fused gemv ops: prologue (RMSNorm / SwiGLU) and residual epilogue in the kernel ----
     def _ring_norm_gemv(self, x, norm, name, glu: bool = False):
-        """act(x) @ W.T with act the RMSNorm by weight `norm`, inside the ring gemv's
-        staging of x (ring_norm), or None where the ring kernel does not take it."""
+        """act(x) @ W.T with act the RMSNorm by weight `norm`, inside a persistent gemv (the
+        bulk kernel's or the ring's staging of x: ring_norm), or None where neither takes it."""
         if not self.ring_norm:
             return None
         w = self.weight(name)
-        rows = x.numel() // x.shape[-1]
+        rows, file = x.numel() // x.shape[-1], file_of(w)
         pro = RMSNORM | (GLU if glu else 0)
-        if not self.gemv().takes_ring(file_of(w), pro, rows, x.shape[-1]):
+        g = self.gemv()
+        if not (g.takes_bulk(file, pro, rows, x.shape[-1])
+                or g.takes_ring(file, pro, rows, x.shape[-1])):
             return None
         return self.gemv().fused(x, w, norm=self.weight(norm), eps=self.shape.rms_norm_eps,
                                  glu=glu)
