@@ -101,7 +101,8 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
 # a residual or the SwiGLU epilogue; bf16 stages x as the ring does, int4 reads it as
 # gemv_int4.cu does).
 BULK_KERNELS = {"gemv": "gemv_bulk_bf16", "gemv_int4": "gemv_bulk_int4"}
-BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 6, 2048), (16, 4, 2048), (8, 3, 4096), (16, 3, 4096)),
+BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 5, 2048), (8, 6, 2048), (8, 8, 1024), (16, 4, 2048),
+                          (8, 3, 4096), (16, 3, 4096)),
                  "gemv_int4": ((8, 4, 2048), (4, 4, 2048), (16, 4, 2048), (8, 3, 4096))}
 BULK_PROS = {"gemv": RING_PROS, "gemv_int4": RING_PROS}
 # The default for bf16 weights on sm_90 (ahead of the cp.async ring, which then never runs):
