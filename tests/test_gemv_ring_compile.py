@@ -91,7 +91,7 @@ def test_bulk_routing_and_default():
     assert g.takes_bulk("gemv_int4", V.RMSNORM | V.GLU, 1, 4096)
     assert not g.takes_bulk("gemv_int4", V.SWIGLU, 1, 4096)
     with pytest.raises(ValueError, match="Gemv.bulk "):
-        g.bulk = (8, 5, 2048)
+        g.bulk = (8, 7, 2048)
     with pytest.raises(ValueError, match="Gemv.bulk_int4"):
         g.bulk_int4 = (8, 6, 2048)  # a bf16 variant only
     g.bulk_capable = False
