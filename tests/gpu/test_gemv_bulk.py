@@ -21,69 +21,71 @@ from kestrel_rt.cuda.gemv_variants import BULK_DEFAULT, BULK_VARIANTS
 from kestrel_rt.cuda.linear import Gemv
 
 TOL = 1e-2
-# (M, N, K): qwen3-8b's decode shapes (qkv, down), ragged and tiny ones
+# (M, N, K): qwen3-8b's decode shapes (qkv, down), a row shorter than an item's C bytes (a
+# partial last item), 8-row tiles at the end, up to 8 rows of x, more tiles than warps; all with
+# K % 128 == 0 and N % 8 == 0, as int4 needs
 SHAPES = [(1, 6144, 4096), (1, 4096, 12288), (3, 1000, 1152), (8, 520, 384), (1, 8, 128),
           (2, 40000, 256)]
 
 
-def _gemv(variant) -> Gemv:
-    g = Gemv("cuda")
-    g.ring = None
-    g.bulk = variant
-    return g
-
-
-def _gemv_int4(variant) -> Gemv:
-    g = Gemv("cuda")
-    g.ring_int4 = None
-    g.bulk_int4 = variant
-    return g
-
-
-def _inputs(m: int, n: int, k: int, seed: int):
-    gen = torch.Generator("cuda").manual_seed(seed)
-    w = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).bfloat16()
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-    return w, x, gen
-
-
 BF16 = BULK_VARIANTS["gemv"]
 INT4 = BULK_VARIANTS["gemv_int4"]
+# (weight kind, variant): every compiled bulk kernel
+VARIANTS = [("bf16", v) for v in BF16] + [("int4", v) for v in INT4]
+FILE = {"bf16": "gemv", "int4": "gemv_int4"}
 
 
-def _ids(v) -> str:
-    return ".".join(map(str, v))
+def _ids(case) -> str:
+    return f"{case[0]}-{'.'.join(map(str, case[1]))}"
 
 
-@pytest.mark.parametrize("variant", BF16, ids=_ids)
+def _gemv(kind: str, variant) -> Gemv:
+    """A Gemv whose launches of this weight kind go to the bulk kernel `variant`."""
+    g = Gemv("cuda")
+    g.ring = g.ring_int4 = None
+    if kind == "bf16":
+        g.bulk = variant
+    else:
+        g.bulk_int4 = variant
+    return g
+
+
+@pytest.mark.parametrize("case", VARIANTS, ids=_ids)
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_bulk_plain_and_residual(variant, m, n, k):
-    g = _gemv(variant)
-    if not g.takes_bulk("gemv", 0, m, k):
+def test_bulk_plain_and_residual(case, m, n, k):
+    kind, variant = case
+    g = _gemv(kind, variant)
+    if not g.takes_bulk(FILE[kind], 0, m, k):
         pytest.skip("the ring and x need more shared memory than this device has")
-    w, x, gen = _inputs(m, n, k, m * 7919 + n * 31 + k + sum(variant))
-    ref = x.double() @ w.double().T
-    assert _rel_err(g.bf16(x, w, out=_poisoned(m, n)), ref) <= TOL
+    gen = torch.Generator("cuda").manual_seed(m * 7919 + n * 31 + k + sum(variant) + len(kind))
+    w, dense = _weight(kind, n, k, gen)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    ref = x.double() @ dense.T
+    linear = getattr(g, kind)
+    assert _rel_err(linear(x, w, out=_poisoned(m, n)), ref) <= TOL
     res = (torch.randn(m, n, device="cuda", generator=gen) * ref.std() * 0.3).bfloat16()
     want = res.double() + ref
-    assert _rel_err(g.bf16(x, w, out=_poisoned(m, n), residual=res), want) <= TOL
-    y = g.bf16(x, w, out=res, residual=res)  # in place: the residual stream
+    assert _rel_err(linear(x, w, out=_poisoned(m, n), residual=res), want) <= TOL
+    y = linear(x, w, out=res, residual=res)  # in place: the residual stream
     assert y.data_ptr() == res.data_ptr() and _rel_err(y, want) <= TOL
 
 
-@pytest.mark.parametrize("variant", BF16, ids=_ids)
+@pytest.mark.parametrize("case", VARIANTS, ids=_ids)
 @pytest.mark.parametrize("m,i,k", [(1, 12288, 4096), (5, 520, 384)])
 @pytest.mark.parametrize("norm", [False, True])
-def test_bulk_glu_and_rmsnorm(variant, m, i, k, norm):
-    """The SwiGLU epilogue, with and without the RMSNorm of x done as x is staged."""
-    g = _gemv(variant)
-    assert g.takes_bulk("gemv", 9 if norm else 8, m, k)
-    w, x, gen = _inputs(m, 2 * i, k, m + i + k + norm)
+def test_bulk_glu_and_rmsnorm(case, m, i, k, norm):
+    """The SwiGLU epilogue, with and without the RMSNorm of x (bf16: done as x is staged;
+    int4: XLoad's, the rstd once per block)."""
+    kind, variant = case
+    g = _gemv(kind, variant)
+    assert g.takes_bulk(FILE[kind], 9 if norm else 8, m, k)
+    gen = torch.Generator("cuda").manual_seed(m + i + k + norm + len(kind))
+    w, dense = _weight(kind, 2 * i, k, gen)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 3
     nw = (torch.rand(k, device="cuda", generator=gen) + 0.5).bfloat16() if norm else None
     xin = _rms_ref(x, nw, 1e-6) if norm else x
-    want = _silu_glu_ref(xin.double() @ w.double().T)
-    y = g.bf16(x, w, out=_poisoned(m, i), glu=True, norm=nw, eps=1e-6)
-    assert _rel_err(y, want) <= TOL
+    y = getattr(g, kind)(x, w, out=_poisoned(m, i), glu=True, norm=nw, eps=1e-6)
+    assert _rel_err(y, _silu_glu_ref(xin.double() @ dense.T)) <= TOL
 
 
 def test_bulk_setting_checked_and_routing():
@@ -158,41 +160,3 @@ def test_model_decode_with_bulk_as_accurate():
     assert launches
     for a, r, e in zip(got, ref, exact, strict=True):
         assert gm.rel_err(a, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
-
-
-# (M, N, K) for int4 (K % 128 == 0, N % 8 == 0): qwen3-8b's qkv and down, a row shorter than
-# an item's C bytes (a partial last item), 8-row tiles at the end, up to 8 rows of x
-INT4_SHAPES = [(1, 6144, 4096), (1, 4096, 12288), (3, 1000, 1152), (8, 520, 384),
-               (1, 8, 128), (2, 40000, 256)]
-
-
-@pytest.mark.parametrize("variant", INT4, ids=_ids)
-@pytest.mark.parametrize("m,n,k", INT4_SHAPES)
-def test_bulk_int4_plain_and_residual(variant, m, n, k):
-    g = _gemv_int4(variant)
-    assert g.takes_bulk("gemv_int4", 0, m, k)
-    gen = torch.Generator("cuda").manual_seed(m * 131 + n + k + sum(variant))
-    w, dense = _weight("int4", n, k, gen)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-    ref = x.double() @ dense.T
-    assert _rel_err(g.int4(x, w, out=_poisoned(m, n)), ref) <= TOL
-    res = (torch.randn(m, n, device="cuda", generator=gen) * ref.std() * 0.3).bfloat16()
-    want = res.double() + ref
-    assert _rel_err(g.int4(x, w, out=_poisoned(m, n), residual=res), want) <= TOL
-    y = g.int4(x, w, out=res, residual=res)
-    assert y.data_ptr() == res.data_ptr() and _rel_err(y, want) <= TOL
-
-
-@pytest.mark.parametrize("variant", INT4, ids=_ids)
-@pytest.mark.parametrize("m,i,k", [(1, 12288, 4096), (5, 520, 384)])
-@pytest.mark.parametrize("norm", [False, True])
-def test_bulk_int4_glu_and_rmsnorm(variant, m, i, k, norm):
-    """The SwiGLU epilogue, with and without the RMSNorm of x (XLoad's, rstd per block)."""
-    g = _gemv_int4(variant)
-    gen = torch.Generator("cuda").manual_seed(m + i + k + norm)
-    w, dense = _weight("int4", 2 * i, k, gen)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 3
-    nw = (torch.rand(k, device="cuda", generator=gen) + 0.5).bfloat16() if norm else None
-    xin = _rms_ref(x, nw, 1e-6) if norm else x
-    y = g.int4(x, w, out=_poisoned(m, i), glu=True, norm=nw, eps=1e-6)
-    assert _rel_err(y, _silu_glu_ref(xin.double() @ dense.T)) <= TOL
