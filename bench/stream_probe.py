@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import measure
 
+from kestrel_rt.cuda.module import current_stream
+
 SOURCE = r"""
 typedef unsigned int u32;
 __device__ __forceinline__ uint4 ld_nc(const uint4* p) {
@@ -223,7 +225,7 @@ def main() -> None:
     buf = torch.randint(-(2**31), 2**31 - 1, (n * 4,), dtype=torch.int32, device=dev)
     copy = measure.copy_bandwidth()
     mod = cupy.RawModule(code=SOURCE, options=("-std=c++17", "-arch=sm_90"))
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    stream = current_stream(cupy, dev.index or 0, {})
     ref = np.bitwise_xor.reduce(buf.view(-1, 4).cpu().numpy().view(np.uint32), axis=0)
     print(
         f"{torch.cuda.get_device_name(dev)}: copy {copy / 1e9:.0f} GB/s, buffer "

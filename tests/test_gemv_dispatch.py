@@ -67,10 +67,8 @@ def _recording_gemv(ring=None):
     gemv._module = lambda file, pro=V.PLAIN: Module(V.module_names(file, pro, {}))
     gemv._run = lambda fn, grid, block, args, *smem: calls.append(
         (fn, grid, block, len(args), *smem))
-    ring_names = {V.ring_name(f, ks, s, pro) for f in V.RING_KERNELS
-                  for ks, s in V.RING_VARIANTS[f] for pro in V.RING_PROS}
-    ring_names |= {V.bulk_name(f, *v, pro) for f in V.BULK_KERNELS for v in V.BULK_VARIANTS[f]
-                   for pro in V.BULK_PROS[f]}
+    ring_names = {n for source in ("gemv_ring", "gemv_bulk") for pro in V.RING_PROS
+                  for n in V.persistent_names(source, pro)}
     gemv._persistent_module = lambda source, pro: Module(
         set(V.persistent_names(source, pro)))
     gemv._shared_set = {name: 1 << 30 for name in ring_names}  # no driver call here

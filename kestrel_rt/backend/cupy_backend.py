@@ -282,8 +282,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         if not (g.takes_bulk(file, pro, rows, x.shape[-1])
                 or g.takes_ring(file, pro, rows, x.shape[-1])):
             return None
-        return self.gemv().fused(x, w, norm=self.weight(norm), eps=self.shape.rms_norm_eps,
-                                 glu=glu)
+        return g.fused(x, w, norm=self.weight(norm), eps=self.shape.rms_norm_eps, glu=glu)
 
     def norm_linear(self, x, norm, name):
         y = self._rstd_gemv(x, norm, name)

@@ -97,14 +97,13 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
 # The bulk-copy kernels (kernels/gemv_bulk.cu gemv_bulk_bf16 / gemv_bulk_int4): (WARPS
 # consumer warps per block (and a producer warp), S slots per block, C bytes of each of a
 # tile's 16 rows per slot) variants compiled per weight kind, each above half an SM's shared
-# memory (one block per SM), and the prologues they take (the rings': plain x or its RMSNorm,
-# a residual or the SwiGLU epilogue; bf16 stages x as the ring does, int4 reads it as
-# gemv_int4.cu does).
+# memory (one block per SM). They take the rings' prologues (RING_PROS: plain x or its RMSNorm,
+# a residual or the SwiGLU epilogue); bf16 stages x as the ring does, int4 reads it as
+# gemv_int4.cu does.
 BULK_KERNELS = {"gemv": "gemv_bulk_bf16", "gemv_int4": "gemv_bulk_int4"}
 BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 5, 2048), (8, 6, 2048), (8, 8, 1024), (16, 4, 2048),
                           (8, 3, 4096), (16, 3, 4096)),
                  "gemv_int4": ((8, 4, 2048), (4, 4, 2048), (16, 4, 2048), (8, 3, 4096))}
-BULK_PROS = {"gemv": RING_PROS, "gemv_int4": RING_PROS}
 # The default for bf16 weights on sm_90 (ahead of the cp.async ring, which then never runs):
 # H200, bench/ablation.py, qwen3-8b bf16 decode step 4.270 ms against 4.444 with the tuned
 # kernels on a node where the cp.async ring streamed at 63% of copy; the bigger rings ((8, 6,
@@ -118,11 +117,10 @@ BULK_PAD = {"gemv": 64, "gemv_int4": 32}
 
 def persistent_names(source: str, pro: int) -> list[str]:
     """The kernels a module of kernels/SOURCE.cu (gemv_ring or gemv_bulk) holds for prologue
-    pro: every variant of both weight kinds that takes it."""
+    pro (one of RING_PROS): every variant of both weight kinds."""
     if source == "gemv_ring":
         return [ring_name(f, ks, s, pro) for f in RING_KERNELS for ks, s in RING_VARIANTS[f]]
-    return [bulk_name(f, *v, pro) for f in BULK_KERNELS for v in BULK_VARIANTS[f]
-            if pro in BULK_PROS[f]]
+    return [bulk_name(f, *v, pro) for f in BULK_KERNELS for v in BULK_VARIANTS[f]]
 
 
 def bulk_name(file: str, warps: int, slots: int, row_bytes: int, pro: int) -> str:

@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from kestrel_rt.cuda.gemv_variants import (
     BF16_MAX_ROWS,
     BULK_DEFAULT,
-    BULK_PROS,
     BULK_VARIANTS,
     GLU,
     KERNELS,
@@ -175,13 +174,9 @@ class Gemv:
 
     def _bulk_setting(self, value, what: str, file: str) -> tuple[int, int, int] | None:
         """A bulk setting checked: None or (WARPS, S, C) of a compiled variant, on sm_90+."""
-        if value is None:
-            return None
-        value = tuple(int(v) for v in value)
-        if value not in BULK_VARIANTS[file]:
-            raise ValueError(f"{what} must be None or (WARPS, S, C) of "
-                             f"{list(BULK_VARIANTS[file])}, got {value!r}")
-        if not getattr(self, "bulk_capable", True):
+        value = _setting(value, what, lambda v: v in BULK_VARIANTS[file],
+                         f"(WARPS, S, C) of {list(BULK_VARIANTS[file])}")
+        if value is not None and not getattr(self, "bulk_capable", True):
             raise ValueError(f"{what} needs a GPU of compute capability 9.0 or newer")
         return value
 
@@ -242,14 +237,14 @@ class Gemv:
                 self.bf16(x, w, out=out)
 
         saved, bulk, times = self.ring, self.bulk, []
-        self._bulks["gemv"] = None  # the ring, not the bulk kernel
+        self.bulk = None  # the ring, not the bulk kernel
         try:
             with torch.cuda.device(dev):
                 for setting in (saved, None):
                     self.ring = setting
                     times.append(time_graph(products, reps) * 1e6 / copies)
         finally:
-            self.ring, self._bulks["gemv"] = saved, bulk
+            self.ring, self.bulk = saved, bulk
         return times[0], times[1]
 
     def settle_ring(self, margin: float = 1.10) -> None:
@@ -264,8 +259,8 @@ class Gemv:
         when the probe's 256 MB do not fit (the ring stays as it is). The times stay in
         `ring_probe_us` (ring, tuned). Nor while `bulk` is set: bf16 decode gemvs then take
         the bulk kernel, never the ring."""
-        if self.ring is None or self.bulk is not None or (torch.cuda.is_available()
-                                 and torch.cuda.is_current_stream_capturing()):
+        if (self.ring is None or self.bulk is not None
+                or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())):
             return
         try:
             self.ring_probe_us = self.probe_ring()
@@ -280,7 +275,7 @@ class Gemv:
         set for the weight kind, a prologue it takes, at most 8 rows of x within
         RING_X_BYTES, and the block's shared memory within the device's limit."""
         ring = self._rings.get(file)
-        if ring is None or pro not in RING_PROS or m > 8 or m * k * 2 > RING_X_BYTES:
+        if ring is None or not _persistent_takes(pro, m, k, stages_x=True):
             return False
         ks, slots, _ = ring
         return (ring_shared_bytes(file, ks, slots, m, k) + ring_static_bytes(file, ks)
@@ -291,8 +286,7 @@ class Gemv:
         prologue it takes, at most 8 rows of x (bf16: within RING_X_BYTES, staged as the
         ring stages it), and the block's shared memory within the device's limit."""
         setting = self._bulks.get(file)
-        if (setting is None or pro not in BULK_PROS[file] or m > 8
-                or (file == "gemv" and m * k * 2 > RING_X_BYTES)):
+        if setting is None or not _persistent_takes(pro, m, k, stages_x=file == "gemv"):
             return False
         warps, slots, _ = setting
         return (bulk_shared_bytes(file, *setting, m, k) + bulk_static_bytes(file, warps, slots)
@@ -548,16 +542,29 @@ class Gemv:
         return F.linear(x, w)
 
 
-def _ring_setting(value, what: str, file: str) -> tuple[int, int, int] | None:
-    """A ring setting checked: None or (KSPLIT, S, blocks per SM) of a compiled variant."""
+def _setting(value, what: str, valid, expected: str) -> tuple[int, ...] | None:
+    """A persistent-kernel setting checked: None, or a tuple of ints `valid` accepts
+    (ValueError naming `what` and the `expected` form otherwise)."""
     if value is None:
         return None
     value = tuple(int(v) for v in value)
-    if len(value) != 3 or value[:2] not in RING_VARIANTS[file] or not 1 <= value[2] <= 4:
-        raise ValueError(f"{what} must be None or (KSPLIT, S, blocks per SM) with (KSPLIT, S) "
-                         f"one of {list(RING_VARIANTS[file])} and 1..4 blocks per SM, got "
-                         f"{value!r}")
+    if not valid(value):
+        raise ValueError(f"{what} must be None or {expected}, got {value!r}")
     return value
+
+
+def _ring_setting(value, what: str, file: str) -> tuple[int, int, int] | None:
+    """A ring setting checked: None or (KSPLIT, S, blocks per SM) of a compiled variant."""
+    return _setting(value, what,
+                    lambda v: len(v) == 3 and v[:2] in RING_VARIANTS[file] and 1 <= v[2] <= 4,
+                    f"(KSPLIT, S, blocks per SM) with (KSPLIT, S) one of "
+                    f"{list(RING_VARIANTS[file])} and 1..4 blocks per SM")
+
+
+def _persistent_takes(pro: int, m: int, k: int, stages_x: bool) -> bool:
+    """What a ring or bulk kernel asks of a launch, shared memory aside: a prologue it takes,
+    at most 8 rows of x (one n-tile), and x within RING_X_BYTES where the kernel stages it."""
+    return pro in RING_PROS and m <= 8 and not (stages_x and m * k * 2 > RING_X_BYTES)
 
 
 def file_of(w) -> str:
