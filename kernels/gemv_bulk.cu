@@ -220,13 +220,15 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
 // holds row a(r / 2) + r % 2 of the tile (gemv_int4.cu's pairs of adjacent rows, int4_row_a),
 // C bytes (2 C k) of it per item; consumer warp w takes groups [w, w + 1) C / (64 WARPS) of
 // each item (64 bytes of a row per 128-k group), lane (g, t) the 16-byte vectors t of its rows
-// 2g, 2g + 1 in each, and does gemv_int4.cu's dequantizing mma arithmetic (int4_math) on them;
+// 2g, 2g + 1 in each, and does gemv_int4.cu's dequantizing mma arithmetic (int4_math) on them,
+// the zero points coming off through the group sums of act(x), taken once per block
+// (int4_x_sums: a block does several tiles, so this saves most of the zero-point mmas);
 // x comes from global memory as in gemv_int4.cu (XLoad, L1), the group's zeros word and scale
 // pair by register loads issued one item ahead (their latency behind the wait and the item
 // before). Plain x or its RMSNorm (XLoad's, the rows' rstd taken once per block by all its
 // warps), a residual or the SwiGLU epilogue (PRO 0, 1, 4, 8, 9). Slot rows are C + 32 bytes
 // apart: rows 2g (and 2g + 1) of a quarter warp's lanes then fall in different bank halves.
-// smem: ring [S][16][C + 32] bytes.
+// smem: ring [S][16][C + 32] bytes, then the group sums: float2 [K / 128][4].
 template <int WARPS, int S, int C, int PRO>
 __global__ void __launch_bounds__(32 * (WARPS + 1), 1)
 gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
@@ -254,6 +256,9 @@ gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), 1> xl{};
   xl.template init<WARPS + 1>(x, nw, part, g, M, K, eps);  // the whole block (PRO 1: rstd)
+  float2* xsum = reinterpret_cast<float2*>(smem + S * ring.SLOT / 16);  // [groups][4]
+  int4_x_sums<1, WARPS + 1>(xsum, xl, groups);
+  __syncthreads();
   if (warp == WARPS) {  // the producer warp: one lane refills slots as they empty
     if (lane == 0) ring.refill(row);
     return;  // (an exit counts as the block's PDL trigger)
@@ -297,7 +302,7 @@ gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
       st.b[0] = *reinterpret_cast<const uint4*>(rows + RS + u * 64);
       st.zw[0] = zw[u];
       st.sw[0] = sw[u];
-      int4_math<1, 1>(acc, st, xl, (u32)grp, (u32)groups, t, zsh);
+      int4_math<1, 1, true>(acc, st, xl, (u32)grp, (u32)groups, t, zsh, xsum);
     }
     ring.release(i, lane);
     if (++q == per) {

@@ -60,10 +60,13 @@ __device__ __forceinline__ void int4_load(Int4Stage<U>& s, const Int4Src& src, u
 }
 
 // acc += groups s0 .. s0 + U - 1 (those < groups) of the thread's rows (the mma's rows g,
-// g + 8) times act(x) (n-tile j: rows 8j + g of thread (g, t)).
-template <int MT, int U, class XL>
+// g + 8) times act(x) (n-tile j: rows 8j + g of thread (g, t)). XS: the zero point comes off
+// once per group through the group sums of act(x) (xs, int4_x_sums) instead of through mmas of
+// -(128 + z) in the chain: half the mmas, a chain half as long.
+template <int MT, int U, bool XS = false, class XL>
 __device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U>& s,
-                                          const XL& xl, u32 s0, u32 groups, int t, u32 zsh) {
+                                          const XL& xl, u32 s0, u32 groups, int t, u32 zsh,
+                                          const float2* xs = nullptr) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const u32 grp = s0 + u;
@@ -81,8 +84,10 @@ __device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
         xv[j] = x_chunk(xl, j, c0 + i);
-        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].x, xv[j].y);
-        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].z, xv[j].w);
+        if constexpr (!XS) {
+          mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].x, xv[j].y);
+          mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].z, xv[j].w);
+        }
       }
       u32 pa[4], pb[4];  // 128 + q of k pairs (2p, 2p + 1) of word i, rows a and b
 #pragma unroll
@@ -97,13 +102,49 @@ __device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U
       }
     }
     const float sa = f16_to_f32((u16)s.sw[u]), sb = f16_to_f32((u16)(s.sw[u] >> 16));
+    if constexpr (XS) {
+      // C columns 2t, 2t + 1 are activation rows 8j + 2t, 8j + 2t + 1: the group's sums of
+      // those, times 128 + z of row a (C row g) or b (C row g + 8), come off before the scale
+      const u32 z1 = and_or(s.zw[u] >> zsh, 0x000F000Fu, 0x43004300u);  // 128 + z of a | b
+      const float za = bf16_lo(z1), zb = bf16_hi(z1);
 #pragma unroll
-    for (int j = 0; j < MT; ++j) {
-      acc[j][0] = fmaf(sa, cg[j][0], acc[j][0]);
-      acc[j][1] = fmaf(sa, cg[j][1], acc[j][1]);
-      acc[j][2] = fmaf(sb, cg[j][2], acc[j][2]);
-      acc[j][3] = fmaf(sb, cg[j][3], acc[j][3]);
+      for (int j = 0; j < MT; ++j) {
+        const float2 s2 = xs[grp * (4 * MT) + 4 * j + t];
+        acc[j][0] = fmaf(sa, fmaf(-za, s2.x, cg[j][0]), acc[j][0]);
+        acc[j][1] = fmaf(sa, fmaf(-za, s2.y, cg[j][1]), acc[j][1]);
+        acc[j][2] = fmaf(sb, fmaf(-zb, s2.x, cg[j][2]), acc[j][2]);
+        acc[j][3] = fmaf(sb, fmaf(-zb, s2.y, cg[j][3]), acc[j][3]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        acc[j][0] = fmaf(sa, cg[j][0], acc[j][0]);
+        acc[j][1] = fmaf(sa, cg[j][1], acc[j][1]);
+        acc[j][2] = fmaf(sb, cg[j][2], acc[j][2]);
+        acc[j][3] = fmaf(sb, cg[j][3], acc[j][3]);
+      }
     }
+  }
+}
+
+// xs[grp * 4 MT + 4 j + t] = the sums over group grp (128 k) of act(x) rows 8j + 2t and
+// 8j + 2t + 1 (float2; absent rows 0), for int4_math<.., XS>: a warp per (group, n-tile),
+// its mmas with A all ones reading x as int4_math reads it (the same bf16 values, fp32 sums).
+// The whole block of WARPS warps calls it after XLoad::init; a barrier must follow.
+template <int MT, int WARPS, class XL>
+__device__ __forceinline__ void int4_x_sums(float2* xs, const XL& xl, int groups) {
+  constexpr u32 ONES = 0x3F803F80u;  // bf16 (1, 1)
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  for (int item = threadIdx.x >> 5; item < MT * groups; item += WARPS) {
+    const int j = item % MT, grp = item / MT;
+    float c[4] = {};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = xl.load(j, 16 * grp + 4 * t + i);
+      mma_bf16(c, ONES, ONES, ONES, ONES, v.x, v.y);
+      mma_bf16(c, ONES, ONES, ONES, ONES, v.z, v.w);
+    }
+    if (lane < 4) xs[grp * (4 * MT) + 4 * j + t] = make_float2(c[0], c[1]);
   }
 }
 

@@ -129,9 +129,9 @@ def bulk_name(file: str, warps: int, slots: int, row_bytes: int, pro: int) -> st
 
 def bulk_shared_bytes(file: str, warps: int, slots: int, row_bytes: int, m: int,
                       k: int) -> int:
-    """Dynamic shared memory of a bulk launch: the slots (16 padded rows each), then x (bf16;
-    the int4 kernel reads x from global memory)."""
-    x_bytes = m * k * 2 if file == "gemv" else 0
+    """Dynamic shared memory of a bulk launch: the slots (16 padded rows each), then x (bf16)
+    or the group sums of x (int4, which reads x from global memory: float2 [K / 128][4])."""
+    x_bytes = m * k * 2 if file == "gemv" else 32 * (k // 128)
     return slots * 16 * (row_bytes + BULK_PAD[file]) + x_bytes
 
 
