@@ -456,3 +456,48 @@ def test_producer_feeds_consumer_through_fused(gemv, weights, kind):
                           glu=True) is None
     with pytest.raises(ValueError):
         gemv.fused(x, wg, ssq_in=torch.zeros(m, h // 16 - 1, device="cuda"), eps=EPS)
+
+
+# -- the tuned int4 kernel's compile options (Gemv int4_xsum, int4_pingpong) ----------------
+@pytest.fixture(scope="module", params=[(1, True), (2, False)], ids=["xsum1-pingpong", "xsum2"])
+def gemv_int4_opts(request):
+    xsum, pingpong = request.param
+    g = Gemv("cuda", sweep=True, int4_xsum=xsum, int4_pingpong=pingpong)
+    g.compile(pros=(0, 1, 2))
+    return g
+
+
+@pytest.mark.parametrize("pro", PROS)
+@pytest.mark.parametrize("geom", all_variants("gemv_int4"))
+def test_int4_options_every_variant(gemv_int4_opts, pro, geom):
+    """The group sums of x instead of zero-point mmas (in the variants of int4_xsum or more
+    tiles per block) and the alternating pipeline stages: every variant, each prologue with a
+    residual, ragged N, an odd number of 128-k groups (the ping-pong's last half-step), both
+    n-tile widths."""
+    gen = torch.Generator("cuda").manual_seed(hash(("opts", pro, geom)) % 2**31)
+    n, k = 1032, 1920  # 15 groups
+    w = Int4Weight.from_float(torch.randn(n, k, device="cuda", generator=gen))
+    dense = w.dequantize(torch.float64)
+    for m in (1, 12):
+        x, norm = _inputs(pro, m, k, gen)
+        prod = act_ref(x, norm, pro == "swiglu").double() @ dense.T
+        res = _residual(prod, gen)
+        y = gemv_int4_opts.int4(x, w, out=_poisoned(m, n), geom=geom, norm=norm, eps=EPS,
+                                swiglu=pro == "swiglu", residual=res)
+        assert _rel_err(y, prod + res.double()) <= TOL
+
+
+@pytest.mark.parametrize("n,k", [(24576, 4096), (4096, 12288), (6144, 4096)])
+@pytest.mark.parametrize("m", (1, 8, 16))
+def test_int4_options_decode_shapes(gemv_int4_opts, weights, m, n, k):
+    """qwen3-8b's int4 shapes through their tuned variants with the options, the gate_up one
+    with the SwiGLU epilogue as the decode step runs it."""
+    gen = torch.Generator("cuda").manual_seed(hash(("opts", m, n, k)) % 2**31)
+    w, dense = weights("int4", n, k)
+    x, _ = _inputs("plain", m, k, gen)
+    if n == 24576:
+        y = gemv_int4_opts.int4(x, w, out=_poisoned(m, n // 2), glu=True)
+        assert _rel_err(y, glu_ref(x, None, dense).double()) <= TOL
+    else:
+        y = gemv_int4_opts.int4(x, w, out=_poisoned(m, n))
+        assert _rel_err(y, x.double() @ dense.T) <= TOL
