@@ -6,7 +6,6 @@
                              [--ring-int4 off,16.8.1] [--bulk off,8.4.2048]
                              [--bulk-int4 off,8.4.2048] [--ring-norm 0,1]
                              [--carveout=-1,100] [--kernels-carveout=-1,100]
-                             [--int4-opts none,x2,p,x2p]
                              [--fold none,moe,all,producer] [--breakdown]
 
 Features (every combination of the values given is measured): pdl (programmatic dependent
@@ -25,10 +24,7 @@ RMSNorm before a linear inside the ring / bulk gemv's staging of x: CupyBackend.
 carveout (the shared-memory percent every kernel asks for, -1 the driver's choice per kernel:
 kestrel_rt/cuda/module.py Carveout), kernels carveout (the same for the non-gemv kernels only,
 attention, norms: with 100 they run in the configuration the bulk and ring gemvs need, so those
-can be placed beside them early under PDL), int4 opts (the tuned int4 kernels' compile options:
-none, xN: the zero points through the group sums of x in the kernels of N or more tiles per
-block, p: two alternating pipeline stages, or both as xNp; Gemv int4_xsum, int4_pingpong) and
-fold (which
+can be placed beside them early under PDL) and fold (which
 RMSNorm weights are folded into the next linears at load, kestrel_rt/fold.py, those norms
 then a row scale inside the kernels, CupyBackend.norm_row_scale: none, moe (a MoE layer's
 post-attention norm), all, producer (every norm folded, its rstd from the sums of squares the
@@ -74,17 +70,6 @@ def ring_label(value: tuple | None) -> str:
     return "off" if value is None else ".".join(map(str, value))
 
 
-def int4_options(text: str) -> tuple[int, bool]:
-    """An --int4-opts value: none, or xN (GEMV_INT4_XSUM=N: the group sums of x in the tuned
-    int4 kernels of N or more tiles per block) and / or p (GEMV_INT4_PINGPONG), as in x2p."""
-    import re
-
-    m = re.fullmatch(r"(?:x(\d+))?(p?)", "" if text == "none" else text)
-    if m is None or text == "":
-        raise SystemExit(f"--int4-opts: expected none, xN, p or xNp, got {text!r}")
-    return int(m.group(1) or 0), bool(m.group(2))
-
-
 # The features: (keyword of set_features, command-line flag, default values, parser, how a
 # value shows in the table).
 FEATURES = (
@@ -102,7 +87,6 @@ FEATURES = (
     ("ring_norm", "--ring-norm", "0", flag, str),
     ("carveout", "--carveout", "-1", int, str),
     ("kernels_carveout", "--kernels-carveout", "-1", int, str),
-    ("int4_opts", "--int4-opts", "none", lambda t: int4_options(t) and t, str),
 )
 
 
@@ -111,22 +95,15 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
                  moe_route: bool = False, ring: tuple | None = RING_DEFAULT,
                  ring_int4: tuple | None = None, bulk: tuple | None = BULK_DEFAULT,
                  bulk_int4: tuple | None = None, ring_norm: bool = False,
-                 carveout: int = -1, kernels_carveout: int = -1, int4_opts: str = "none"
-                 ) -> None:
-    """pdl: a key of PDL_MODES; late, int4_opts: the tuned gemvs' compile options (a new
-    Gemv for the backend when they change; int4_opts: see int4_options); the rest: the
-    backend's and its Gemv's settings."""
+                 carveout: int = -1, kernels_carveout: int = -1) -> None:
+    """pdl: a key of PDL_MODES; late: the tuned gemvs' compile option (a new Gemv for the
+    backend when it changes); the rest: the backend's and its Gemv's settings."""
     from kestrel_rt.cuda.linear import Gemv
 
     be = model.backend
     small, gemv = PDL_MODES[pdl]
-    xsum, pingpong = int4_options(int4_opts)
-    wanted = (late, xsum, pingpong)
-    have = be.gemv()
-    if (("-DGEMV_LATE_TRIGGER" in have.options), have.int4_xsum,
-            "-DGEMV_INT4_PINGPONG" in have.options) != wanted:
-        be._gemv = Gemv(be.device, pdl=True, late_trigger=late, int4_xsum=xsum,
-                        int4_pingpong=pingpong)
+    if ("-DGEMV_LATE_TRIGGER" in be.gemv().options) != late:
+        be._gemv = Gemv(be.device, pdl=True, late_trigger=late)
     if (small and be.kernels.pdl is None) or (gemv and be.gemv()._pdl is None):
         raise RuntimeError("this backend was built without PDL")
     be.kernels.pdl_enabled = small

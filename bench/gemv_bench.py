@@ -155,13 +155,7 @@ def main() -> None:
                         help="launch with programmatic dependent launch (consecutive calls "
                              "overlap)")
     parser.add_argument("--late-trigger", type=int, default=1)
-    parser.add_argument("--int4-opts", default="none",
-                        help="the tuned int4 kernels' compile options, a list (bench/ablation.py "
-                             "int4_options: none, xN, p, xNp); each but none adds int4 rows")
     args = parser.parse_args()
-    from ablation import int4_options
-
-    extra_opts = [(o, int4_options(o)) for o in args.int4_opts.split(",") if o != "none"]
     gen = torch.Generator("cuda").manual_seed(0)
     gemv = Gemv("cuda", sweep=args.sweep, pdl=args.pdl, late_trigger=bool(args.late_trigger))
     gemv.compile()
@@ -206,19 +200,6 @@ def main() -> None:
                 rows.append({**bench_shape(gemv, kind, name, n, k, m, gen), "ring": ring})
                 print(json.dumps(rows[-1]), flush=True)
             rows.append({**bench_layers(gemv, kind, m, gen), "ring": ring})
-            print(json.dumps(rows[-1]), flush=True)
-            torch.cuda.empty_cache()
-    for label, (xsum, pingpong) in extra_opts:  # the tuned int4 kernels, other builds
-        gemv = Gemv("cuda", pdl=args.pdl, late_trigger=bool(args.late_trigger),
-                    int4_xsum=xsum, int4_pingpong=pingpong)
-        gemv.compile()
-        for m in [int(v) for v in args.ms.split(",")]:
-            for name, (n, k) in SHAPES_8B.items():
-                if name == "lm_head" and m != 1:
-                    continue
-                rows.append({**bench_shape(gemv, "int4", name, n, k, m, gen), "ring": label})
-                print(json.dumps(rows[-1]), flush=True)
-            rows.append({**bench_layers(gemv, "int4", m, gen), "ring": label})
             print(json.dumps(rows[-1]), flush=True)
             torch.cuda.empty_cache()
     result = {"device": props.name, "copy_gbps": copy_bw / 1e9, "rows": rows}

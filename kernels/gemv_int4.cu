@@ -17,39 +17,19 @@
 // order. Software pipelined: the next group's loads (weights, zeros, scales) go out before
 // this group's math, the first ones before pdl_wait (weights are immutable). PRO (RMSNorm /
 // SwiGLU of x as it loads) and the optional residual: gemv_mma.cuh.
-// Two compile options (Gemv(int4_opts=...), off by default until measured): GEMV_INT4_XSUM=n
-// takes the zero points off through the group sums of act(x) (int4_math's XS, int4_x_sums)
-// in the kernels of n or more tiles per block (the sums, once per block, cost one tile's
-// zero-point mmas; dynamic shared memory float2 [K / 128][4 MT]); GEMV_INT4_PINGPONG
-// alternates two pipeline stages instead of copying the next stage into the current one.
 #include "int4_math.cuh"
-
-template <int TPB>
-struct Int4Opts {
-#ifdef GEMV_INT4_XSUM
-  static constexpr bool xsum = TPB >= GEMV_INT4_XSUM;
-#else
-  static constexpr bool xsum = false;
-#endif
-#ifdef GEMV_INT4_PINGPONG
-  static constexpr bool pingpong = true;
-#else
-  static constexpr bool pingpong = false;
-#endif
-};
 
 // x: [M, K] (PRO 2: [M, 2K]); nw: PRO 1; eps: PRO 1 and RSTD_IN; res: residual [M, N] or
 // nullptr; ssq_out: SSQ's [M, ceil(N / 16)]; ssq_in: RSTD_IN's [M, ceil(K / 16)]; red: the
-// K-split shared floats; part: ProShared floats; xs: XS's group sums (dynamic shared).
-template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO, bool XS = false>
+// K-split shared floats; part: ProShared floats.
+template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
                                                const u32* __restrict__ zeros,
                                                const u16* __restrict__ scales,
                                                const uint4* __restrict__ x, u16* y,
                                                const uint4* nw, float eps, const u16* res,
                                                float* ssq_out, const float* ssq_in, int M,
-                                               int N, int K, float* red, float* part,
-                                               float2* xs = nullptr) {
+                                               int N, int K, float* red, float* part) {
   static_assert(!GEMV_RSTD(PRO), "the per-chunk row-scale RMSNorm is in the bf16 kernel only");
   static_assert(!GEMV_RSTD_IN(PRO) || GEMV_ACT(PRO) == 0, "RSTD_IN takes plain x");
   const TileThread<KSPLIT, TPB, GEMV_GLU(PRO)> th(N);
@@ -87,26 +67,12 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
   // RSTD_IN: the rows' sums of squares from ssq_in (the first weights are in flight)
   if constexpr (GEMV_RSTD_IN(PRO)) ssq_rows<KSPLIT * TPB>(ssq_in, part, M, (K + 15) >> 4);
-  if constexpr (XS) {
-    int4_x_sums<MT, KSPLIT * TPB>(xs, xl, (int)groups);
-    __syncthreads();
-  }
 #pragma unroll
   for (int j = 0; j < MT; ++j) xl.row[j] = kept(xl.row[j]);
-  if constexpr (Int4Opts<TPB>::pingpong) {
-    for (; grp < groups; grp += 2 * stride) {
-      int4_load<U, PF>(nxt, src, grp + stride, groups);
-      int4_math<MT, U, XS>(acc, cur, xl, grp, groups, t, zsh, xs);
-      if (grp + stride >= groups) break;
-      int4_load<U, PF>(cur, src, grp + 2 * stride, groups);
-      int4_math<MT, U, XS>(acc, nxt, xl, grp + stride, groups, t, zsh, xs);
-    }
-  } else {
-    for (; grp < groups; grp += stride) {
-      int4_load<U, PF>(nxt, src, grp + stride, groups);
-      int4_math<MT, U, XS>(acc, cur, xl, grp, groups, t, zsh, xs);
-      cur = nxt;
-    }
+  for (; grp < groups; grp += stride) {
+    int4_load<U, PF>(nxt, src, grp + stride, groups);
+    int4_math<MT, U>(acc, cur, xl, grp, groups, t, zsh);
+    cur = nxt;
   }
   int4_store_order<MT>(acc, g, t);
   GEMV_TRIGGER_END();
@@ -127,10 +93,9 @@ gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
           const float* __restrict__ ssq_in) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
   __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
-  extern __shared__ float2 int4_xs[];  // Int4Opts' xsum: [K / 128][4 MT]
   GEMV_TRIGGER_TOP();
-  gemv_int4_body<MT, KSPLIT, TPB, U, PF, PRO, Int4Opts<TPB>::xsum>(
-      q, zeros, scales, x, y, nw, eps, res, ssq_out, ssq_in, M, N, K, red, part, int4_xs);
+  gemv_int4_body<MT, KSPLIT, TPB, U, PF, PRO>(q, zeros, scales, x, y, nw, eps, res, ssq_out,
+                                              ssq_in, M, N, K, red, part);
 }
 
 // Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = act(x[p / x_div]) . W[ids[p]]^T,

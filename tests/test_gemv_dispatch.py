@@ -49,7 +49,7 @@ def _recording_gemv(ring=None):
     from kestrel_rt.cuda.linear import Gemv
 
     gemv = Gemv.__new__(Gemv)  # no device: only the launch logic runs
-    gemv.tuned, gemv.sms, gemv.sweep, gemv.int4_xsum = {}, 132, False, 0
+    gemv.tuned, gemv.sms, gemv.sweep = {}, 132, False
     gemv._rings = {"gemv": None, "gemv_int4": None}
     gemv._bulks = {"gemv": None, "gemv_int4": None}
     gemv.max_shared = 227 * 1024  # an H100 / H200 block's limit
@@ -65,8 +65,8 @@ def _recording_gemv(ring=None):
             return name
 
     gemv._module = lambda file, pro=V.PLAIN: Module(V.module_names(file, pro, {}))
-    gemv._run = lambda fn, grid, block, args, smem=0: calls.append(
-        (fn, grid, block, len(args)) + ((smem,) if smem else ()))
+    gemv._run = lambda fn, grid, block, args, *smem: calls.append(
+        (fn, grid, block, len(args), *smem))
     ring_names = {n for source in ("gemv_ring", "gemv_bulk") for pro in V.RING_PROS
                   for n in V.persistent_names(source, pro)}
     gemv._persistent_module = lambda source, pro: Module(
@@ -183,27 +183,6 @@ def test_bulk_dispatch():
     calls.clear()
     gemv.int4(torch.randn(1, k).bfloat16(), _weight("int4", 256, k))
     assert calls[0][0] == V.ring_name("gemv_int4", 16, 8, 0)
-
-
-def test_int4_xsum_launches_carry_the_group_sums():
-    """With int4_xsum = n, a tuned int4 launch of n or more tiles per block asks for the
-    group sums' shared memory (float2 [K / 128][4 MT]); the others, and the other weight
-    kinds, ask for none."""
-    import torch
-
-    gemv, calls = _recording_gemv()
-    gemv.int4_xsum = 2
-    k = 1024
-    for geom, m, want in (((2, 4), 1, V.int4_xsum_bytes(1, k)), ((16, 1), 1, None),
-                          ((4, 2), 12, V.int4_xsum_bytes(2, k)), ((8, 1), 12, None)):
-        calls.clear()
-        gemv.int4(torch.randn(m, k).bfloat16(), _weight("int4", 512, k), geom=geom)
-        (call,) = calls
-        assert (call[4] if len(call) == 5 else None) == want
-    assert V.int4_xsum_bytes(1, 4096) == 32 * 32 and V.int4_xsum_bytes(2, 12288) == 2 * 32 * 96
-    calls.clear()
-    gemv.bf16(torch.randn(1, k).bfloat16(), _weight("bf16", 512, k), geom=(2, 4))
-    assert len(calls[0]) == 4
 
 
 def test_int4_ring_blocks_take_several_tiles():
@@ -351,11 +330,3 @@ def test_settle_ring_leaves_the_ring_when_the_probe_does_not_fit():
     gemv.probe_ring = no_memory
     gemv.settle_ring()
     assert gemv.ring == V.RING_DEFAULT
-
-
-def test_gemv_rejects_a_negative_int4_xsum():
-    """Checked before anything touches a device (this machine has none)."""
-    from kestrel_rt.cuda.linear import Gemv
-
-    with pytest.raises(ValueError, match="int4_xsum"):
-        Gemv("cpu", int4_xsum=-1)

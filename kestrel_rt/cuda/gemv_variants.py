@@ -131,14 +131,8 @@ def bulk_shared_bytes(file: str, warps: int, slots: int, row_bytes: int, m: int,
                       k: int) -> int:
     """Dynamic shared memory of a bulk launch: the slots (16 padded rows each), then x (bf16)
     or the group sums of x (int4, which reads x from global memory: float2 [K / 128][4])."""
-    x_bytes = m * k * 2 if file == "gemv" else int4_xsum_bytes(1, k)
+    x_bytes = m * k * 2 if file == "gemv" else 32 * (k // 128)
     return slots * 16 * (row_bytes + BULK_PAD[file]) + x_bytes
-
-
-def int4_xsum_bytes(mt: int, k: int) -> int:
-    """Dynamic shared memory of a tuned int4 launch with GEMV_INT4_XSUM: the group sums of x,
-    float2 [K / 128][4 MT] (kernels/gemv_int4.cu)."""
-    return 32 * mt * (k // 128)
 
 
 def bulk_static_bytes(file: str, warps: int, slots: int) -> int:

@@ -58,7 +58,6 @@ from kestrel_rt.cuda.gemv_variants import (
     bulk_shared_bytes,
     bulk_static_bytes,
     default_variant,
-    int4_xsum_bytes,
     kernel_name,
     load_tuned,
     module_names,
@@ -87,21 +86,15 @@ class Gemv:
     """The skinny-matmul kernels of one backend, on one CUDA device."""
 
     def __init__(self, device: torch.device | str = "cuda", sweep: bool = False,
-                 tuned: Path | None = None, pdl: bool = False, late_trigger: bool = True,
-                 int4_xsum: int = 0, int4_pingpong: bool = False) -> None:
+                 tuned: Path | None = None, pdl: bool = False, late_trigger: bool = True
+                 ) -> None:
         """sweep: compile every variant (for bench/gemv_bench.py --sweep), not just the
         tuned and default ones. pdl: launch the gemv kernels with programmatic dependent
         launch (kestrel_rt/cuda/pdl.py; they wait for the previous kernel before their first
         load); needs compute capability >= 9.0, else ignored. late_trigger: let the next
         kernel launch only after the K loop instead of at the top (kernels/pdl.cuh; on the
         H200, bench/ablation.py: qwen3-8b bf16 4.58 vs 4.96 ms per step, int4 2.56 vs 2.71,
-        qwen3-30b-a3b 3.31 vs 3.43, qwen3-0.6b 0.855 vs 0.888). int4_xsum n > 0: the tuned int4
-        kernels of n or more tiles per block take the zero points off through the group sums
-        of x (kernels/gemv_int4.cu GEMV_INT4_XSUM); int4_pingpong: their pipeline alternates
-        two stages (GEMV_INT4_PINGPONG). Both off by default."""
-        if int4_xsum < 0:
-            raise ValueError(f"int4_xsum must be 0 (off) or the least tiles per block, got "
-                             f"{int4_xsum}")
+        qwen3-30b-a3b 3.31 vs 3.43, qwen3-0.6b 0.855 vs 0.888)."""
         import cupy
 
         self._cupy = cupy
@@ -112,10 +105,7 @@ class Gemv:
         self._streams: dict[int, object] = {}
         self.tuned = load_tuned(tuned or TUNED_FILE)
         self.sweep = sweep
-        self.int4_xsum = int4_xsum
-        self.options = (("-std=c++17",) + (("-DGEMV_LATE_TRIGGER",) if late_trigger else ())
-                        + ((f"-DGEMV_INT4_XSUM={int4_xsum}",) if int4_xsum else ())
-                        + (("-DGEMV_INT4_PINGPONG",) if int4_pingpong else ()))
+        self.options = ("-std=c++17",) + (("-DGEMV_LATE_TRIGGER",) if late_trigger else ())
         self._pdl = None
         self.pdl_enabled = True  # switch PDL off for a comparison (bench/ablation.py)
         # The persistent ring kernels (kernels/gemv_ring.cu) at M <= 8 with plain x, a
@@ -394,9 +384,7 @@ class Gemv:
         fn = self._module(file, pro).get_function(kernel_name(file, mt, variant, pro))
         args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(norm),
                 np.float32(eps), _p(residual), _p(ssq_out), _p(ssq_in))
-        smem = (int4_xsum_bytes(mt, k) if file == "gemv_int4" and 0 < self.int4_xsum <= tpb
-                else 0)
-        self._run(fn, (math.ceil(n / (16 * tpb)),), (32 * ks * tpb,), args, smem)
+        self._run(fn, (math.ceil(n / (16 * tpb)),), (32 * ks * tpb,), args)
         return y
 
     # -- the three kernels on 2-D activations x [M, K] (contiguous, bf16) -----------------
