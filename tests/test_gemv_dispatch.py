@@ -52,6 +52,7 @@ def _recording_gemv(ring=None):
     gemv.tuned, gemv.sms, gemv.sweep = {}, 132, False
     gemv._rings = {"gemv": None, "gemv_int4": None}
     gemv._bulks = {"gemv": None, "gemv_int4": None}
+    gemv.bulk_max_rows = V.BULK_MAX_ROWS
     gemv.max_shared = 227 * 1024  # an H100 / H200 block's limit
     gemv.ring = gemv.ring_int4 = ring
     calls = []
@@ -162,6 +163,7 @@ def test_bulk_dispatch():
 
     gemv, calls = _recording_gemv(ring=(16, 8, 1))
     gemv.bulk = V.BULK_DEFAULT
+    gemv.bulk_max_rows = 8  # every row count the kernels take
     k = 512
     for file, kind, setting in (("gemv", "bf16", V.BULK_DEFAULT),
                                 ("gemv_int4", "int4", V.BULK_VARIANTS["gemv_int4"][1])):
@@ -183,6 +185,32 @@ def test_bulk_dispatch():
     calls.clear()
     gemv.int4(torch.randn(1, k).bfloat16(), _weight("int4", 256, k))
     assert calls[0][0] == V.ring_name("gemv_int4", 16, 8, 0)
+
+
+def test_bulk_takes_up_to_bulk_max_rows_and_the_rest_goes_tuned():
+    """Above bulk_max_rows (BULK_MAX_ROWS = 2 by default) a launch goes to the tuned kernel,
+    not to the ring, while a bulk setting is there; without one the ring takes it again."""
+    import torch
+
+    gemv, calls = _recording_gemv(ring=(16, 8, 1))
+    gemv.bulk = V.BULK_DEFAULT
+    k, n = 512, 1024
+    for m in range(1, 9):
+        calls.clear()
+        gemv.bf16(torch.randn(m, k).bfloat16(), _weight("bf16", n, k))
+        (call,) = calls
+        if m <= V.BULK_MAX_ROWS:
+            assert call[0] == V.bulk_name("gemv", *V.BULK_DEFAULT, 0)
+        else:
+            assert call[0].startswith("gemv_bf16<") and len(call) == 4  # tuned, no smem
+    gemv.bulk_max_rows = 8  # the kernels take up to 8 rows
+    calls.clear()
+    gemv.bf16(torch.randn(8, k).bfloat16(), _weight("bf16", n, k))
+    assert calls[0][0] == V.bulk_name("gemv", *V.BULK_DEFAULT, 0)
+    gemv.bulk = None
+    calls.clear()
+    gemv.bf16(torch.randn(8, k).bfloat16(), _weight("bf16", n, k))
+    assert calls[0][0] == V.ring_name("gemv", 16, 8, 0)
 
 
 def test_int4_ring_blocks_take_several_tiles():

@@ -109,8 +109,15 @@ BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 5, 2048), (8, 6, 2048), (8, 8, 1024)
 # kernels on a node where the cp.async ring streamed at 63% of copy; the bigger rings ((8, 6,
 # 2048): 203 KB) stream faster alone but make the step slower (4.94 ms); also faster for
 # qwen3-0.6b (0.761 vs 0.791 ms) and qwen3-30b-a3b (2.746 vs 2.883): NOTES_decode.md, session 9.
-# int4 weights keep the tuned kernel: the int4 bulk kernel has not run on a GPU yet.
+# int4 weights keep the tuned kernel: the int4 bulk kernel streams the 36 qwen3-8b layers at
+# 35-38% of copy against 55% (bench/gemv_bench.py; NOTES_decode.md, session 10).
 BULK_DEFAULT = (8, 4, 2048)
+# The most rows of x Gemv sends to a bulk kernel by default (the kernels take up to 8): on the
+# H200 (bench/bulk_rows.py: qwen3-8b bf16, batch 1, 128 cached tokens) a forward of M tokens
+# took 4.252 / 4.568 ms through the bulk kernel at M = 1 / 2 against 4.506 / 4.793 through the
+# tuned kernels, but 5.532 / 5.642 against 5.175 / 5.232 at M = 3 / 4 (NOTES_decode.md,
+# session 10).
+BULK_MAX_ROWS = 2
 # bytes a slot row is padded by: bank-conflict-free 16-byte reads (kernels/gemv_bulk.cu)
 BULK_PAD = {"gemv": 64, "gemv_int4": 32}
 

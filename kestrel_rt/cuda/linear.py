@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from kestrel_rt.cuda.gemv_variants import (
     BF16_MAX_ROWS,
     BULK_DEFAULT,
+    BULK_MAX_ROWS,
     BULK_VARIANTS,
     GLU,
     KERNELS,
@@ -117,6 +118,9 @@ class Gemv:
         self.bulk_capable = torch.cuda.get_device_capability(self.device_index) >= (9, 0)
         self._bulks: dict[str, tuple[int, int, int] | None] = {
             "gemv": BULK_DEFAULT if self.bulk_capable else None, "gemv_int4": None}
+        # the most rows of x a launch may have to go to a bulk kernel (they take up to 8;
+        # above BULK_MAX_ROWS the tuned kernels measured faster)
+        self.bulk_max_rows = BULK_MAX_ROWS
         self._shared_set: dict[str, int] = {}  # kernel -> dynamic shared bytes allowed
         # the most shared memory one block may have on this device (a ring launch above it
         # goes to the tuned kernels instead: GPUs with less than an H100's 227 KB)
@@ -154,8 +158,9 @@ class Gemv:
     def bulk(self) -> tuple[int, int, int] | None:
         """bf16 weights: (WARPS, S, C) routes decode shapes to gemv_bulk_bf16 (one block per
         SM: WARPS consumer warps and a producer warp streaming 16-row tiles through S
-        shared-memory slots of C bytes per row, filled by bulk copies), ahead of `ring`;
-        BULK_DEFAULT on sm_90 and newer; None: `ring` or the tuned kernels."""
+        shared-memory slots of C bytes per row, filled by bulk copies) instead of `ring`
+        (what it declines, such as more than `bulk_max_rows` rows, goes to the tuned
+        kernels); BULK_DEFAULT on sm_90 and newer; None: `ring` or the tuned kernels."""
         return self._bulks["gemv"]
 
     @bulk.setter
@@ -165,7 +170,8 @@ class Gemv:
     @property
     def bulk_int4(self) -> tuple[int, int, int] | None:
         """int4 weights: as `bulk`, for gemv_bulk_int4 (the same prologues and epilogues),
-        ahead of `ring_int4`; None by default (not yet measured on a GPU)."""
+        instead of `ring_int4`; None by default (on the H200 it streams at 35-38% of copy
+        where the tuned int4 kernel makes 55%)."""
         return self._bulks["gemv_int4"]
 
     @bulk_int4.setter
@@ -272,21 +278,24 @@ class Gemv:
 
     def takes_ring(self, file: str, pro: int, m: int, k: int) -> bool:
         """True when a launch of kernels/FILE.cu with these goes to the ring kernel: a ring
-        set for the weight kind, a prologue it takes, at most 8 rows of x within
-        RING_X_BYTES, and the block's shared memory within the device's limit."""
+        and no bulk setting for the weight kind, a prologue it takes, at most 8 rows of x
+        within RING_X_BYTES, and the block's shared memory within the device's limit."""
         ring = self._rings.get(file)
-        if ring is None or not _persistent_takes(pro, m, k, stages_x=True):
-            return False
+        if (ring is None or self._bulks.get(file) is not None
+                or not _persistent_takes(pro, m, k, stages_x=True)):
+            return False  # (with a bulk setting, what the bulk kernel declines goes tuned)
         ks, slots, _ = ring
         return (ring_shared_bytes(file, ks, slots, m, k) + ring_static_bytes(file, ks)
                 <= self.max_shared)
 
     def takes_bulk(self, file: str, pro: int, m: int, k: int) -> bool:
         """True when a launch goes to a bulk kernel: a bulk setting for the weight kind, a
-        prologue it takes, at most 8 rows of x (bf16: within RING_X_BYTES, staged as the
-        ring stages it), and the block's shared memory within the device's limit."""
+        prologue it takes, at most bulk_max_rows (<= 8) rows of x (bf16: within RING_X_BYTES,
+        staged as the ring stages it), and the block's shared memory within the device's
+        limit."""
         setting = self._bulks.get(file)
-        if setting is None or not _persistent_takes(pro, m, k, stages_x=file == "gemv"):
+        if (setting is None or m > self.bulk_max_rows
+                or not _persistent_takes(pro, m, k, stages_x=file == "gemv")):
             return False
         warps, slots, _ = setting
         return (bulk_shared_bytes(file, *setting, m, k) + bulk_static_bytes(file, warps, slots)

@@ -43,6 +43,7 @@ def _gemv(kind: str, variant) -> Gemv:
     """A Gemv whose launches of this weight kind go to the bulk kernel `variant`."""
     g = Gemv("cuda")
     g.ring = g.ring_int4 = None
+    g.bulk_max_rows = 8  # every row count the kernels take (the default routes up to 2)
     if kind == "bf16":
         g.bulk = variant
     else:
