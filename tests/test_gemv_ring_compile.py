@@ -21,6 +21,7 @@ def _gemv(ring):
     g = L.Gemv.__new__(L.Gemv)
     g._rings = {"gemv": None, "gemv_int4": None}
     g._bulks = {"gemv": None, "gemv_int4": None}
+    g.bulk_max_rows = V.BULK_MAX_ROWS
     g.max_shared = 227 * 1024  # an H100 / H200 block's limit
     if ring is not None:
         g.ring = g.ring_int4 = ring
@@ -77,8 +78,12 @@ def test_bulk_routing_and_default():
     g.bulk_capable = True
     g.bulk = V.BULK_DEFAULT
     assert g.bulk == V.BULK_DEFAULT and g.bulk_int4 is None
-    assert g.takes_bulk("gemv", V.PLAIN, 1, 4096) and g.takes_bulk("gemv", V.RMSNORM | V.GLU, 4,
+    assert g.takes_bulk("gemv", V.PLAIN, 1, 4096) and g.takes_bulk("gemv", V.RMSNORM | V.GLU, 2,
                                                                    4096)
+    assert not g.takes_bulk("gemv", V.PLAIN, 3, 4096)  # above BULK_MAX_ROWS: the tuned kernels
+    assert not g.takes_ring("gemv", V.PLAIN, 3, 4096)  # (not the ring: bulk is set)
+    g.bulk_max_rows = 8  # every row count the kernels take
+    assert g.takes_bulk("gemv", V.RMSNORM | V.GLU, 4, 4096)
     assert g.takes_bulk("gemv", V.RESIDUAL, 1, 12288)
     assert not g.takes_bulk("gemv_int4", V.PLAIN, 1, 4096)  # bulk_int4 None
     assert not g.takes_bulk("gemv", V.SWIGLU, 1, 4096)
