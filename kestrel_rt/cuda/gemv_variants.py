@@ -114,8 +114,8 @@ BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 5, 2048), (8, 6, 2048), (8, 8, 1024)
 BULK_DEFAULT = (8, 4, 2048)
 # The most rows of x Gemv sends to a bulk kernel by default (the kernels take up to 8): on the
 # H200 (bench/bulk_rows.py: qwen3-8b bf16, batch 1, 128 cached tokens) a forward of M tokens
-# took 4.252 / 4.568 ms through the bulk kernel at M = 1 / 2 against 4.506 / 4.793 through the
-# tuned kernels, but 5.532 / 5.642 against 5.175 / 5.232 at M = 3 / 4 (NOTES_decode.md,
+# took 4.257 / 4.571 ms through the bulk kernel at M = 1 / 2 against 4.514 / 4.800 through the
+# tuned kernels, but 5.538 / 5.635 against 5.178 / 5.232 at M = 3 / 4 (NOTES_decode.md,
 # session 10).
 BULK_MAX_ROWS = 2
 # bytes a slot row is padded by: bank-conflict-free 16-byte reads (kernels/gemv_bulk.cu)
