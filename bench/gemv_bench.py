@@ -3,7 +3,7 @@
     python bench/gemv_bench.py [--out DIR]
     python bench/gemv_bench.py --sweep --out DIR   # every launch variant; writes the best
                                                    # per shape as DIR/gemv_tuned.json
-    python bench/gemv_bench.py --kinds bf16,int4 --ms 1 --ring off,8.8.1,b4.4.512 [--pdl]
+    python bench/gemv_bench.py --kinds bf16,int4 --ms 1 --ring off,8.8.1,b8.4.2048 [--pdl]
                                                    # the ring kernels (gemv_ring.cu) too
 
 

@@ -30,7 +30,7 @@ step gemv 120 python3 bench/gemv_bench.py --out "$LOG" --ms 1 --kinds bf16,int4 
 step decode 200 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
 step probe 120 python3 bench/attention_probe.py
 step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-30b-a3b:bf16,qwen3-0.6b:bf16 --pdl all --late-trigger 1 --glu 1 --ring off --bulk off,8.4.2048 --breakdown
-step int4 150 python3 bench/ablation.py --models qwen3-8b:int4 --pdl all --late-trigger 1 --glu 1 --ring off --bulk-int4 off,8.4.2048,4.4.2048 --kernels-carveout=-1,100
+step int4 150 python3 bench/ablation.py --models qwen3-8b:int4 --pdl all --late-trigger 1 --glu 1 --ring off --bulk-int4 off,8.4.2048,16.4.2048
 tar czf "$OUT/session.tgz" -C "$OUT" session
 cp "$LOG/summary.txt" "$OUT/" 2>/dev/null
 grep -E "passed|failed" "$LOG/tests.log" 2>/dev/null | tail -1
