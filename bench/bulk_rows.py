@@ -1,5 +1,6 @@
-"""A forward of M new tokens (batch 1, 128 cached) through the bulk-copy gemvs and through the
-tuned ones, per M: where the bulk kernel stops paying (Gemv.bulk_max_rows).
+"""Forwards of M new tokens through the bulk-copy gemvs and through the tuned ones, per M.
+
+Batch 1, 128 cached tokens: where the bulk kernel stops paying (Gemv.bulk_max_rows).
 
     python bench/bulk_rows.py [--model qwen3-8b] [--rows 1,2,3,4,5] [--reps 2]
 
