@@ -44,14 +44,27 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
                "%2, [%3];" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// A place in a block's tiles (tile blockIdx.x, + gridDim.x, ...): item q of tile `tile`, the
+// block's tt-th tile. The producer's cursor and each consumer's.
+struct BulkTile {
+  int q, tile, tt;
+  __device__ __forceinline__ BulkTile() : q(0), tile(blockIdx.x), tt(0) {}
+  __device__ __forceinline__ void next() {
+    q = 0;
+    tile += gridDim.x;
+    ++tt;
+  }
+};
+
 // The block's ring: S slots of 16 rows of RS bytes (C of weights each) at the start of the
 // dynamic shared memory, their mbarriers, and the producer's cursor (the next item's tile and
-// index in it). `row(tile, r)`: the weight row slot row r holds.
+// index in it: `next`). `row(tile, r)`: the weight row slot row r holds.
 template <int WARPS, int S, int C, int RS>
 struct BulkRing {
   static constexpr int SLOT = 16 * RS;
   u32 at, full0, empty0;
-  int tile, q, per, row_bytes, total;
+  BulkTile next;  // the next item to issue
+  int per, row_bytes, total;
   const char* w;
 
   // The whole block calls it (a __syncthreads).
@@ -72,22 +85,18 @@ struct BulkRing {
     per = (row_bytes + C - 1) / C;
     const int tiles = (N + 15) >> 4;
     total = (int)blockIdx.x < tiles ? ((tiles - 1 - blockIdx.x) / gridDim.x + 1) * per : 0;
-    tile = blockIdx.x;
-    q = 0;
+    next = BulkTile();
   }
   // Item i into slot i % S (the producer lane).
   template <class Row>
   __device__ __forceinline__ void issue(int i, Row row) {
-    const int slot = i % S, off = q * C, bytes = min(C, row_bytes - off);
+    const int slot = i % S, off = next.q * C, bytes = min(C, row_bytes - off);
     const u32 bar = full0 + 8 * slot, dst = at + slot * SLOT;
     mbar_expect(bar, 16 * bytes);
 #pragma unroll
     for (int r = 0; r < 16; ++r)
-      bulk_copy(dst + r * RS, w + (size_t)row(tile, r) * row_bytes + off, bytes, bar);
-    if (++q == per) {
-      q = 0;
-      tile += gridDim.x;
-    }
+      bulk_copy(dst + r * RS, w + (size_t)row(next.tile, r) * row_bytes + off, bytes, bar);
+    if (++next.q == per) next.next();
   }
   // The producer before the PDL wait: the first S items.
   template <class Row>
@@ -117,13 +126,13 @@ struct BulkRing {
 };
 
 // A tile's end: the WARPS consumer warps' sums (store order already) meet in shared memory,
-// consumer warp 0 adds them and stores the tile (store_out), every warp's acc is zeroed. red:
-// 2 * WARPS * 4 * 32 floats, half tt % 2 for the block's tile number tt.
+// consumer warp 0 adds them and stores tile at.tile (store_out), every warp's acc is zeroed and
+// `at` moves to the block's next tile. red: 2 * WARPS * 4 * 32 floats, half at.tt % 2.
 template <int WARPS, int PRO>
-__device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, int tt, int warp,
-                                                int lane, u16* y, const u16* res, int tile,
+__device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, BulkTile& at,
+                                                int warp, int lane, u16* y, const u16* res,
                                                 int M, int N) {
-  float* buf = red + (tt & 1) * WARPS * 4 * 32;
+  float* buf = red + (at.tt & 1) * WARPS * 4 * 32;
   if (warp != 0)
 #pragma unroll
     for (int c = 0; c < 4; ++c) buf[(warp * 4 + c) * 32 + lane] = acc[0][c];
@@ -133,10 +142,11 @@ __device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, 
     for (int v = 1; v < WARPS; ++v)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[0][c] += buf[(v * 4 + c) * 32 + lane];
-    store_out<1, PRO>(y, res, acc, tile, lane >> 2, lane & 3, M, N, 1.f, 1.f, nullptr);
+    store_out<1, PRO>(y, res, acc, at.tile, lane >> 2, lane & 3, M, N, 1.f, 1.f, nullptr);
   }
 #pragma unroll
   for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
+  at.next();
 }
 
 // bf16 weights W [N, K]: slot row r holds tile row r (tile_rows: r and r + 8 of thread g =
@@ -181,14 +191,14 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   const int total = ring.total, per = ring.per, trigger_at = max(total - S, 0);
   if (total == 0) GEMV_TRIGGER_END();
   float acc[2][1][4] = {};
-  int q = 0, tile = blockIdx.x, tt = 0;
+  BulkTile at;
   const int col0 = warp * (C / WARPS);  // this warp's first byte of a slot row
   for (int i = 0; i < total; ++i) {
     if (i == trigger_at) GEMV_TRIGGER_END();
     const char* slot = ring.wait(i, reinterpret_cast<const char*>(smem));
     const uint4* wa = reinterpret_cast<const uint4*>(slot + g * RS + col0) + t;
     const uint4* wb = reinterpret_cast<const uint4*>(slot + (g + 8) * RS + col0) + t;
-    const int v0 = (q * C + col0) / 16 + t;  // the thread's first 16-byte vector of the row
+    const int v0 = (at.q * C + col0) / 16 + t;  // the thread's first 16-byte vector of the row
 #pragma unroll
     for (int s = 0; s < SUB; ++s) {
       const int v = v0 + 4 * s;
@@ -199,16 +209,13 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
       mma_bf16(acc[1][0], A.z, B.z, A.w, B.w, X.z, X.w);
     }
     ring.release(i, lane);
-    if (++q == per) {
+    if (++at.q == per) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         acc[0][0][c] += acc[1][0][c];
         acc[1][0][c] = 0.f;
       }
-      bulk_tile_store<WARPS, PRO>(acc[0], red, tt, warp, lane, y, res, tile, M, N);
-      q = 0;
-      tile += gridDim.x;
-      ++tt;
+      bulk_tile_store<WARPS, PRO>(acc[0], red, at, warp, lane, y, res, M, N);
     }
   }
 #else
@@ -280,7 +287,7 @@ gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   if (total > 0) meta(blockIdx.x, 0, nzw, nsw);
   if (total == 0) GEMV_TRIGGER_END();
   float acc[1][4] = {};
-  int q = 0, tile = blockIdx.x, tt = 0;
+  BulkTile at;
   for (int i = 0; i < total; ++i) {
     if (i == trigger_at) GEMV_TRIGGER_END();
 #pragma unroll
@@ -289,13 +296,14 @@ gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
       sw[u] = nsw[u];
     }
     if (i + 1 < total)
-      meta(q + 1 == per ? tile + gridDim.x : tile, q + 1 == per ? 0 : q + 1, nzw, nsw);
-    const u32 zsh = 2 * (int4_row_a<GLU>(tile, g, N) & 7);
+      meta(at.q + 1 == per ? at.tile + gridDim.x : at.tile, at.q + 1 == per ? 0 : at.q + 1,
+           nzw, nsw);
+    const u32 zsh = 2 * (int4_row_a<GLU>(at.tile, g, N) & 7);
     const char* rows = ring.wait(i, reinterpret_cast<const char*>(smem)) + 2 * g * RS +
                        warp * GPW * 64 + 16 * t;
 #pragma unroll
     for (int u = 0; u < GPW; ++u) {
-      const int grp = q * (C / 64) + warp * GPW + u;
+      const int grp = at.q * (C / 64) + warp * GPW + u;
       if (grp >= groups) break;  // past the row's end (the same in the whole warp)
       Int4Stage<1> st;
       st.a[0] = *reinterpret_cast<const uint4*>(rows + u * 64);
@@ -305,12 +313,9 @@ gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
       int4_math<1, 1, true>(acc, st, xl, (u32)grp, (u32)groups, t, zsh, xsum);
     }
     ring.release(i, lane);
-    if (++q == per) {
+    if (++at.q == per) {
       int4_store_order<1>(acc, g, t);
-      bulk_tile_store<WARPS, PRO>(acc, red, tt, warp, lane, y, res, tile, M, N);
-      q = 0;
-      tile += gridDim.x;
-      ++tt;
+      bulk_tile_store<WARPS, PRO>(acc, red, at, warp, lane, y, res, M, N);
     }
   }
 #else

@@ -227,10 +227,9 @@ struct Int4Item {
 
 // acc += one group of the thread's rows a, b (the mma's rows g, g + 8) times act(x), with the
 // zero point outside the mma chain: the 8 mmas sum (128 + q) x (gemv_int4.cu's lop3 trick),
-// then (128 + z) * sum(x over the group) (sp: the group's sums of columns 2t, 2t + 1) comes off
-// each result before the scale, so sum (q - z) x. Half the mmas of int4_math, whose zero-point
-// mmas share the chain. The partial sums are ~(128 + z) / |q - z| times the result: fp32 keeps
-// ~1e-5 of it. zsh: where rows a, b's zero points sit in the zeros word.
+// then int4_group_end takes (128 + z) times the group's sums of x off (sp: columns 2t, 2t + 1)
+// and scales. Half the mmas of int4_math's default, whose zero-point mmas share the chain. zsh:
+// where rows a, b's zero points sit in the zeros word.
 __device__ __forceinline__ void int4_item_math(float (&acc)[1][4], const Int4Item& it,
                                                const float* sp, u32 zsh) {
   const u32 wa[4] = {it.a.x, it.a.y, it.a.z, it.a.w};
@@ -248,14 +247,7 @@ __device__ __forceinline__ void int4_item_math(float (&acc)[1][4], const Int4Ite
     mma_bf16(cg, pa[2], pb[2], pa[3], pb[3], it.x[i].z, it.x[i].w);
   }
   // columns 2t, 2t + 1 of the result are activation rows 2t, 2t + 1
-  const float2 s2 = *reinterpret_cast<const float2*>(sp);
-  const u32 z2 = and_or(it.zw >> zsh, 0x000F000Fu, 0x43004300u);  // bf16 128 + z of a | b
-  const float za = bf16_lo(z2), zb = bf16_hi(z2);
-  const float sa = f16_to_f32((u16)it.sw), sb = f16_to_f32((u16)(it.sw >> 16));
-  acc[0][0] = fmaf(sa, fmaf(-za, s2.x, cg[0]), acc[0][0]);
-  acc[0][1] = fmaf(sa, fmaf(-za, s2.y, cg[1]), acc[0][1]);
-  acc[0][2] = fmaf(sb, fmaf(-zb, s2.x, cg[2]), acc[0][2]);
-  acc[0][3] = fmaf(sb, fmaf(-zb, s2.y, cg[3]), acc[0][3]);
+  int4_group_end(acc[0], cg, *reinterpret_cast<const float2*>(sp), it.zw, zsh, it.sw);
 }
 
 // The first weight row of the 8-row half j of a tile (GLU: the gate rows, then the up rows;

@@ -59,6 +59,22 @@ __device__ __forceinline__ void int4_load(Int4Stage<U>& s, const Int4Src& src, u
   }
 }
 
+// A group's end with the zero point outside the mma chain: cg holds the sums of (128 + q) x of
+// the thread's rows a (cg 0, 1) and b (cg 2, 3) for C columns 2t, 2t + 1, s2 the group's sums
+// of x for those columns; (128 + z) s2 comes off (zw >> zsh: the rows' zero points) and the
+// rows' fp16 scales (sw) multiply what is left into acc: sum (q - z) x * scale. The partial
+// sums are ~(128 + z) / |q - z| times the result: fp32 keeps ~1e-5 of it.
+__device__ __forceinline__ void int4_group_end(float (&acc)[4], const float (&cg)[4], float2 s2,
+                                               u32 zw, u32 zsh, u32 sw) {
+  const u32 z1 = and_or(zw >> zsh, 0x000F000Fu, 0x43004300u);  // bf16 128 + z of a | b
+  const float za = bf16_lo(z1), zb = bf16_hi(z1);
+  const float sa = f16_to_f32((u16)sw), sb = f16_to_f32((u16)(sw >> 16));
+  acc[0] = fmaf(sa, fmaf(-za, s2.x, cg[0]), acc[0]);
+  acc[1] = fmaf(sa, fmaf(-za, s2.y, cg[1]), acc[1]);
+  acc[2] = fmaf(sb, fmaf(-zb, s2.x, cg[2]), acc[2]);
+  acc[3] = fmaf(sb, fmaf(-zb, s2.y, cg[3]), acc[3]);
+}
+
 // acc += groups s0 .. s0 + U - 1 (those < groups) of the thread's rows (the mma's rows g,
 // g + 8) times act(x) (n-tile j: rows 8j + g of thread (g, t)). XS: the zero point comes off
 // once per group through the group sums of act(x) (xs, int4_x_sums) instead of through mmas of
@@ -101,21 +117,12 @@ __device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U
         mma_bf16(cg[j], pa[2], pb[2], pa[3], pb[3], xv[j].z, xv[j].w);
       }
     }
-    const float sa = f16_to_f32((u16)s.sw[u]), sb = f16_to_f32((u16)(s.sw[u] >> 16));
     if constexpr (XS) {
-      // C columns 2t, 2t + 1 are activation rows 8j + 2t, 8j + 2t + 1: the group's sums of
-      // those, times 128 + z of row a (C row g) or b (C row g + 8), come off before the scale
-      const u32 z1 = and_or(s.zw[u] >> zsh, 0x000F000Fu, 0x43004300u);  // 128 + z of a | b
-      const float za = bf16_lo(z1), zb = bf16_hi(z1);
 #pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        const float2 s2 = xs[grp * (4 * MT) + 4 * j + t];
-        acc[j][0] = fmaf(sa, fmaf(-za, s2.x, cg[j][0]), acc[j][0]);
-        acc[j][1] = fmaf(sa, fmaf(-za, s2.y, cg[j][1]), acc[j][1]);
-        acc[j][2] = fmaf(sb, fmaf(-zb, s2.x, cg[j][2]), acc[j][2]);
-        acc[j][3] = fmaf(sb, fmaf(-zb, s2.y, cg[j][3]), acc[j][3]);
-      }
+      for (int j = 0; j < MT; ++j)  // C columns 2t, 2t + 1: activation rows 8j + 2t, + 1
+        int4_group_end(acc[j], cg[j], xs[grp * (4 * MT) + 4 * j + t], s.zw[u], zsh, s.sw[u]);
     } else {
+      const float sa = f16_to_f32((u16)s.sw[u]), sb = f16_to_f32((u16)(s.sw[u] >> 16));
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
         acc[j][0] = fmaf(sa, cg[j][0], acc[j][0]);
