@@ -104,7 +104,7 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
 # and (8, 3, 4096) 23.3% against 35.3%: NOTES_decode.md, session 10.)
 BULK_KERNELS = {"gemv": "gemv_bulk_bf16", "gemv_int4": "gemv_bulk_int4"}
 BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 6, 2048), (16, 4, 2048), (8, 3, 4096),
-                          (16, 3, 4096), (8, 2, 2048), (8, 3, 1536)),
+                          (16, 3, 4096)),
                  "gemv_int4": ((8, 4, 2048), (16, 4, 2048))}
 # The default for bf16 weights on sm_90 (ahead of the cp.async ring, which then never runs):
 # H200, bench/ablation.py, qwen3-8b bf16 decode step 4.270 ms against 4.444 with the tuned

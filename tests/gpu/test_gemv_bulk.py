@@ -97,7 +97,10 @@ def test_bulk_setting_checked_and_routing():
     with pytest.raises(ValueError, match="Gemv.bulk"):
         g.bulk = (4, 4, 384)
     g.bulk = BF16[0]
-    assert g.takes_bulk("gemv", 0, 1, 4096) and g.takes_bulk("gemv", 1, 4, 4096)
+    assert g.takes_bulk("gemv", 0, 1, 4096) and g.takes_bulk("gemv", 1, 2, 4096)
+    assert not g.takes_bulk("gemv", 1, 3, 4096)  # more than bulk_max_rows (2): tuned
+    g.bulk_max_rows = 8
+    assert g.takes_bulk("gemv", 1, 4, 4096)
     assert not g.takes_bulk("gemv", 0, 9, 4096)  # more than 8 rows
     assert not g.takes_bulk("gemv", 2, 1, 4096)  # SwiGLU prologue
     assert not g.takes_bulk("gemv_int4", 0, 1, 4096)  # int4: off by default
@@ -154,6 +157,7 @@ def test_model_decode_with_bulk_as_accurate():
     be.settle_ring = False
     g = be.gemv()
     g.bulk = BF16[0]
+    g.bulk_max_rows = 8  # the script decodes 4 sequences at once
     launches = []
     launch = g._launch_bulk
     g._launch_bulk = lambda *a: launches.append(a) or launch(*a)
