@@ -28,6 +28,9 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
 }
 
 __device__ __forceinline__ void grid_barrier(u32* bar) {
+#ifdef MLP_NO_BARRIER  // bench/mlp_bench.py: what the barriers cost (wrong results)
+  return;
+#endif
   const u32 gen = ld_acquire(bar + 1);
   if (atomicAdd(bar, 1u) == gridDim.x - 1) {
     atomicExch(bar, 0u);

@@ -39,8 +39,10 @@ class BulkMlp:
     """The fused launch of one Gemv (its device, bulk setting, PDL launcher, carveout); owns
     the grid barrier's two counters (zero between launches, so graphs replay them)."""
 
-    def __init__(self, gemv) -> None:
+    def __init__(self, gemv, defines: tuple[str, ...] = ()) -> None:
+        """defines: extra compile options (bench/mlp_bench.py's probes, e.g. -DMLP_NO_BARRIER)."""
         self.gemv = gemv
+        self.defines = defines
         self._modules: dict[tuple[int, int, int], object] = {}
         self._shared_set: dict[str, int] = {}
         self._barrier: torch.Tensor | None = None
@@ -98,7 +100,7 @@ class BulkMlp:
         if module is None:
             cupy = self.gemv._cupy
             with cupy.cuda.Device(self.gemv.device_index):
-                module = cupy.RawModule(code=full_source("bulk_mlp"), options=self.gemv.options,
+                module = cupy.RawModule(code=full_source("bulk_mlp"), options=self.gemv.options + self.defines,
                                         name_expressions=[mlp_name(*setting)])
                 module.compile()
             self._modules[setting] = module
