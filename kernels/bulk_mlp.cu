@@ -18,27 +18,26 @@
 #include "bulk_ring.cuh"
 
 // Every block of the grid has arrived (one thread per block calls it, after its block's writes
-// and a __threadfence): bar[0] counts arrivals, the last arriving block sets it back to 0 and
-// moves the generation bar[1] on, the others wait for that. Self-resetting: the count is 0
-// again when the kernel ends, so a CUDA graph replays it with the same buffer.
-__device__ __forceinline__ u32 ld_acquire(const u32* p) {
-  u32 v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+// and a __threadfence): count only grows, by one per block and barrier, so barrier b of a
+// launch is passed once it reaches the next multiple of gridDim.x after this block's own
+// arrival (every block of one counter launches with the same grid: BulkMlp keeps one counter
+// per grid size). No reset: a CUDA graph replays with the same counter.
+__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
 
-__device__ __forceinline__ void grid_barrier(u32* bar) {
+__device__ __forceinline__ void grid_barrier(unsigned long long* count) {
 #ifdef MLP_NO_BARRIER  // bench/mlp_bench.py: what the barriers cost (wrong results)
   return;
 #endif
-  const u32 gen = ld_acquire(bar + 1);
-  if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-    atomicExch(bar, 0u);
-    __threadfence();
-    atomicAdd(bar + 1, 1u);
-  } else {
-    while (ld_acquire(bar + 1) == gen) {
-    }
+  const unsigned long long n = gridDim.x;
+  unsigned long long old;
+  asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(count)
+               : "memory");
+  const unsigned long long target = (old / n + 1) * n;
+  while (ld_acquire(count) < target) {
   }
   __threadfence();
 }
@@ -46,7 +45,8 @@ __device__ __forceinline__ void grid_barrier(u32* bar) {
 // The consumers between two matmuls: every warp's stores (warp 0 stores a tile) fenced, the
 // grid barrier by one lane, then the consumer warps go on together.
 template <int WARPS>
-__device__ __forceinline__ void consumers_grid_sync(u32* bar, int warp, int lane) {
+__device__ __forceinline__ void consumers_grid_sync(unsigned long long* bar, int warp,
+                                                    int lane) {
   __threadfence();
   asm volatile("bar.sync 1, %0;" ::"n"(32 * WARPS) : "memory");
   if (warp == 0 && lane == 0) grid_barrier(bar);
@@ -57,7 +57,8 @@ template <int WARPS, int S, int C>
 __global__ void __launch_bounds__(32 * (WARPS + 1), 1)
 bulk_mlp_bf16(const uint4* __restrict__ wo, const uint4* __restrict__ wgu,
               const uint4* __restrict__ wd, const uint4* o, const u16* h_in, u16* h, u16* act,
-              const uint4* __restrict__ nw, float eps, int M, int H, int KO, int I, u32* bar) {
+              const uint4* __restrict__ nw, float eps, int M, int H, int KO, int I,
+              unsigned long long* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
   static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 64-byte row pieces per warp");
   constexpr int RS = C + 64;

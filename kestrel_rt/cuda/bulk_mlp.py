@@ -37,7 +37,8 @@ def mlp_static_bytes(warps: int, slots: int) -> int:
 
 class BulkMlp:
     """The fused launch of one Gemv (its device, bulk setting, PDL launcher, carveout); owns
-    the grid barrier's two counters (zero between launches, so graphs replay them)."""
+    the grid barrier's arrival counters, one per grid size (they only grow: a launch passes
+    each barrier at the next multiple of its grid, so graphs replay them as they are)."""
 
     def __init__(self, gemv, defines: tuple[str, ...] = ()) -> None:
         """defines: extra compile options (bench/mlp_bench.py's probes, e.g. -DMLP_NO_BARRIER)."""
@@ -45,7 +46,7 @@ class BulkMlp:
         self.defines = defines
         self._modules: dict[tuple[int, int, int], object] = {}
         self._shared_set: dict[str, int] = {}
-        self._barrier: torch.Tensor | None = None
+        self._barriers: dict[int, torch.Tensor] = {}
 
     def takes(self, m: int, hidden: int, k_o: int, inter: int) -> bool:
         """True when a launch of m rows, hidden size H, o width KO and MLP width I goes to the
@@ -84,14 +85,14 @@ class BulkMlp:
         if self._shared_set.get(name, 0) < smem:
             set_max_dynamic_shared(fn, smem)
             self._shared_set[name] = smem
-        if self._barrier is None:
-            self._barrier = torch.zeros(2, dtype=torch.int32, device=o.device)
+        blocks = min(g.sms, math.ceil(2 * inter / 16))
+        if blocks not in self._barriers:
+            self._barriers[blocks] = torch.zeros(1, dtype=torch.int64, device=o.device)
         h = torch.empty(m, hidden, device=o.device, dtype=torch.bfloat16)
         act = torch.empty(m, inter, device=o.device, dtype=torch.bfloat16)
         p = [np.uint64(t.data_ptr()) for t in (wo, wgu, wd, o, h_in, h, act, nw)]
         args = (*p, np.float32(eps), np.int32(m), np.int32(hidden), np.int32(k_o),
-                np.int32(inter), np.uint64(self._barrier.data_ptr()))
-        blocks = min(g.sms, math.ceil(2 * inter / 16))
+                np.int32(inter), np.uint64(self._barriers[blocks].data_ptr()))
         g._run(fn, (blocks,), (32 * (warps + 1),), args, smem)
         return h
 
