@@ -4,7 +4,7 @@
                              [--late-trigger 0,1] [--fuse 0,1] [--glu 0,1] [--min-keys 8,32]
                              [--moe-early 0,1] [--moe-route 0,1] [--ring off,16.8.1]
                              [--ring-int4 off,16.8.1] [--bulk off,8.4.2048]
-                             [--bulk-int4 off,8.4.2048] [--ring-norm 0,1] [--bulk-mlp 0,1]
+                             [--bulk-int4 off,8.4.2048] [--ring-norm 0,1]
                              [--carveout=-1,100] [--kernels-carveout=-1,100]
                              [--fold none,moe,all,producer] [--breakdown]
 
@@ -21,8 +21,6 @@ Gemv.ring, Gemv.ring_int4), bulk / bulk int4 (the bf16 / int4 decode gemvs throu
 bulk-copy kernels gemv_bulk_bf16 / gemv_bulk_int4, WARPS.S.C: consumer warps per block, slots,
 bytes of each row per slot, ahead of the rings; Gemv.bulk, Gemv.bulk_int4), ring norm (the
 RMSNorm before a linear inside the ring / bulk gemv's staging of x: CupyBackend.ring_norm),
-bulk mlp (a dense layer's o projection and MLP block in one persistent launch,
-kernels/bulk_mlp.cu: CupyBackend.bulk_mlp),
 carveout (the shared-memory percent every kernel asks for, -1 the driver's choice per kernel:
 kestrel_rt/cuda/module.py Carveout), kernels carveout (the same for the non-gemv kernels only,
 attention, norms: with 100 they run in the configuration the bulk and ring gemvs need, so those
@@ -87,7 +85,6 @@ FEATURES = (
     ("bulk", "--bulk", ring_label(BULK_DEFAULT), ring, ring_label),
     ("bulk_int4", "--bulk-int4", "off", ring, ring_label),
     ("ring_norm", "--ring-norm", "0", flag, str),
-    ("bulk_mlp", "--bulk-mlp", "0", flag, str),
     ("carveout", "--carveout", "-1", int, str),
     ("kernels_carveout", "--kernels-carveout", "-1", int, str),
 )
@@ -98,7 +95,7 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
                  moe_route: bool = False, ring: tuple | None = RING_DEFAULT,
                  ring_int4: tuple | None = None, bulk: tuple | None = BULK_DEFAULT,
                  bulk_int4: tuple | None = None, ring_norm: bool = False,
-                 bulk_mlp: bool = False, carveout: int = -1, kernels_carveout: int = -1) -> None:
+                 carveout: int = -1, kernels_carveout: int = -1) -> None:
     """pdl: a key of PDL_MODES; late: the tuned gemvs' compile option (a new Gemv for the
     backend when it changes); the rest: the backend's and its Gemv's settings."""
     from kestrel_rt.cuda.linear import Gemv
@@ -121,7 +118,6 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
     be.gemv().bulk = bulk
     be.gemv().bulk_int4 = bulk_int4
     be.ring_norm = ring_norm
-    be.bulk_mlp = bulk_mlp
     be.kernels.carveout.percent = carveout if kernels_carveout == -1 else kernels_carveout
     be.gemv().carveout.percent = carveout
     model.graphs.clear()

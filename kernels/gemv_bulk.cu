@@ -20,7 +20,134 @@
 // also refills slots waits on `empty` beside its own warp's waits on `full` (streams at 42-81%
 // of copy that way, 84-86% now), and one lane issues all 16 copies (a bulk copy takes
 // warp-uniform operands: 16 lanes issuing one each are serialized by the compiler).
-#include "bulk_ring.cuh"
+#include "ring_stage.cuh"
+
+// -- mbarrier and bulk-copy (TMA, 1-D) primitives; shared-window addresses -----------------
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival that also expects `bytes` of bulk copies to complete on the barrier.
+__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+}
+// bytes (a multiple of 16) global -> shared dst by the SM's bulk-copy engine, completing on bar.
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+               "%2, [%3];" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// A place in a block's tiles (tile blockIdx.x, + gridDim.x, ...): item q of tile `tile`, the
+// block's tt-th tile. The producer's cursor and each consumer's.
+struct BulkTile {
+  int q, tile, tt;
+  __device__ __forceinline__ BulkTile() : q(0), tile(blockIdx.x), tt(0) {}
+  __device__ __forceinline__ void next() {
+    q = 0;
+    tile += gridDim.x;
+    ++tt;
+  }
+};
+
+// The block's ring: S slots of 16 rows of RS bytes (C of weights each) at the start of the
+// dynamic shared memory, their mbarriers, and the producer's cursor (the next item's tile and
+// index in it: `next`). `row(tile, r)`: the weight row slot row r holds.
+template <int WARPS, int S, int C, int RS>
+struct BulkRing {
+  static constexpr int SLOT = 16 * RS;
+  u32 at, full0, empty0;
+  BulkTile next;  // the next item to issue
+  int per, row_bytes, total;
+  const char* w;
+
+  // The whole block calls it (a __syncthreads).
+  __device__ __forceinline__ void init(const void* smem, unsigned long long* full,
+                                       unsigned long long* empty, const void* weights, int N,
+                                       int row_bytes_) {
+    at = (u32)__cvta_generic_to_shared(smem);
+    full0 = (u32)__cvta_generic_to_shared(full);
+    empty0 = (u32)__cvta_generic_to_shared(empty);
+    if (threadIdx.x < S) {
+      mbar_init(full0 + 8 * threadIdx.x, 1);
+      mbar_init(empty0 + 8 * threadIdx.x, WARPS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncthreads();
+    w = reinterpret_cast<const char*>(weights);
+    row_bytes = row_bytes_;
+    per = (row_bytes + C - 1) / C;
+    const int tiles = (N + 15) >> 4;
+    total = (int)blockIdx.x < tiles ? ((tiles - 1 - blockIdx.x) / gridDim.x + 1) * per : 0;
+    next = BulkTile();
+  }
+  // Item i into slot i % S (the producer lane).
+  template <class Row>
+  __device__ __forceinline__ void issue(int i, Row row) {
+    const int slot = i % S, off = next.q * C, bytes = min(C, row_bytes - off);
+    const u32 bar = full0 + 8 * slot, dst = at + slot * SLOT;
+    mbar_expect(bar, 16 * bytes);
+#pragma unroll
+    for (int r = 0; r < 16; ++r)
+      bulk_copy(dst + r * RS, w + (size_t)row(next.tile, r) * row_bytes + off, bytes, bar);
+    if (++next.q == per) next.next();
+  }
+  // The producer before the PDL wait: the first S items.
+  template <class Row>
+  __device__ __forceinline__ void prefill(Row row) {
+    for (int i = 0; i < S && i < total; ++i) issue(i, row);
+  }
+  // The producer after it: each later item once its slot's consumers are done.
+  template <class Row>
+  __device__ __forceinline__ void refill(Row row) {
+    for (int i = S; i < total; ++i) {
+      mbar_wait(empty0 + 8 * (i % S), (u32)(i / S - 1) & 1u);
+      issue(i, row);
+    }
+  }
+  // Consumers: item i has landed; its slot's bytes.
+  __device__ __forceinline__ const char* wait(int i, const char* ring) const {
+    mbar_wait(full0 + 8 * (i % S), (u32)(i / S) & 1u);
+    return ring + (i % S) * SLOT;
+  }
+  // Consumers: this warp is done with item i's slot (the whole warp calls it).
+  __device__ __forceinline__ void release(int i, int lane) const {
+    __syncwarp();  // every lane's reads of the slot done (their values are in registers)
+    if (lane == 0)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty0 + 8 * (i % S))
+                   : "memory");
+  }
+};
+
+// A tile's end: the WARPS consumer warps' sums (store order already) meet in shared memory,
+// consumer warp 0 adds them and stores tile at.tile (store_out), every warp's acc is zeroed and
+// `at` moves to the block's next tile. red: 2 * WARPS * 4 * 32 floats, half at.tt % 2.
+template <int WARPS, int PRO>
+__device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, BulkTile& at,
+                                                int warp, int lane, u16* y, const u16* res,
+                                                int M, int N) {
+  float* buf = red + (at.tt & 1) * WARPS * 4 * 32;
+  if (warp != 0)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) buf[(warp * 4 + c) * 32 + lane] = acc[0][c];
+  asm volatile("bar.sync 1, %0;" ::"r"(32 * WARPS) : "memory");  // the consumers only
+  if (warp == 0) {
+#pragma unroll
+    for (int v = 1; v < WARPS; ++v)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[0][c] += buf[(v * 4 + c) * 32 + lane];
+    store_out<1, PRO>(y, res, acc, at.tile, lane >> 2, lane & 3, M, N, 1.f, 1.f, nullptr);
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
+  at.next();
+}
 
 // bf16 weights W [N, K]: slot row r holds tile row r (tile_rows: r and r + 8 of thread g =
 // r % 8's pair), C bytes (C / 2 k) of it per item; lane (g, t) of consumer warp w multiplies the
@@ -36,7 +163,7 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
                 "epilogue");
   static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 64-byte row pieces per warp");
-  constexpr int RS = C + 64;
+  constexpr int RS = C + 64, SUB = C / WARPS / 64;  // SUB: 32-k steps per warp and item
   extern __shared__ uint4 smem[];
   __shared__ __align__(8) unsigned long long full[S], empty[S];
   __shared__ float red[2 * WARPS * 4 * 32];
@@ -45,7 +172,7 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   pdl_trigger();
 #endif
   const int kv = K >> 3;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   BulkRing<WARPS, S, C, RS> ring;
   ring.init(smem, full, empty, w, N, 2 * K);
   auto row = [&](int tile, int r) {
@@ -61,9 +188,36 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
     if (lane == 0) ring.refill(row);
     return;  // (an exit counts as the block's PDL trigger)
   }
-  bulk_bf16_items<WARPS, S, C, PRO>(ring, 0, ring.total, ring.per, max(ring.total - S, 0),
-                                    reinterpret_cast<const char*>(smem), xs, kv, y, res, red,
-                                    M, N);
+  const int total = ring.total, per = ring.per, trigger_at = max(total - S, 0);
+  if (total == 0) GEMV_TRIGGER_END();
+  float acc[2][1][4] = {};
+  BulkTile at;
+  const int col0 = warp * (C / WARPS);  // this warp's first byte of a slot row
+  for (int i = 0; i < total; ++i) {
+    if (i == trigger_at) GEMV_TRIGGER_END();
+    const char* slot = ring.wait(i, reinterpret_cast<const char*>(smem));
+    const uint4* wa = reinterpret_cast<const uint4*>(slot + g * RS + col0) + t;
+    const uint4* wb = reinterpret_cast<const uint4*>(slot + (g + 8) * RS + col0) + t;
+    const int v0 = (at.q * C + col0) / 16 + t;  // the thread's first 16-byte vector of the row
+#pragma unroll
+    for (int s = 0; s < SUB; ++s) {
+      const int v = v0 + 4 * s;
+      uint4 A = wa[4 * s], B = wb[4 * s];
+      const uint4 X = v < kv ? xs_chunk(xs, g, M, kv, v) : zero4();
+      if (v >= kv) A = B = zero4();  // past the row's end: bytes no copy wrote
+      mma_bf16(acc[0][0], A.x, B.x, A.y, B.y, X.x, X.y);
+      mma_bf16(acc[1][0], A.z, B.z, A.w, B.w, X.z, X.w);
+    }
+    ring.release(i, lane);
+    if (++at.q == per) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        acc[0][0][c] += acc[1][0][c];
+        acc[1][0][c] = 0.f;
+      }
+      bulk_tile_store<WARPS, PRO>(acc[0], red, at, warp, lane, y, res, M, N);
+    }
+  }
 #else
   __trap();  // Gemv routes nothing here below sm_90 (Gemv.bulk_capable)
 #endif

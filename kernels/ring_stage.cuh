@@ -17,42 +17,33 @@ __device__ __forceinline__ int x_swizzle(int c) { return c ^ ((c >> 2) & 2); }
 // weight nw [K] (ACT 1, gemv_mma.cuh's PRO 1 rounding: bf16(nw * bf16(x * rstd)), rstd =
 // rsqrt(sum x^2 / K + eps), the sum in a fixed order: each thread its chunks tid, tid + T,
 // ..., then the warps' shuffle tree, then the WARPS partials in warp order). part: shared
-// floats [(WARPS + 1) * 8]. The whole block calls it (ending with a __syncthreads); with
-// GRID, only its first WARPS warps (named barrier 1) and x is read through L2 (ld.cg: x was
-// written by other blocks of this grid, after a grid barrier).
-template <int ACT, int WARPS, bool SWZ = false, bool GRID = false>
+// floats [(WARPS + 1) * 8]. The whole block calls it (ending with a __syncthreads).
+template <int ACT, int WARPS, bool SWZ = false>
 __device__ __forceinline__ void stage_x(uint4* xs, const uint4* x, const uint4* nw, float eps,
                                         int M, int kv, float* part) {
-  const int T = GRID ? 32 * WARPS : (int)blockDim.x;
-  auto sync = [] {
-    if constexpr (GRID)
-      asm volatile("bar.sync 1, %0;" ::"n"(32 * WARPS) : "memory");
-    else
-      __syncthreads();
-  };
 #pragma unroll 4
-  for (int c = threadIdx.x; c < M * kv; c += T) {
+  for (int c = threadIdx.x; c < M * kv; c += blockDim.x) {
     const int m = c / kv, v = c - m * kv;
-    xs[m * kv + (SWZ ? x_swizzle(v) : v)] = GRID ? __ldcg(x + c) : ld_cached(x + c);
+    xs[m * kv + (SWZ ? x_swizzle(v) : v)] = ld_cached(x + c);
   }
   if constexpr (ACT == 1) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    sync();
+    __syncthreads();
     for (int m = 0; m < M; ++m) {
       float ss = 0.f;
-      for (int v = threadIdx.x; v < kv; v += T) ss = sum_squares(xs[m * kv + v], ss);
+      for (int v = threadIdx.x; v < kv; v += blockDim.x) ss = sum_squares(xs[m * kv + v], ss);
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (lane == 0) part[warp * 8 + m] = ss;
     }
-    sync();
+    __syncthreads();
     if (threadIdx.x < M) {
       float ss = 0.f;
       for (int w = 0; w < WARPS; ++w) ss += part[w * 8 + threadIdx.x];
       part[WARPS * 8 + threadIdx.x] = rsqrtf(ss / (float)(8 * kv) + eps);
     }
-    sync();
-    for (int c = threadIdx.x; c < M * kv; c += T) {
+    __syncthreads();
+    for (int c = threadIdx.x; c < M * kv; c += blockDim.x) {
       const int m = c / kv, v = c - m * kv;  // xs[c] holds chunk v, or x_swizzle(v) (SWZ)
       const float r = part[WARPS * 8 + m];
       const uint4 a = xs[c], w = ld_cached(nw + (SWZ ? x_swizzle(v) : v));
@@ -60,7 +51,7 @@ __device__ __forceinline__ void stage_x(uint4* xs, const uint4* x, const uint4* 
                          rmsnorm2(a.w, w.w, r));
     }
   }
-  sync();
+  __syncthreads();
 }
 
 // x chunk v of activation row g + 8 j from the staged rows (zero for rows >= M: gemv.cu's

@@ -82,13 +82,14 @@ class Qwen3Model:
             q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)  # [B, M, (Hq+2Hkv) D]
             o = be.rope_attention(q.view(B, M, Hq, D), k.view(B, M, Hkv, D),
                                   v.view(B, M, Hkv, D), i, step)  # [B, M, Hq, D]
-            o = o.reshape(B, M, Hq * D)
+            x = be.linear_add(o.reshape(B, M, Hq * D), f"layers.{i}.o", x)
             if s.is_moe_layer(i):
-                x = be.linear_add(o, f"layers.{i}.o", x)
                 x = be.norm_moe_add(x.reshape(B * M, -1), f"layers.{i}.post_norm",
                                     i).view(B, M, -1)  # [N, H] rows
             else:
-                x = be.attn_out_mlp(o, x, i)  # o projection, then the MLP block
+                act = be.norm_linear_swiglu(x, f"layers.{i}.post_norm",
+                                            f"layers.{i}.gate_up")  # [B, M, I]
+                x = be.linear_add(act, f"layers.{i}.down", x)
         if last_only:
             last = (step.n_new - 1)[:, None, None].expand(B, 1, x.shape[-1])  # [B, 1, H]
             x = x.gather(1, last)

@@ -14,16 +14,14 @@ stream x:
     for layer i:
         qkv = norm_linear(x, "layers.{i}.input_norm", "layers.{i}.qkv")  # [B, M, (Hq+2Hkv) D]
         o = rope_attention(q, k, v, i, step)            # [B, M, Hq, D]; writes k, v to cache
-        dense: x = attn_out_mlp(o, x, i)                # the three lines below in one op
-               x = linear_add(o, "layers.{i}.o", x)     # x + o @ W_o.T
-               a = norm_linear_swiglu(x, "layers.{i}.post_norm", "layers.{i}.gate_up")
+        x = linear_add(o, "layers.{i}.o", x)            # x + o @ W_o.T
+        dense: a = norm_linear_swiglu(x, "layers.{i}.post_norm", "layers.{i}.gate_up")
                x = linear_add(a, "layers.{i}.down", x)
-        MoE:   x = linear_add(o, "layers.{i}.o", x)
-               x = norm_moe_add(x, "layers.{i}.post_norm", i)   # [N, H] rows
+        MoE:   x = norm_moe_add(x, "layers.{i}.post_norm", i)   # [N, H] rows
     logits = logits(x)                                  # norm + lm_head, fp32
 
-The fused ops (norm_linear, norm_linear_swiglu, rope_attention, linear_add, attn_out_mlp,
-moe_add, norm_moe_add, logits) are compositions of the primitive ops (rms_norm, linear, qk_norm_rope, attention,
+The fused ops (norm_linear, norm_linear_swiglu, rope_attention, linear_add, moe_add,
+norm_moe_add, logits) are compositions of the primitive ops (rms_norm, linear, qk_norm_rope, attention,
 swiglu, moe) with the same rounding: the defaults here compose them, so the torch reference
 only implements the primitives; a GPU backend runs each fused op as one kernel where it can
 and falls back to the composition where it cannot.
@@ -171,14 +169,6 @@ class Backend(ABC):
         normalised or rotated (views of the qkv output) -> [B, M, Hq, D]."""
         q, k = self.qk_norm_rope(q, k, layer, step)
         return self.attention(q, k, v, layer, step)
-
-    def attn_out_mlp(self, o: torch.Tensor, x: torch.Tensor, layer: int) -> torch.Tensor:
-        """A dense layer after its attention: x = linear_add(o, layers.{layer}.o, x), then
-        linear_add(norm_linear_swiglu(x, post_norm, gate_up), down, x). o [B, M, Hq D],
-        x [B, M, H] -> [B, M, H]."""
-        x = self.linear_add(o, f"layers.{layer}.o", x)
-        act = self.norm_linear_swiglu(x, f"layers.{layer}.post_norm", f"layers.{layer}.gate_up")
-        return self.linear_add(act, f"layers.{layer}.down", x)
 
     def moe_add(self, x: torch.Tensor, layer: int, residual: torch.Tensor) -> torch.Tensor:
         """residual + moe(x, layer): x, residual [N, H]."""

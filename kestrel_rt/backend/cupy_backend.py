@@ -118,11 +118,6 @@ class CupyBackend(GemvLinear, TorchBackend):
         # them at 63% of copy against 89%). Nothing to measure while the Gemv's bulk kernel
         # is set (the default on sm_90: it takes the ring's launches)
         self.settle_ring = True
-        # a dense layer's o projection and MLP block (attn_out_mlp) as one persistent launch
-        # where the bulk kernels take them (kernels/bulk_mlp.cu: bf16 weights, sm_90, decode
-        # rows): one weight stream through the three matmuls, grid barriers between them
-        self.bulk_mlp = False
-        self._mlp = None  # its BulkMlp, made on first use
 
     NORM_ROW_SCALES = ("all", "moe", "none", "producer")
 
@@ -310,31 +305,6 @@ class CupyBackend(GemvLinear, TorchBackend):
         if ssq is not None:
             self._ssq_last = (y.data_ptr(), tuple(y.shape), ssq)
         return y
-
-    def attn_out_mlp(self, o, x, layer):
-        y = self._bulk_mlp(o, x, layer) if self.bulk_mlp else None
-        return super().attn_out_mlp(o, x, layer) if y is None else y
-
-    def _bulk_mlp(self, o, x, layer):
-        """attn_out_mlp through kernels/bulk_mlp.cu, or None where it does not take it
-        (quantized weights, "producer" norms, more rows than the bulk kernels take...)."""
-        if self.norm_row_scale == "producer" or self.dtype != torch.bfloat16:
-            return None
-        names = (f"layers.{layer}.o", f"layers.{layer}.gate_up", f"layers.{layer}.down")
-        wo, wgu, wd = (self.weight(n) for n in names)
-        if any(type(w) is not torch.Tensor for w in (wo, wgu, wd)):
-            return None
-        if self._mlp is None or self._mlp.gemv is not self.gemv():
-            from kestrel_rt.cuda.bulk_mlp import BulkMlp
-
-            self._mlp = BulkMlp(self.gemv())
-        rows = x.numel() // x.shape[-1]
-        h = self._mlp(o.reshape(rows, -1), x.reshape(rows, -1), wo, wgu, wd,
-                      self.weight(f"layers.{layer}.post_norm"), self.shape.rms_norm_eps)
-        if h is None:
-            return None
-        self._ssq_last = None
-        return h.view(x.shape)
 
     def norm_linear_swiglu(self, x, norm, name):
         if self.glu_epilogue:  # the SwiGLU in the gate_up gemv's epilogue
