@@ -2,7 +2,6 @@
 
     python bench/ablation.py [--models qwen3-8b:bf16,qwen3-0.6b:bf16] [--pdl all,gemv,small,none]
                              [--late-trigger 0,1] [--fuse 0,1] [--glu 0,1] [--min-keys 8,32]
-                             [--decode-wide 0,1]
                              [--moe-early 0,1] [--moe-route 0,1] [--ring off,16.8.1]
                              [--ring-int4 off,16.8.1] [--bulk off,8.4.2048]
                              [--bulk-int4 off,8.4.2048] [--ring-norm 0,1]
@@ -15,8 +14,7 @@ launch: of every kernel, of the gemvs only, of the other kernels only, or of non
 trigger (a tuned gemv lets the next kernel launch after its K loop, not at its top), fuse
 (RMSNorm in the gemv prologue; off: its own kernel), glu (the SwiGLU in the gate_up gemv's
 epilogue; off: its own kernel), min keys (keys per context split of the decode attention, at
-least), decode wide (its 16-warp blocks: CupyBackend.decode_wide), moe early (moe_down
-issues its first weight loads before its PDL wait), moe route (the
+least), moe early (moe_down issues its first weight loads before its PDL wait), moe route (the
 routing inside moe_gate_up, no moe_route launch: CupyBackend.moe_fused_route), ring / ring
 int4 (the bf16 / int4 decode gemvs through the persistent ring kernels of kernels/gemv_ring.cu,
 KSPLIT.S.BPS: warps per block, shared-memory slots per thread, blocks per SM, or off;
@@ -83,7 +81,6 @@ FEATURES = (
     ("fuse", "--fuse", "0", flag, str),
     ("glu", "--glu", "1,0", flag, str),
     ("min_keys", "--min-keys", "8", int, str),
-    ("wide", "--decode-wide", "0", flag, str),
     ("moe_early", "--moe-early", "1", flag, str),
     ("moe_route", "--moe-route", "0", flag, str),
     ("ring", "--ring", ring_label(RING_DEFAULT), ring, ring_label),
@@ -99,8 +96,7 @@ FEATURES = (
 
 
 def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
-                 glu: bool = True, min_keys: int = 8, wide: bool = False,
-                 moe_early: bool = True,
+                 glu: bool = True, min_keys: int = 8, moe_early: bool = True,
                  moe_route: bool = False, ring: tuple | None = RING_DEFAULT,
                  ring_int4: tuple | None = None, bulk: tuple | None = BULK_DEFAULT,
                  bulk_int4: tuple | None = None, ring_norm: bool = False, ahead: int = 0,
@@ -119,7 +115,6 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
     be.gemv().pdl_enabled = gemv
     be.fuse_prologues = fuse
     be.decode_min_keys = min_keys
-    be.decode_wide = wide
     be.glu_epilogue = glu
     be.moe_early = moe_early
     be.moe_fused_route = moe_route

@@ -65,10 +65,10 @@ __device__ long long probe_rec[PROBE_RECORDS * PROBE_WORDS];
 #endif
 
 // attn_decode's ROPE prologue. Items: the new keys this block reads (tokens key0 .. key0 +
-// nkeys of sequence b), then its q rows; item it goes to warp it % W (the block's warps). Each warp
+// nkeys of sequence b), then its q rows; item it goes to warp it % DECODE_WARPS. Each warp
 // first loads all its items (x, cos, sin), then normalises and rotates them (head_norm_rope):
 // q rows into s_q[r], keys into s_knew[mm] and, with v, into the cache. Ends at a barrier.
-template <typename T, int DL, int RB, int W>
+template <typename T, int DL, int RB>
 __device__ __forceinline__ void rope_prologue(
     const T* __restrict__ q, long long q_st, const T* __restrict__ k_new, long long k_st,
     const T* __restrict__ v_new, long long v_st, T* __restrict__ k_cache, T* __restrict__ v_cache,
@@ -77,7 +77,7 @@ __device__ __forceinline__ void rope_prologue(
     int m_tokens, int kvh, int g_size, int rows, int key0, int nkeys, long long lane_base,
     long long stride_pos, float (*s_q)[32 * DL], float (*s_knew)[32 * DL]) {
   constexpr int D = 32 * DL;
-  constexpr int J = (2 * RB + W - 1) / W;  // items per warp, at most
+  constexpr int J = (2 * RB + DECODE_WARPS - 1) / DECODE_WARPS;  // items per warp, at most
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int items = nkeys + rows;
   const long long tok0 = (long long)b * m_tokens;  // token row of (b, 0)
@@ -87,7 +87,7 @@ __device__ __forceinline__ void rope_prologue(
   load_lane<T, DL>(k_norm + lane_off, kw);
 #pragma unroll
   for (int j = 0; j < J; ++j) {  // every load in flight before any math
-    const int it = warp + W * j;
+    const int it = warp + DECODE_WARPS * j;
     if (it < items) {  // warp-uniform
       const int mm = it < nkeys ? key0 + it : (it - nkeys) / g_size;
       const T* src = it < nkeys
@@ -100,7 +100,7 @@ __device__ __forceinline__ void rope_prologue(
   }
 #pragma unroll
   for (int j = 0; j < J; ++j) {
-    const int it = warp + W * j;
+    const int it = warp + DECODE_WARPS * j;
     if (it < items) {  // warp-uniform
       const bool is_key = it < nkeys;
       float w[DL];
@@ -136,7 +136,7 @@ __device__ __forceinline__ void rope_prologue(
 // [max_pos, D] (16-byte aligned). A prologue (rope_prologue) spreads the block's q rows and
 // the new keys it reads over its warps; each is normalised and rotated once, into shared
 // memory, and each new key is written into the cache by the one block that reads it.
-template <typename T, int DL, int RB, bool ROPE, int W, int U>
+template <typename T, int DL, int RB, bool ROPE>
 __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __restrict__ k_cache,
                                  T* __restrict__ v_cache, const long long* __restrict__ slots,
                                  const long long* __restrict__ positions,
@@ -151,8 +151,8 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
                                  float eps, int min_keys) {
   PROBE_START()
   constexpr int D = 32 * DL;
-  __shared__ float s_acc[W][RB][D];
-  __shared__ float s_ml[W][RB][2];
+  __shared__ float s_acc[DECODE_WARPS][RB][D];
+  __shared__ float s_ml[DECODE_WARPS][RB][2];
   __shared__ float s_knew[ROPE ? RB : 1][ROPE ? D : 1];  // ROPE: new keys, normalised, rotated
   const int g_size = hq / hkv;
   const int rows = m_tokens * g_size;
@@ -165,7 +165,7 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   // Keys per split: at least min_keys (>= one pass of the key loop, two keys per warp), so a
   // short context leaves the last splits empty (they return at once) and fewer partials to
   // merge, instead of a few keys in each.
-  const long long least = min_keys > U * W ? min_keys : U * W;
+  const long long least = min_keys > 2 * DECODE_WARPS ? min_keys : 2 * DECODE_WARPS;
   long long chunk = (ctx + splits - 1) / splits;
   chunk = chunk > least ? chunk : least;
   const int active = (int)((ctx + chunk - 1) / chunk);  // splits holding keys
@@ -179,7 +179,7 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   // PDL (kernels/pdl.cuh): the cached keys before the new tokens were written by earlier
   // steps, so fetch this block's share of them into L2 while the previous kernel (the qkv
   // projection) finishes; q and the new K/V are read, and the cache written, after the wait.
-  for (long long key = k_begin + warp; key < k_end && key < first_new; key += W) {
+  for (long long key = k_begin + warp; key < k_end && key < first_new; key += DECODE_WARPS) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(k_cache + base + key * stride_pos));
     asm volatile("prefetch.global.L2 [%0];" ::"l"(v_cache + base + key * stride_pos));
   }
@@ -188,7 +188,7 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
 
   if constexpr (!ROPE) {
     if (k_new && split == 0) {  // the new K/V go into the cache
-      for (int mm = warp; mm < m_tokens; mm += W) {
+      for (int mm = warp; mm < m_tokens; mm += DECODE_WARPS) {
         const long long dst = base + pos_b[mm] * stride_pos;
         copy_lane<T, DL>(k_cache + dst, k_new + (new_off + mm) * k_st + head_off);
         copy_lane<T, DL>(v_cache + dst, v_new + (new_off + mm) * v_st + head_off);
@@ -199,7 +199,7 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   float (*s_q)[D] = s_acc[0];  // ROPE: normalised q rows, until the key loop (then s_acc)
   if constexpr (ROPE) {
     const long long lo = k_begin > first_new ? k_begin : first_new;  // new keys read here
-    rope_prologue<T, DL, RB, W>(q, q_st, k_new, k_st, v_new, v_st, k_cache, v_cache, q_norm,
+    rope_prologue<T, DL, RB>(q, q_st, k_new, k_st, v_new, v_st, k_cache, v_cache, q_norm,
                              k_norm, cos_t, sin_t, eps, pos_b, b, m_tokens, kvh, g_size, rows,
                              (int)(lo - first_new), k_end > lo ? (int)(k_end - lo) : 0,
                              base, stride_pos, s_q, s_knew);
@@ -232,11 +232,11 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
   if constexpr (ROPE) __syncthreads();  // every warp holds its q rows: s_acc is free again
   PROBE_MARK(1)
 
-  for (long long key = k_begin + warp; key < k_end; key += U * W) {
-    float kv[U][DL], vv[U][DL];  // U keys' loads in flight per lane
+  for (long long key = k_begin + warp; key < k_end; key += 2 * DECODE_WARPS) {
+    float kv[2][DL], vv[2][DL];  // two keys' loads in flight per lane
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const long long kk = key + u * W;
+    for (int u = 0; u < 2; ++u) {
+      const long long kk = key + u * DECODE_WARPS;
       if (kk < k_end) {
         if (kk >= first_new) {
           const long long row = kk - first_new;  // new token mm of this sequence
@@ -254,8 +254,8 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
       }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const long long kk = key + u * W;
+    for (int u = 0; u < 2; ++u) {
+      const long long kk = key + u * DECODE_WARPS;
       if constexpr (RB >= 8) {
         // Eight rows: their dot products reduced together (warp_sum_rows: 7 + 2 shuffles,
         // then 8 broadcasts, all independent), then the online-softmax updates without
@@ -317,21 +317,15 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
     const int r = e / D, c = e % D;
     float mx = -inf_f();
 #pragma unroll
-    for (int w = 0; w < W; ++w) mx = fmaxf(mx, s_ml[w][r][0]);
+    for (int w = 0; w < DECODE_WARPS; ++w) mx = fmaxf(mx, s_ml[w][r][0]);
     float a = 0.f, den = 0.f;
     if (mx != -inf_f()) {
 #pragma unroll
-      for (int w = 0; w < W; ++w) {
+      for (int w = 0; w < DECODE_WARPS; ++w) {
         const float f = s_ml[w][r][0] == -inf_f() ? 0.f : expf(s_ml[w][r][0] - mx);
         a = fmaf(s_acc[w][r][c], f, a);
         den = fmaf(s_ml[w][r][1], f, den);
       }
-    }
-    if (active == 1) {  // one split holds every key: the result, as merge_rows would store it
-      const int gr = r;
-      out[(((long long)b * m_tokens + gr / g_size) * hq + kvh * g_size + gr % g_size) * D + c] =
-          Num<T>::store(a / den);
-      continue;
     }
     const long long slot = (row_base + r) * splits + split;
     part_acc[slot * D + c] = a;
@@ -341,10 +335,6 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
     }
   }
   PROBE_MARK(3)
-  if (active == 1) {
-    PROBE_SAVE()
-    return;
-  }
   const bool merges = last_to_arrive(tickets + blockIdx.x, active);
   PROBE_MARK(4)
   if (merges) {
@@ -356,8 +346,8 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
 
 // One entry point per (dtype, D / 32, RB), without and with the fused norm + RoPE; same
 // arguments (the norm ones are ignored without the RoPE).
-#define DECODE_ENTRY(NAME, T, DL, RB, ROPE, W, U)                                              \
-  extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                   \
+#define DECODE_ENTRY(NAME, T, DL, RB, ROPE)                                                    \
+  extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS) NAME(                        \
       const T* q, long long q_st, T* k_cache, T* v_cache, const long long* slots,              \
       const long long* positions, long long stride_slot, long long stride_pos,                 \
       float* part_acc, float* part_ml, T* out, int* tickets, int m_tokens, int hq, int hkv,    \
@@ -365,35 +355,20 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
       const T* q_norm, const T* k_norm, const T* cos_t, const T* sin_t, float eps,             \
       int min_keys) {                                                                          \
     pdl_trigger();                                                                             \
-    attn_decode_impl<T, DL, RB, ROPE, W, U>(q, q_st, k_cache, v_cache, slots, positions,     \
-                                            stride_slot, stride_pos, part_acc, part_ml, out,   \
-                                            tickets, m_tokens, hq, hkv, scale, k_new, k_st,    \
-                                            v_new, v_st, q_norm, k_norm, cos_t, sin_t, eps,    \
-                                            min_keys);                                         \
+    attn_decode_impl<T, DL, RB, ROPE>(q, q_st, k_cache, v_cache, slots, positions,             \
+                                      stride_slot, stride_pos, part_acc, part_ml, out,         \
+                                      tickets, m_tokens, hq, hkv, scale, k_new, k_st, v_new,   \
+                                      v_st, q_norm, k_norm, cos_t, sin_t, eps, min_keys);      \
   }
 
 #define DECODE_PAIR(SUFFIX, T, DL, RB)                                                         \
-  DECODE_ENTRY(attn_decode_##SUFFIX##_d##DL##_r##RB, T, DL, RB, false, DECODE_WARPS, 2)        \
-  DECODE_ENTRY(attn_decode_rope_##SUFFIX##_d##DL##_r##RB, T, DL, RB, true, DECODE_WARPS, 2)
-
-// Wide blocks (attention.DECODE_WIDE = (16, 6)): 16 warps, each with 6 keys' loads in flight,
-// so with a large min_keys one block per (sequence, kv head) holds a short context's every key
-// and stores the result itself (no partials, ticket or merge). Rows of at most 4 and head_dim
-// up to 128 (s_acc: 16 warps x RB rows x D floats within the 48 KB of static shared memory).
-#define DECODE_WIDE_PAIR(SUFFIX, T, DL, RB)                                                    \
-  DECODE_ENTRY(attn_decode_w16_##SUFFIX##_d##DL##_r##RB, T, DL, RB, false, 16, 6)              \
-  DECODE_ENTRY(attn_decode_rope_w16_##SUFFIX##_d##DL##_r##RB, T, DL, RB, true, 16, 6)
+  DECODE_ENTRY(attn_decode_##SUFFIX##_d##DL##_r##RB, T, DL, RB, false)                         \
+  DECODE_ENTRY(attn_decode_rope_##SUFFIX##_d##DL##_r##RB, T, DL, RB, true)
 
 #define DECODE_ENTRIES(SUFFIX, T)                                                              \
   DECODE_PAIR(SUFFIX, T, 2, 2) DECODE_PAIR(SUFFIX, T, 2, 4) DECODE_PAIR(SUFFIX, T, 2, 8)       \
   DECODE_PAIR(SUFFIX, T, 4, 2) DECODE_PAIR(SUFFIX, T, 4, 4) DECODE_PAIR(SUFFIX, T, 4, 8)       \
   DECODE_PAIR(SUFFIX, T, 8, 2) DECODE_PAIR(SUFFIX, T, 8, 4) DECODE_PAIR(SUFFIX, T, 8, 8)
 
-#define DECODE_WIDE_ENTRIES(SUFFIX, T)                                                         \
-  DECODE_WIDE_PAIR(SUFFIX, T, 2, 2) DECODE_WIDE_PAIR(SUFFIX, T, 2, 4)                          \
-  DECODE_WIDE_PAIR(SUFFIX, T, 4, 2) DECODE_WIDE_PAIR(SUFFIX, T, 4, 4)
-
 DECODE_ENTRIES(bf16, bf16_t)
 DECODE_ENTRIES(f32, float)
-DECODE_WIDE_ENTRIES(bf16, bf16_t)
-DECODE_WIDE_ENTRIES(f32, float)

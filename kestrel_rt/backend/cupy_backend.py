@@ -104,10 +104,6 @@ class CupyBackend(GemvLinear, TorchBackend):
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
         # keys per context split of the decode attention kernel, at least (attn_ops.attention)
         self.decode_min_keys = attn_ops.DECODE_MIN_KEYS
-        # the decode attention's 16-warp blocks (attn_ops.DECODE_WIDE) where they take the
-        # shapes; with a min_keys above a short context, one block per kv head holds every key
-        # and stores the result (no merge)
-        self.decode_wide = False
         # SwiGLU in the gate_up gemv's epilogue (one launch fewer per dense layer; exact
         # rounding): faster everywhere on the H200 (bench/ablation.py: qwen3-8b bf16 4.98 vs
         # 5.04 ms, int4 2.70 vs 2.75, qwen3-0.6b 0.877 vs 0.909 ms per step)
@@ -207,7 +203,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         try:
             return attn_ops.attention(self.kernels, q, k, v, kc, vc, step.slots,
                                       step.positions, self.num_sms,
-                                      min_keys=self.decode_min_keys, wide=self.decode_wide)
+                                      min_keys=self.decode_min_keys)
         except Unsupported:
             return super().attention(q, k, v, layer, step)
 
@@ -219,8 +215,7 @@ class CupyBackend(GemvLinear, TorchBackend):
                     self.kernels, q, k, v, self.weight(f"layers.{layer}.q_norm"),
                     self.weight(f"layers.{layer}.k_norm"), self._cos, self._sin,
                     self.kv.k[layer], self.kv.v[layer], step.slots, step.positions,
-                    self.shape.rms_norm_eps, self.num_sms, min_keys=self.decode_min_keys,
-                    wide=self.decode_wide)
+                    self.shape.rms_norm_eps, self.num_sms, min_keys=self.decode_min_keys)
             except Unsupported:
                 pass
         return super().rope_attention(q, k, v, layer, step)

@@ -26,11 +26,6 @@ from kestrel_rt.cuda.ops import Unsupported, _aligned, _dest, _round_up, _suffix
 ATTN_THREADS = 256
 ATTN_ELEMS = 4096  # rows-per-block * head_dim held in registers by one attn_partial block
 DECODE_WARPS = 4  # warps of the warp-per-key decode kernel
-# its wide entries (attn_decode[_rope]_w16_*): (warps, keys in flight per warp), for at most
-# DECODE_WIDE_ROWS query rows and head_dim up to DECODE_WIDE_MAX_D (kernels/decode_attention.cu)
-DECODE_WIDE = (16, 6)
-DECODE_WIDE_ROWS = 4
-DECODE_WIDE_MAX_D = 128
 DECODE_MAX_ROWS = 8  # query rows (M * Hq / Hkv) it takes; more go to attn_partial
 DECODE_HEAD_DIMS = (64, 128, 256)  # head_dim = 32 lanes * 2, 4 or 8 elements
 MAX_SPLITS = 64  # context splits (the merge holds one weight per split)
@@ -83,18 +78,10 @@ def attention_plan(B: int, M: int, Hq: int, Hkv: int, D: int, max_len: int,
 DECODE_BLOCKS_PER_SM = 4
 
 
-def decode_splits(B: int, Hkv: int, max_len: int, num_sms: int,
-                  keys_per_pass: int = 2 * DECODE_WARPS) -> int:
-    """Context splits of the warp-per-key kernel (static for a given cache, like the plan);
-    keys_per_pass: a block's keys per pass of its key loop (warps x keys per warp), the
-    fewest a split holds."""
+def decode_splits(B: int, Hkv: int, max_len: int, num_sms: int) -> int:
+    """Context splits of the warp-per-key kernel (static for a given cache, like the plan)."""
     return max(1, min(MAX_SPLITS, math.ceil(DECODE_BLOCKS_PER_SM * num_sms / (B * Hkv)),
-                      math.ceil(max_len / keys_per_pass)))
-
-
-def _wide_takes(rows: int, D: int) -> bool:
-    """True when the wide entries (DECODE_WIDE) take rows query rows of head_dim D."""
-    return rows <= DECODE_WIDE_ROWS and D <= DECODE_WIDE_MAX_D
+                      math.ceil(max_len / (2 * DECODE_WARPS))))
 
 
 def _partials(rows: int, D: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,21 +123,17 @@ def _lane_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                  num_sms: int, out: torch.Tensor, new: tuple | None = None,
-                 rope: tuple | None = None, min_keys: int = DECODE_MIN_KEYS,
-                 wide: bool = False) -> torch.Tensor:
+                 rope: tuple | None = None, min_keys: int = DECODE_MIN_KEYS) -> torch.Tensor:
     """attn_decode: q [B, M, Hq, D] over the cache -> out.
 
     new = (k, v) [B, M, Hkv, D]: the step's K/V, read from there and written into the cache
     by the kernel. rope = (q_norm, k_norm, cos, sin, eps): q and k are raw, the kernel
-    normalises and rotates them (needs `new`). wide: the wide entries (DECODE_WIDE) where
-    they take the shapes."""
+    normalises and rotates them (needs `new`)."""
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     rows = M * (Hq // Hkv)
     rb = 2 if rows <= 2 else 4 if rows <= 4 else 8
-    warps, per_warp = DECODE_WIDE if wide and _wide_takes(rows, D) else (DECODE_WARPS, 2)
-    infix = "w16_" if warps == 16 else ""
-    splits = decode_splits(B, Hkv, k_cache.shape[1], num_sms, warps * per_warp)
+    splits = decode_splits(B, Hkv, k_cache.shape[1], num_sms)
     part_acc, part_ml = _partials(B * Hkv * rows * splits, D, q.device)
     q, q_st = _lane_rows(q)
     if new is None:
@@ -160,14 +143,14 @@ def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Te
         v, v_st = _lane_rows(new[1])
         new_args = (ptr(k), i64(k_st), ptr(v), i64(v_st))
     if rope is None:
-        name = f"attn_decode_{infix}{sfx}_d{D // 32}_r{rb}"
+        name = f"attn_decode_{sfx}_d{D // 32}_r{rb}"
         rope_args = (ptr(None), ptr(None), ptr(None), ptr(None), f32(0.0))
     else:
-        name = f"attn_decode_rope_{infix}{sfx}_d{D // 32}_r{rb}"
+        name = f"attn_decode_rope_{sfx}_d{D // 32}_r{rb}"
         q_norm, k_norm, cos, sin, eps = rope
         rope_args = (ptr(q_norm), ptr(k_norm), ptr(cos), ptr(sin), f32(eps))
     rope_args += (i32(min_keys),)
-    km.launch("decode_attention", name, (B * Hkv, splits), (32 * warps,),
+    km.launch("decode_attention", name, (B * Hkv, splits), (32 * DECODE_WARPS,),
               (ptr(q), i64(q_st), ptr(k_cache), ptr(v_cache), ptr(slots.contiguous()),
                ptr(positions.contiguous()), i64(k_cache.stride(0)), i64(k_cache.stride(1)),
                ptr(part_acc), ptr(part_ml), ptr(out), ptr(_tickets(km, B * Hkv, q.device)),
@@ -210,13 +193,12 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
 def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
               positions: torch.Tensor, num_sms: int, out: torch.Tensor | None = None,
-              min_keys: int = DECODE_MIN_KEYS, wide: bool = False) -> torch.Tensor:
+              min_keys: int = DECODE_MIN_KEYS) -> torch.Tensor:
     """The attention op: write k, v [B, M, Hkv, D] into one layer's cache at (slots[b],
     positions[b, m]) and attend q [B, M, Hq, D] over it -> [B, M, Hq, D].
 
     Where attn_decode takes the shapes it writes the cache itself (one launch; each context
-    split holds at least min_keys keys; wide: its 16-warp entries where they take the
-    shapes); otherwise kv_write + decode_attention (two)."""
+    split holds at least min_keys keys); otherwise kv_write + decode_attention (two)."""
     sfx = _suffix(q, k, v, k_cache, v_cache)
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -225,17 +207,16 @@ def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return decode_attention(km, q, k_cache, v_cache, slots, positions, num_sms, out=out)
     out = _dest(out, q.shape, q.dtype, q.device)
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
-                        new=(k, v), min_keys=min_keys, wide=wide)
+                        new=(k, v), min_keys=min_keys)
 
 
 def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    slots: torch.Tensor, positions: torch.Tensor, eps: float, num_sms: int,
-                   out: torch.Tensor | None = None, min_keys: int = DECODE_MIN_KEYS,
-                   wide: bool = False) -> torch.Tensor:
-    """attention(*qk_norm_rope(q, k, ...), v, ...) in one launch (min_keys, wide: see
-    attention).
+                   out: torch.Tensor | None = None, min_keys: int = DECODE_MIN_KEYS
+                   ) -> torch.Tensor:
+    """attention(*qk_norm_rope(q, k, ...), v, ...) in one launch (min_keys: see attention).
 
     q [B, M, Hq, D], k, v [B, M, Hkv, D]: raw projections (strided views of the qkv output
     are fine); q_norm, k_norm [D]; cos, sin [max_len, D] RoPE tables (TorchBackend.allocate_kv);
@@ -263,5 +244,4 @@ def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch
     if B * M == 0:
         return out
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
-                        new=(k, v), rope=(q_norm, k_norm, cos, sin, eps), min_keys=min_keys,
-                        wide=wide)
+                        new=(k, v), rope=(q_norm, k_norm, cos, sin, eps), min_keys=min_keys)

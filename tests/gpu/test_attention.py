@@ -257,40 +257,6 @@ def test_rope_attention(km, sms, dtype, D, case):
     assert torch.equal(again, out)  # deterministic, and rewriting the cache is harmless
 
 
-# (M, G, Hkv) of at most DECODE_WIDE_ROWS query rows: what the wide entries take
-WIDE_SHAPES = [shape for shape in ROPE_SHAPES if shape[0] * shape[1] <= 4]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("min_keys", [8, 256])
-@pytest.mark.parametrize("case", range(len(WIDE_SHAPES)))
-def test_rope_attention_wide(km, sms, nan_partials, dtype, D, min_keys, case):
-    """The 16-warp entries (wide): against the torch composition, the cache written where it
-    should be; with min_keys 256 a context of up to 256 keys is one block's, which stores the
-    result itself (no partials: nan_partials would show a read of them), longer ones split."""
-    M, G, Hkv = WIDE_SHAPES[case]
-    Hq = G * Hkv
-    lengths = LENGTHS[(case + D // 64) % len(LENGTHS)]
-    B = len(lengths)
-    max_len = max(lengths) + M + 7
-    slots = list(range(B))[::-1]
-    kv, ref_kv = _caches(B, max_len, Hkv, D, dtype, lengths, slots)
-    step = kv.step(slots, M, [M] * B)
-    q, k, v = _qkv(B, M, Hq, Hkv, D, dtype, scale=2)
-    qw, kw, cos, sin = _rope_inputs(D, max_len, dtype)
-    out = poisoned(B, M, Hq, D, dtype=dtype)
-    attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[0], kv.v[0], step.slots,
-                             step.positions, EPS, sms, out=out, min_keys=min_keys, wide=True)
-    ref = _torch_rope_attention(q, k, v, qw, kw, cos, sin, ref_kv, step)
-    check(out, ref, dtype)
-    _written_where_expected(kv, ref_kv, slots, lengths, M, exact=False, dtype=dtype)
-    again = attention.rope_attention(km, q, k, v, qw, kw, cos, sin, kv.k[0], kv.v[0],
-                                     step.slots, step.positions, EPS, sms, min_keys=min_keys,
-                                     wide=True)
-    assert torch.equal(again, out)  # deterministic (the merge's tickets back at zero)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_attention_unaligned_views(km, sms, dtype):
     """Token strides that break the kernel's vector loads: the wrapper copies q, k, v."""
