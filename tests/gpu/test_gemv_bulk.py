@@ -44,7 +44,6 @@ def _gemv(kind: str, variant) -> Gemv:
     g = Gemv("cuda")
     g.ring = g.ring_int4 = None
     g.bulk_max_rows = 8  # every row count the kernels take (the default routes up to 2)
-    g.bulk_ahead = 6  # with L2 look-ahead past the ring (past a launch's last item too)
     if kind == "bf16":
         g.bulk = variant
     else:
