@@ -6,8 +6,7 @@
 // the block's ring 16 such rows (padded). A producer warp (the block's last) issues each item's
 // 16 row copies (cp.async.bulk) from one lane, completing on the slot's `full` mbarrier, and
 // refills a slot once the WARPS consumer warps have arrived on its `empty` mbarrier; the first
-// S items go out before the PDL wait (weights are immutable), and the next `ahead` (an argument,
-// Gemv.bulk_ahead) are asked into L2 there. Consumer warp w works on columns
+// S items go out before the PDL wait (weights are immutable). Consumer warp w works on columns
 // [w C / WARPS, (w + 1) C / WARPS) of every slot row; at a tile's end the consumers' sums meet
 // in shared memory (one named barrier of the consumers per tile, double-buffered by tile
 // parity) and consumer warp 0 stores. The next kernel may launch at the top, or with
@@ -99,22 +98,10 @@ struct BulkRing {
       bulk_copy(dst + r * RS, w + (size_t)row(next.tile, r) * row_bytes + off, bytes, bar);
     if (++next.q == per) next.next();
   }
-  // The producer before the PDL wait: the first S items into the ring, then the bytes of the
-  // next `ahead` ones asked into L2 (cp.async.bulk.prefetch: no slot, no barrier; their copies
-  // into the ring later read L2), so a launch whose previous kernel leaves DRAM idle (decode
-  // attention) streams more than its ring holds before its x exists.
+  // The producer before the PDL wait: the first S items.
   template <class Row>
-  __device__ __forceinline__ void prefill(Row row, int ahead) {
+  __device__ __forceinline__ void prefill(Row row) {
     for (int i = 0; i < S && i < total; ++i) issue(i, row);
-    BulkTile at = next;
-    for (int i = S; i < S + ahead && i < total; ++i) {
-      const int off = at.q * C, bytes = min(C, row_bytes - off);
-#pragma unroll
-      for (int r = 0; r < 16; ++r)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
-                     ::"l"(w + (size_t)row(at.tile, r) * row_bytes + off), "r"(bytes) : "memory");
-      if (++at.q == per) at.next();
-    }
   }
   // The producer after it: each later item once its slot's consumers are done.
   template <class Row>
@@ -171,7 +158,7 @@ __device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, 
 template <int WARPS, int S, int C, int PRO>
 __global__ void __launch_bounds__(32 * (WARPS + 1), 1)
 gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N,
-               int K, const u16* res, const uint4* __restrict__ nw, float eps, int ahead) {
+               int K, const u16* res, const uint4* __restrict__ nw, float eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
   static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
                 "epilogue");
@@ -193,7 +180,7 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
     tile_rows<GEMV_GLU(PRO)>(tile, r & 7, N, ra, rb);
     return r & 8 ? rb : ra;
   };
-  if (threadIdx.x == 32 * WARPS) ring.prefill(row, ahead);
+  if (threadIdx.x == 32 * WARPS) ring.prefill(row);
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
   uint4* xs = smem + S * ring.SLOT / 16;
   stage_x<GEMV_ACT(PRO), WARPS + 1>(xs, x, nw, eps, M, kv, part);
@@ -253,8 +240,7 @@ template <int WARPS, int S, int C, int PRO>
 __global__ void __launch_bounds__(32 * (WARPS + 1), 1)
 gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
                const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M,
-               int N, int K, const u16* res, const uint4* __restrict__ nw, float eps,
-               int ahead) {
+               int N, int K, const u16* res, const uint4* __restrict__ nw, float eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
   static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
                 "epilogue");
@@ -273,7 +259,7 @@ gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   BulkRing<WARPS, S, C, RS> ring;
   ring.init(smem, full, empty, qw, N, K >> 1);
   auto row = [&](int tile, int r) { return int4_row_a<GLU>(tile, r >> 1, N) + (r & 1); };
-  if (threadIdx.x == 32 * WARPS) ring.prefill(row, ahead);
+  if (threadIdx.x == 32 * WARPS) ring.prefill(row);
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), 1> xl{};
   xl.template init<WARPS + 1>(x, nw, part, g, M, K, eps);  // the whole block (PRO 1: rstd)

@@ -53,7 +53,6 @@ def _recording_gemv(ring=None):
     gemv._rings = {"gemv": None, "gemv_int4": None}
     gemv._bulks = {"gemv": None, "gemv_int4": None}
     gemv.bulk_max_rows = V.BULK_MAX_ROWS
-    gemv.bulk_ahead = V.BULK_AHEAD
     gemv.max_shared = 227 * 1024  # an H100 / H200 block's limit
     gemv.ring = gemv.ring_int4 = ring
     calls = []
@@ -180,7 +179,7 @@ def test_bulk_dispatch():
                 (name, grid, block, nargs, smem), = calls
                 assert name == V.bulk_name(file, warps, slots, row_bytes, pro)
                 assert grid == (min(n // 16, 132),) and block == (32 * (warps + 1),)
-                assert nargs == (10 if kind == "bf16" else 12)  # ... eps, bulk_ahead
+                assert nargs == (9 if kind == "bf16" else 11)
                 assert smem == V.bulk_shared_bytes(file, warps, slots, row_bytes, m, k)
     gemv.bulk_int4 = None
     calls.clear()

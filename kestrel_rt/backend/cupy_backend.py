@@ -118,10 +118,6 @@ class CupyBackend(GemvLinear, TorchBackend):
         # them at 63% of copy against 89%). Nothing to measure while the Gemv's bulk kernel
         # is set (the default on sm_90: it takes the ring's launches)
         self.settle_ring = True
-        # items past its ring that the o projection's bulk launch (linear_add of layers.{i}.o)
-        # asks into L2 before its PDL wait, while the decode attention before it leaves DRAM
-        # idle (Gemv.bulk_ahead; None: the Gemv's own setting, as every other launch)
-        self.attn_out_ahead: int | None = None
 
     NORM_ROW_SCALES = ("all", "moe", "none", "producer")
 
@@ -303,8 +299,7 @@ class CupyBackend(GemvLinear, TorchBackend):
     def linear_add(self, x, name, residual):
         self._ssq_last = None
         ssq = self._ssq_buffer(residual)  # "producer": the output's sums of squares too
-        with self.gemv().lookahead(self.attn_out_ahead if name.endswith(".o") else None):
-            y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq)
+        y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq)
         if y is None:
             return super().linear_add(x, name, residual)
         if ssq is not None:

@@ -120,9 +120,6 @@ BULK_DEFAULT = (8, 4, 2048)
 # tuned kernels, but 5.538 / 5.635 against 5.178 / 5.232 at M = 3 / 4 (NOTES_decode.md,
 # session 10).
 BULK_MAX_ROWS = 2
-# Items past its ring whose weights a bulk launch asks into L2 before its PDL wait (Gemv.
-# bulk_ahead; kernels/gemv_bulk.cu prefill): to be measured.
-BULK_AHEAD = 0
 # bytes a slot row is padded by: bank-conflict-free 16-byte reads (kernels/gemv_bulk.cu)
 BULK_PAD = {"gemv": 64, "gemv_int4": 32}
 

@@ -28,7 +28,6 @@ One `Gemv` per backend instance: it owns the compiled modules (cupy RawModule, o
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
 
@@ -38,7 +37,6 @@ import torch.nn.functional as F
 
 from kestrel_rt.cuda.gemv_variants import (
     BF16_MAX_ROWS,
-    BULK_AHEAD,
     BULK_DEFAULT,
     BULK_MAX_ROWS,
     BULK_VARIANTS,
@@ -123,9 +121,6 @@ class Gemv:
         # the most rows of x a launch may have to go to a bulk kernel (they take up to 8;
         # above BULK_MAX_ROWS the tuned kernels measured faster)
         self.bulk_max_rows = BULK_MAX_ROWS
-        # items past a bulk launch's ring whose weights its producer asks into L2 before the PDL
-        # wait (kernels/gemv_bulk.cu prefill): they stream while the kernel before runs
-        self.bulk_ahead = BULK_AHEAD
         self._shared_set: dict[str, int] = {}  # kernel -> dynamic shared bytes allowed
         # the most shared memory one block may have on this device (a ring launch above it
         # goes to the tuned kernels instead: GPUs with less than an H100's 227 KB)
@@ -158,17 +153,6 @@ class Gemv:
     @ring_int4.setter
     def ring_int4(self, value: tuple[int, int, int] | None) -> None:
         self._rings["gemv_int4"] = _ring_setting(value, "Gemv.ring_int4", "gemv_int4")
-
-    @contextlib.contextmanager
-    def lookahead(self, items: int | None):
-        """bulk_ahead = items for the launches inside the block (None: unchanged)."""
-        saved = self.bulk_ahead
-        if items is not None:
-            self.bulk_ahead = items
-        try:
-            yield
-        finally:
-            self.bulk_ahead = saved
 
     @property
     def bulk(self) -> tuple[int, int, int] | None:
@@ -325,7 +309,7 @@ class Gemv:
         self._launch_persistent("gemv_bulk", bulk_name(file, warps, slots, row_bytes, pro), pro,
                                 bulk_shared_bytes(file, warps, slots, row_bytes, m, k),
                                 min(math.ceil(n / 16), self.sms), 32 * (warps + 1),
-                                (x, w, y, m, n, k, residual, norm, eps), (_i(self.bulk_ahead),))
+                                (x, w, y, m, n, k, residual, norm, eps))
 
     def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
                      norm, eps: float) -> None:
@@ -340,17 +324,17 @@ class Gemv:
                                 (x, w, y, m, n, k, residual, norm, eps))
 
     def _launch_persistent(self, source: str, name: str, pro: int, smem: int, blocks: int,
-                           threads: int, call: tuple, extra: tuple = ()) -> None:
+                           threads: int, call: tuple) -> None:
         """Launch kernel `name` (prologue pro) of kernels/SOURCE.cu, one wave of `blocks`
         blocks, with smem dynamic shared bytes, on call = (x, w, y, m, n, k, residual, norm,
-        eps) and then the kernel's own further arguments `extra`."""
+        eps)."""
         x, w, y, m, n, k, residual, norm, eps = call
         fn = self._persistent_module(source, pro).get_function(name)
         if self._shared_set.get(name, 0) < smem:
             set_max_dynamic_shared(fn, smem)
             self._shared_set[name] = smem
         args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(residual), _p(norm),
-                np.float32(eps), *extra)
+                np.float32(eps))
         self._run(fn, (blocks,), (threads,), args, smem)
 
     def _stream(self):
