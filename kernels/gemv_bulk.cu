@@ -131,7 +131,7 @@ struct BulkRing {
 template <int WARPS, int PRO>
 __device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, BulkTile& at,
                                                 int warp, int lane, u16* y, const u16* res,
-                                                int M, int N) {
+                                                int M, int N, const float* rstd = nullptr) {
   float* buf = red + (at.tt & 1) * WARPS * 4 * 32;
   if (warp != 0)
 #pragma unroll
@@ -142,6 +142,9 @@ __device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, 
     for (int v = 1; v < WARPS; ++v)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[0][c] += buf[(v * 4 + c) * 32 + lane];
+    if constexpr (GEMV_RSTD(PRO))  // rows 2t, 2t + 1 of x: their RMSNorm as a row scale
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[0][c] *= rstd[c & 1];
     store_out<1, PRO>(y, res, acc, at.tile, lane >> 2, lane & 3, M, N, 1.f, 1.f, nullptr);
   }
 #pragma unroll
@@ -160,14 +163,14 @@ __global__ void __launch_bounds__(32 * (WARPS + 1), 1)
 gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N,
                int K, const u16* res, const uint4* __restrict__ nw, float eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
-  static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
-                "epilogue");
+  static_assert(GEMV_RING_PRO(PRO) || PRO == 16 || PRO == 24, "plain x or its RMSNorm (also "
+                "as a row scale: RSTD), a residual or the SwiGLU epilogue");
   static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 64-byte row pieces per warp");
   constexpr int RS = C + 64, SUB = C / WARPS / 64;  // SUB: 32-k steps per warp and item
   extern __shared__ uint4 smem[];
   __shared__ __align__(8) unsigned long long full[S], empty[S];
   __shared__ float red[2 * WARPS * 4 * 32];
-  __shared__ float part[GEMV_ACT(PRO) == 1 ? (WARPS + 2) * 8 : 1];
+  __shared__ float part[GEMV_ACT(PRO) == 1 || GEMV_RSTD(PRO) ? (WARPS + 2) * 8 : 1];
 #ifndef GEMV_LATE_TRIGGER
   pdl_trigger();
 #endif
@@ -183,11 +186,16 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   if (threadIdx.x == 32 * WARPS) ring.prefill(row);
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
   uint4* xs = smem + S * ring.SLOT / 16;
-  stage_x<GEMV_ACT(PRO), WARPS + 1>(xs, x, nw, eps, M, kv, part);
+  stage_x<GEMV_ACT(PRO), WARPS + 1, false, GEMV_RSTD(PRO)>(xs, x, nw, eps, M, kv, part);
   if (warp == WARPS) {  // the producer warp: one lane refills slots as they empty
     if (lane == 0) ring.refill(row);
     return;  // (an exit counts as the block's PDL trigger)
   }
+  float rstd[2] = {1.f, 1.f};  // RSTD: of x rows 2t, 2t + 1 (this lane's result columns)
+  if constexpr (GEMV_RSTD(PRO))
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (2 * t + h < M) rstd[h] = staged_rstd<WARPS + 1>(part, 2 * t + h, K, eps);
   const int total = ring.total, per = ring.per, trigger_at = max(total - S, 0);
   if (total == 0) GEMV_TRIGGER_END();
   float acc[2][1][4] = {};
@@ -215,7 +223,7 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
         acc[0][0][c] += acc[1][0][c];
         acc[1][0][c] = 0.f;
       }
-      bulk_tile_store<WARPS, PRO>(acc[0], red, at, warp, lane, y, res, M, N);
+      bulk_tile_store<WARPS, PRO>(acc[0], red, at, warp, lane, y, res, M, N, rstd);
     }
   }
 #else

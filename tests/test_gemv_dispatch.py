@@ -68,7 +68,7 @@ def _recording_gemv(ring=None):
     gemv._module = lambda file, pro=V.PLAIN: Module(V.module_names(file, pro, {}))
     gemv._run = lambda fn, grid, block, args, *smem: calls.append(
         (fn, grid, block, len(args), *smem))
-    ring_names = {n for source in ("gemv_ring", "gemv_bulk") for pro in V.RING_PROS
+    ring_names = {n for source in ("gemv_ring", "gemv_bulk") for pro in V.persistent_pros(source)
                   for n in V.persistent_names(source, pro)}
     gemv._persistent_module = lambda source, pro: Module(
         set(V.persistent_names(source, pro)))
@@ -358,3 +358,25 @@ def test_settle_ring_leaves_the_ring_when_the_probe_does_not_fit():
     gemv.probe_ring = no_memory
     gemv.settle_ring()
     assert gemv.ring == V.RING_DEFAULT
+
+
+def test_bulk_takes_the_row_scale_rmsnorm_for_bf16_only():
+    """rstd (the norm folded into W, its rstd a row scale) goes to gemv_bulk_bf16's RSTD
+    prologues (alone or with the SwiGLU epilogue); int4 launches of it do not exist (fused
+    declines rstd for quantized weights) and the bulk int4 kernel does not take it."""
+    import torch
+
+    gemv, calls = _recording_gemv(ring=None)
+    gemv.bulk = V.BULK_DEFAULT
+    k = 512
+    for glu, pro in ((False, V.RSTD), (True, V.RSTD | V.GLU)):
+        calls.clear()
+        gemv.bf16(torch.randn(1, k).bfloat16(), _weight("bf16", 256, k), rstd=True, eps=1e-6,
+                  glu=glu)
+        (name, *_), = calls
+        assert name == V.bulk_name("gemv", *V.BULK_DEFAULT, pro)
+    gemv.bulk_int4 = V.BULK_VARIANTS["gemv_int4"][0]
+    assert not gemv.takes_bulk("gemv_int4", V.RSTD, 1, k)
+    assert not gemv.takes_bulk("gemv", V.RSTD | V.RESIDUAL, 1, k)
+    assert V.persistent_names("gemv_bulk", V.RSTD) == [
+        V.bulk_name("gemv", *v, V.RSTD) for v in V.BULK_VARIANTS["gemv"]]

@@ -132,7 +132,7 @@ SOURCES = ("gemv_ring", "gemv_bulk")
 
 def _compile(tmp_path, source: str, arch: str):
     """kernels/SOURCE.cu with every kernel Gemv asks cupy for (all prologues), for arch."""
-    names = [n for pro in V.RING_PROS for n in V.persistent_names(source, pro)]
+    names = [n for pro in V.persistent_pros(source) for n in V.persistent_names(source, pro)]
     keep = ",\n".join(f"  (void*)&{n}" for n in names)
     src = tmp_path / f"{source}_inst.cu"
     src.write_text(L._source(source) + f"\nstatic void* keep_kernels[] = {{\n{keep}\n}};\n")

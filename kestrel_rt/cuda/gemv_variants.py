@@ -124,12 +124,24 @@ BULK_MAX_ROWS = 2
 BULK_PAD = {"gemv": 64, "gemv_int4": 32}
 
 
+# The bulk bf16 kernel's further prologues: the row-scale RMSNorm (RSTD: the norm weight folded
+# into W, x staged as it is with its sums of squares, the rows' rstd applied as the tiles are
+# stored), plain or with the SwiGLU epilogue.
+BULK_RSTD_PROS = (RSTD, RSTD | GLU)
+
+
+def persistent_pros(source: str) -> tuple[int, ...]:
+    """The prologues a kernels/SOURCE.cu (gemv_ring or gemv_bulk) module is compiled for."""
+    return RING_PROS + (BULK_RSTD_PROS if source == "gemv_bulk" else ())
+
+
 def persistent_names(source: str, pro: int) -> list[str]:
     """The kernels a module of kernels/SOURCE.cu (gemv_ring or gemv_bulk) holds for prologue
-    pro (one of RING_PROS): every variant of both weight kinds."""
+    pro (one of persistent_pros): every variant of the weight kinds that take it."""
     if source == "gemv_ring":
         return [ring_name(f, ks, s, pro) for f in RING_KERNELS for ks, s in RING_VARIANTS[f]]
-    return [bulk_name(f, *v, pro) for f in BULK_KERNELS for v in BULK_VARIANTS[f]]
+    files = ["gemv"] if pro in BULK_RSTD_PROS else BULK_KERNELS
+    return [bulk_name(f, *v, pro) for f in files for v in BULK_VARIANTS[f]]
 
 
 def bulk_name(file: str, warps: int, slots: int, row_bytes: int, pro: int) -> str:

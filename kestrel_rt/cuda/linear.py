@@ -39,6 +39,7 @@ from kestrel_rt.cuda.gemv_variants import (
     BF16_MAX_ROWS,
     BULK_DEFAULT,
     BULK_MAX_ROWS,
+    BULK_RSTD_PROS,
     BULK_VARIANTS,
     GLU,
     KERNELS,
@@ -290,12 +291,14 @@ class Gemv:
 
     def takes_bulk(self, file: str, pro: int, m: int, k: int) -> bool:
         """True when a launch goes to a bulk kernel: a bulk setting for the weight kind, a
-        prologue it takes, at most bulk_max_rows (<= 8) rows of x (bf16: within RING_X_BYTES,
+        prologue it takes (bf16 also the row-scale RMSNorm, BULK_RSTD_PROS), at most bulk_max_rows (<= 8) rows of x (bf16: within RING_X_BYTES,
         staged as the ring stages it), and the block's shared memory within the device's
         limit."""
         setting = self._bulks.get(file)
+        rstd = file == "gemv" and pro in BULK_RSTD_PROS  # (its x is staged as plain x's)
         if (setting is None or m > self.bulk_max_rows
-                or not _persistent_takes(pro, m, k, stages_x=file == "gemv")):
+                or not _persistent_takes(pro & ~RSTD if rstd else pro, m, k,
+                                         stages_x=file == "gemv")):
             return False
         warps, slots, _ = setting
         return (bulk_shared_bytes(file, *setting, m, k) + bulk_static_bytes(file, warps, slots)

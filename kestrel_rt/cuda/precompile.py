@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from kernels import KERNEL_DIR
-from kestrel_rt.cuda.gemv_variants import KERNELS, PLAIN, RING_PROS, RMSNORM, SWIGLU, pros_of
+from kestrel_rt.cuda.gemv_variants import KERNELS, PLAIN, RMSNORM, SWIGLU, persistent_pros, pros_of
 
 # The persistent gemvs' sources: one module per prologue (Gemv._persistent_module)
 PERSISTENT = ("gemv_bulk", "gemv_ring")
@@ -43,7 +43,7 @@ def jobs(sweep: bool = False) -> list[tuple]:
     every = [("gemv-sweep", f, pro) for f in sorted(KERNELS) for pro in SWEEP_PROS] if sweep else []
     return (every + [("kernels", f) for f in whole]
             + [("gemv", f, pro) for f in sorted(KERNELS) for pro in pros_of(f)]
-            + [("persistent", f, pro) for f in PERSISTENT for pro in RING_PROS])
+            + [("persistent", f, pro) for f in PERSISTENT for pro in persistent_pros(f)])
 
 
 def compile_job(job: tuple) -> tuple[tuple, float, str | None]:

@@ -89,6 +89,34 @@ def test_bulk_glu_and_rmsnorm(case, m, i, k, norm):
     assert _rel_err(y, _silu_glu_ref(xin.double() @ dense.T)) <= TOL
 
 
+@pytest.mark.parametrize("variant", BF16, ids=lambda v: ".".join(map(str, v)))
+@pytest.mark.parametrize("m,n,k", [(1, 6144, 4096), (2, 9504, 4096), (8, 528, 384),
+                                   (3, 1008, 1152)])
+@pytest.mark.parametrize("glu", [False, True])
+def test_bulk_rstd_row_scale(variant, m, n, k, glu):
+    """The row-scale RMSNorm (rstd: the norm weight folded into W): x staged as it is, the
+    rows' rstd from the sums of squares taken as it is staged, applied as the tiles are stored;
+    rows of very different scale, so a wrong row's rstd shows. Against the unit-weight RMSNorm
+    then the matmul (and the SwiGLU epilogue)."""
+    g = _gemv("bf16", variant)
+    pro = 24 if glu else 16
+    n = n if glu else n - 8  # (without the SwiGLU epilogue: a partial last tile)
+    if not g.takes_bulk("gemv", pro, m, k):
+        pytest.skip("the ring and x need more shared memory than this device has")
+    gen = torch.Generator("cuda").manual_seed(m + n + k + glu)
+    w, dense = _weight("bf16", n, k, gen)
+    x = (torch.randn(m, k, device="cuda", generator=gen)
+         * torch.linspace(0.1, 8.0, m, device="cuda")[:, None]).bfloat16()
+    unit = _rms_ref(x, torch.ones(k, device="cuda", dtype=torch.bfloat16), 1e-6)
+    launches = []
+    launch = g._launch_bulk
+    g._launch_bulk = lambda *a: launches.append(a[8]) or launch(*a)
+    y = g.bf16(x, w, out=_poisoned(m, n // 2 if glu else n), rstd=True, eps=1e-6, glu=glu)
+    assert launches == [pro]
+    prod = unit.double() @ dense.T
+    assert _rel_err(y, _silu_glu_ref(prod) if glu else prod) <= TOL
+
+
 def test_bulk_setting_checked_and_routing():
     g = Gemv("cuda")
     assert g.bulk == BULK_DEFAULT  # the default on sm_90
