@@ -4,7 +4,7 @@
                              [--late-trigger 0,1] [--fuse 0,1] [--glu 0,1] [--min-keys 8,32]
                              [--moe-early 0,1] [--moe-route 0,1] [--ring off,16.8.1]
                              [--ring-int4 off,16.8.1] [--bulk off,8.4.2048]
-                             [--bulk-int4 off,8.4.2048] [--ring-norm 0,1]
+                             [--bulk-int4 off,8.4.2048] [--ring-norm 0,1] [--bulk-rstd 0,1]
                              [--carveout=-1,100] [--kernels-carveout=-1,100]
                              [--fold none,moe,all,producer] [--breakdown]
 
@@ -21,6 +21,7 @@ Gemv.ring, Gemv.ring_int4), bulk / bulk int4 (the bf16 / int4 decode gemvs throu
 bulk-copy kernels gemv_bulk_bf16 / gemv_bulk_int4, WARPS.S.C: consumer warps per block, slots,
 bytes of each row per slot, ahead of the rings; Gemv.bulk, Gemv.bulk_int4), ring norm (the
 RMSNorm before a linear inside the ring / bulk gemv's staging of x: CupyBackend.ring_norm),
+bulk rstd (a folded norm's row-scale launches through the bulk kernel: Gemv.bulk_rstd),
 carveout (the shared-memory percent every kernel asks for, -1 the driver's choice per kernel:
 kestrel_rt/cuda/module.py Carveout), kernels carveout (the same for the non-gemv kernels only,
 attention, norms: with 100 they run in the configuration the bulk and ring gemvs need, so those
@@ -85,6 +86,7 @@ FEATURES = (
     ("bulk", "--bulk", ring_label(BULK_DEFAULT), ring, ring_label),
     ("bulk_int4", "--bulk-int4", "off", ring, ring_label),
     ("ring_norm", "--ring-norm", "0", flag, str),
+    ("bulk_rstd", "--bulk-rstd", "1", flag, str),
     ("carveout", "--carveout", "-1", int, str),
     ("kernels_carveout", "--kernels-carveout", "-1", int, str),
 )
@@ -95,7 +97,7 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
                  moe_route: bool = False, ring: tuple | None = RING_DEFAULT,
                  ring_int4: tuple | None = None, bulk: tuple | None = BULK_DEFAULT,
                  bulk_int4: tuple | None = None, ring_norm: bool = False,
-                 carveout: int = -1, kernels_carveout: int = -1) -> None:
+                 bulk_rstd: bool = True, carveout: int = -1, kernels_carveout: int = -1) -> None:
     """pdl: a key of PDL_MODES; late: the tuned gemvs' compile option (a new Gemv for the
     backend when it changes); the rest: the backend's and its Gemv's settings."""
     from kestrel_rt.cuda.linear import Gemv
@@ -118,6 +120,7 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
     be.gemv().bulk = bulk
     be.gemv().bulk_int4 = bulk_int4
     be.ring_norm = ring_norm
+    be.gemv().bulk_rstd = bulk_rstd
     be.kernels.carveout.percent = carveout if kernels_carveout == -1 else kernels_carveout
     be.gemv().carveout.percent = carveout
     model.graphs.clear()

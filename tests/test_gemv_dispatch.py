@@ -53,6 +53,7 @@ def _recording_gemv(ring=None):
     gemv._rings = {"gemv": None, "gemv_int4": None}
     gemv._bulks = {"gemv": None, "gemv_int4": None}
     gemv.bulk_max_rows = V.BULK_MAX_ROWS
+    gemv.bulk_rstd = True
     gemv.max_shared = 227 * 1024  # an H100 / H200 block's limit
     gemv.ring = gemv.ring_int4 = ring
     calls = []

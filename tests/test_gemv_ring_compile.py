@@ -22,6 +22,7 @@ def _gemv(ring):
     g._rings = {"gemv": None, "gemv_int4": None}
     g._bulks = {"gemv": None, "gemv_int4": None}
     g.bulk_max_rows = V.BULK_MAX_ROWS
+    g.bulk_rstd = True
     g.max_shared = 227 * 1024  # an H100 / H200 block's limit
     if ring is not None:
         g.ring = g.ring_int4 = ring

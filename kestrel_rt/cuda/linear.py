@@ -122,6 +122,8 @@ class Gemv:
         # the most rows of x a launch may have to go to a bulk kernel (they take up to 8;
         # above BULK_MAX_ROWS the tuned kernels measured faster)
         self.bulk_max_rows = BULK_MAX_ROWS
+        # the row-scale RMSNorm launches (rstd) of bf16 weights go to the bulk kernel too
+        self.bulk_rstd = True
         self._shared_set: dict[str, int] = {}  # kernel -> dynamic shared bytes allowed
         # the most shared memory one block may have on this device (a ring launch above it
         # goes to the tuned kernels instead: GPUs with less than an H100's 227 KB)
@@ -296,6 +298,8 @@ class Gemv:
         limit."""
         setting = self._bulks.get(file)
         rstd = file == "gemv" and pro in BULK_RSTD_PROS  # (its x is staged as plain x's)
+        if pro & RSTD and not (rstd and self.bulk_rstd):
+            return False
         if (setting is None or m > self.bulk_max_rows
                 or not _persistent_takes(pro & ~RSTD if rstd else pro, m, k,
                                          stages_x=file == "gemv")):
