@@ -64,6 +64,7 @@ def build(name: str, quant: str, min_keys: int | None = None, fold: str = "speed
     (fold_for_speed), "none", "moe", "all" or "producer" (every norm folded, its rstd from
     the sums of squares the residual gemv before it writes))."""
     from kestrel_rt.cuda.graphs import GraphModel
+    from kestrel_rt.cuda.linear import bulk_capable
     from kestrel_rt.fold import fold_for_speed, fold_norms
 
     shape, weights = load_dummy(name, "cuda", torch.bfloat16, seed=0)
@@ -71,7 +72,7 @@ def build(name: str, quant: str, min_keys: int | None = None, fold: str = "speed
     if fold not in ("speed", "none", "moe", "all", "producer"):
         raise ValueError(f"fold must be speed, none, moe, all or producer, not {fold!r}")
     if fold == "speed":
-        shape, weights = fold_for_speed(shape, weights, q)
+        shape, weights = fold_for_speed(shape, weights, q, bulk=bulk_capable("cuda"))
     elif fold != "none":
         shape, weights = fold_norms(shape, weights, moe_only=fold == "moe")
     quantize_weights(weights, q)

@@ -187,6 +187,7 @@ def generate(
     import torch
 
     from kestrel_rt.backend import TorchBackend
+    from kestrel_rt.cuda.linear import bulk_capable
     from kestrel_rt.engine import check_sampling
     from kestrel_rt.engine import generate as run_generate
     from kestrel_rt.fold import fold_for_speed
@@ -240,7 +241,7 @@ def generate(
     else:
         shape, weights = load_dummy(shape.name, dev, dt, seed=0)
     if use == "cupy" and not awq:
-        shape, weights = fold_for_speed(shape, weights, quant)
+        shape, weights = fold_for_speed(shape, weights, quant, bulk=bulk_capable(dev))
     if not awq:
         quantize_weights(weights, quant)
     if use == "cupy":

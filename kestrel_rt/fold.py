@@ -48,20 +48,24 @@ def fold_norms(shape: ModelShape, hf: dict, moe_only: bool = False) -> tuple[Mod
     return shape, hf
 
 
-# Float dense models up to this hidden size have their norms folded by fold_for_speed: measured
-# faster at qwen3-0.6b (1024), slower at qwen3-8b (4096); the sizes between are unmeasured.
+# Float dense models up to this hidden size have their norms folded by fold_for_speed where
+# the row scale runs in the tuned gemvs (below sm_90): measured faster at qwen3-0.6b (1024),
+# slower at qwen3-8b (4096) there; the sizes between are unmeasured.
 FOLD_DENSE_HIDDEN = 1024
 
 
-def fold_for_speed(shape: ModelShape, hf: dict, quant: str | None) -> tuple[ModelShape, dict]:
+def fold_for_speed(shape: ModelShape, hf: dict, quant: str | None,
+                   bulk: bool = False) -> tuple[ModelShape, dict]:
     """What the cupy backend runs fastest (its norms then row scales: CupyBackend.norm_row_scale),
-    on the H200 (bench/results/NOTES_decode.md): a float MoE model with every norm folded
-    (qwen3-30b-a3b bf16 2.883 ms per step against 3.101 unfolded), a float dense model of
-    hidden size <= FOLD_DENSE_HIDDEN too (qwen3-0.6b bf16 0.787 against 0.837 ms); other models
-    as they are (folding made qwen3-8b bf16 and int4 slower: the row scale costs their larger
-    gemvs more than the rmsnorm launch it saves)."""
+    on the H200 (bench/results/NOTES_decode.md): every norm of a float model folded where the
+    bf16 bulk kernel applies the row scale (bulk: sm_90 and newer, Gemv.bulk_rstd; qwen3-8b bf16
+    4.210 ms per step against 4.243-4.252 unfolded, qwen3-0.6b 0.755 against 0.760); without it,
+    a float MoE model (qwen3-30b-a3b bf16 2.883 ms against 3.101 unfolded) and a float dense
+    model of hidden size <= FOLD_DENSE_HIDDEN (qwen3-0.6b bf16 0.787 against 0.837 ms); other
+    models as they are (folding made qwen3-8b bf16 and int4 slower with the tuned kernels' row
+    scale). Quantized models keep their norms (the int gemvs have no row scale)."""
     moe = any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers))
-    if quant in UNQUANTIZED and (moe or shape.hidden_size <= FOLD_DENSE_HIDDEN):
+    if quant in UNQUANTIZED and (bulk or moe or shape.hidden_size <= FOLD_DENSE_HIDDEN):
         return fold_norms(shape, hf)
     return shape, hf
 

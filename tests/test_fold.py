@@ -45,7 +45,8 @@ def test_folded_model_gives_the_same_logits(name):
 def test_moe_only_folds_the_moe_post_norms(name):
     """moe_only: the same logits, the post-attention norms of MoE layers unit and every other
     norm (and a tied lm_head) as it was. fold_for_speed folds every norm of a float MoE model
-    or a small float dense one (these tiny ones are small) and nothing else."""
+    or a small float dense one (these tiny ones are small), of every float model where the bulk
+    kernel applies the row scale (bulk), and nothing else."""
     ref = tm.in_memory(name)
     shape, hf = tm.shape_of(ref.config), tm.weights_of(ref)
     tokens = torch.tensor([[3, 17, 5, 60, 2, 9]])
@@ -69,6 +70,10 @@ def test_moe_only_folds_the_moe_post_norms(name):
     moe = any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers))
     _, large = fold_for_speed(big, {k: v.clone() for k, v in hf.items()}, None)
     assert all(torch.equal(large[n], (every if moe else hf)[n]) for n in hf)
+    _, bulk = fold_for_speed(big, {k: v.clone() for k, v in hf.items()}, None, bulk=True)
+    assert all(torch.equal(bulk[n], every[n]) for n in hf)  # with the bulk row scale: all
+    _, bulk_int8 = fold_for_speed(big, {k: v.clone() for k, v in hf.items()}, "int8", bulk=True)
+    assert all(torch.equal(bulk_int8[n], hf[n]) for n in hf)
 
 
 def test_fold_refuses_quantized_or_missing_weights():

@@ -78,6 +78,14 @@ from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
 MAX_SHARED_PER_BLOCK_OPTIN = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin (driver_types.h)
 
 
+def bulk_capable(device: torch.device | str) -> bool:
+    """True where the bulk-copy gemvs run (cp.async.bulk, mbarrier transaction counts): a CUDA
+    device of compute capability 9.0 or newer."""
+    device = torch.device(device)
+    return (device.type == "cuda" and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device) >= (9, 0))
+
+
 def _source(file: str) -> str:
     """kernels/FILE.cu with its headers (gemv_mma.cuh, pdl.cuh) pasted in: module.full_source
     (keeps cupy's cache key honest)."""
@@ -116,7 +124,7 @@ class Gemv:
         self._rings: dict[str, tuple[int, int, int] | None] = {"gemv": RING_DEFAULT,
                                                                "gemv_int4": None}
         # the bulk-copy kernels need sm_90 (cp.async.bulk, mbarrier transaction counts)
-        self.bulk_capable = torch.cuda.get_device_capability(self.device_index) >= (9, 0)
+        self.bulk_capable = bulk_capable(torch.device("cuda", self.device_index))
         self._bulks: dict[str, tuple[int, int, int] | None] = {
             "gemv": BULK_DEFAULT if self.bulk_capable else None, "gemv_int4": None}
         # the most rows of x a launch may have to go to a bulk kernel (they take up to 8;
@@ -291,15 +299,18 @@ class Gemv:
         return (ring_shared_bytes(file, ks, slots, m, k) + ring_static_bytes(file, ks)
                 <= self.max_shared)
 
-    def takes_bulk(self, file: str, pro: int, m: int, k: int) -> bool:
+    def takes_bulk(self, file: str, pro: int, m: int, k: int, n: int | None = None) -> bool:
         """True when a launch goes to a bulk kernel: a bulk setting for the weight kind, a
-        prologue it takes (bf16 also the row-scale RMSNorm, BULK_RSTD_PROS), at most bulk_max_rows (<= 8) rows of x (bf16: within RING_X_BYTES,
+        prologue it takes (bf16 also the row-scale RMSNorm, BULK_RSTD_PROS, for weights of n
+        rows with at least one 16-row tile per SM: qwen3-30b-a3b's 128-row routers went 1.5 us
+        slower each through the bulk kernel on the H200), at most bulk_max_rows (<= 8) rows of x (bf16: within RING_X_BYTES,
         staged as the ring stages it), and the block's shared memory within the device's
         limit."""
         setting = self._bulks.get(file)
         rstd = file == "gemv" and pro in BULK_RSTD_PROS  # (its x is staged as plain x's)
-        if pro & RSTD and not (rstd and self.bulk_rstd):
-            return False
+        if pro & RSTD and not (rstd and self.bulk_rstd
+                               and (n is None or math.ceil(n / 16) >= self.sms)):
+            return False  # (a row-scale launch of fewer 16-row tiles than SMs goes tuned)
         if (setting is None or m > self.bulk_max_rows
                 or not _persistent_takes(pro & ~RSTD if rstd else pro, m, k,
                                          stages_x=file == "gemv")):
@@ -386,7 +397,7 @@ class Gemv:
         pro |= RSTD if rstd else 0
         pro |= SSQ if ssq_out is not None else 0
         pro |= RSTD_IN if ssq_in is not None else 0
-        if geom is None and self.takes_bulk(file, pro, m, k):
+        if geom is None and self.takes_bulk(file, pro, m, k, n):
             self._launch_bulk(file, x, w, y, m, n, k, residual, pro, norm, eps)
             return y
         if geom is None and self.takes_ring(file, pro, m, k):
