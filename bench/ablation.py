@@ -86,7 +86,7 @@ FEATURES = (
     ("bulk", "--bulk", ring_label(BULK_DEFAULT), ring, ring_label),
     ("bulk_int4", "--bulk-int4", "off", ring, ring_label),
     ("ring_norm", "--ring-norm", "0", flag, str),
-    ("bulk_rstd", "--bulk-rstd", "1", flag, str),
+    ("bulk_rstd", "--bulk-rstd", "auto", lambda v: None if v == "auto" else flag(v), str),
     ("carveout", "--carveout", "-1", int, str),
     ("kernels_carveout", "--kernels-carveout", "-1", int, str),
 )
@@ -97,7 +97,7 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
                  moe_route: bool = False, ring: tuple | None = RING_DEFAULT,
                  ring_int4: tuple | None = None, bulk: tuple | None = BULK_DEFAULT,
                  bulk_int4: tuple | None = None, ring_norm: bool = False,
-                 bulk_rstd: bool = True, carveout: int = -1, kernels_carveout: int = -1) -> None:
+                 bulk_rstd: bool | None = None, carveout: int = -1, kernels_carveout: int = -1) -> None:
     """pdl: a key of PDL_MODES; late: the tuned gemvs' compile option (a new Gemv for the
     backend when it changes); the rest: the backend's and its Gemv's settings."""
     from kestrel_rt.cuda.linear import Gemv
@@ -120,7 +120,8 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
     be.gemv().bulk = bulk
     be.gemv().bulk_int4 = bulk_int4
     be.ring_norm = ring_norm
-    be.gemv().bulk_rstd = bulk_rstd
+    if bulk_rstd is not None:  # (None: the backend's choice)
+        be.gemv().bulk_rstd = bulk_rstd
     be.kernels.carveout.percent = carveout if kernels_carveout == -1 else kernels_carveout
     be.gemv().carveout.percent = carveout
     model.graphs.clear()

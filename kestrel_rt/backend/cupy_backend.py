@@ -119,6 +119,17 @@ class CupyBackend(GemvLinear, TorchBackend):
         # is set (the default on sm_90: it takes the ring's launches)
         self.settle_ring = True
 
+    def gemv(self):
+        """GemvLinear.gemv; a MoE model's row-scale launches (rstd) stay on the tuned kernels
+        (Gemv.bulk_rstd off): H200, qwen3-30b-a3b bf16 2.826-2.830 ms per step through the bulk
+        kernel against 2.752 (bench/results/ablation_bulk_rstd_h200.log), where qwen3-8b and
+        qwen3-0.6b gain from it."""
+        made = getattr(self, "_gemv", None) is None
+        g = super().gemv()
+        if made and self.shape is not None and self.shape.is_moe:
+            g.bulk_rstd = False
+        return g
+
     NORM_ROW_SCALES = ("all", "moe", "none", "producer")
 
     @property
