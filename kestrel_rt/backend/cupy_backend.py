@@ -76,7 +76,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         # "moe" (only a MoE layer's post-attention norm), "producer" or "none". H200,
         # bench/ablation.py: qwen3-30b-a3b bf16 with every norm folded 2.883 ms per step, with
         # the MoE norms folded 2.975, none 3.101; qwen3-0.6b bf16 0.787 vs 0.837, but qwen3-8b
-        # bf16 4.578 vs 4.512 ms (slower), so fold_for_speed folds MoE and small dense models.
+        # bf16 4.578 vs 4.512 ms (slower) with the tuned kernels' row scale; with the bulk
+        # kernel's (Gemv.bulk_rstd, sm_90) 4.210 vs 4.243-4.252, so fold_for_speed folds every
+        # float model there, MoE and small dense models elsewhere.
         # "producer" (slower on the H200: qwen3-8b bf16 4.569, int4 2.416, qwen3-0.6b 0.799 ms
         # against 4.574, 2.340, 0.789 with "all", bench/results/
         # ablation_producer_moe_route_h200.log): linear_add's gemv also writes the sums of
