@@ -299,18 +299,15 @@ class Gemv:
         return (ring_shared_bytes(file, ks, slots, m, k) + ring_static_bytes(file, ks)
                 <= self.max_shared)
 
-    def takes_bulk(self, file: str, pro: int, m: int, k: int, n: int | None = None) -> bool:
+    def takes_bulk(self, file: str, pro: int, m: int, k: int) -> bool:
         """True when a launch goes to a bulk kernel: a bulk setting for the weight kind, a
-        prologue it takes (bf16 also the row-scale RMSNorm, BULK_RSTD_PROS, for weights of n
-        rows with at least one 16-row tile per SM: qwen3-30b-a3b's 128-row routers went 1.5 us
-        slower each through the bulk kernel on the H200), at most bulk_max_rows (<= 8) rows of x (bf16: within RING_X_BYTES,
-        staged as the ring stages it), and the block's shared memory within the device's
-        limit."""
+        prologue it takes (bf16 also the row-scale RMSNorm, BULK_RSTD_PROS, while bulk_rstd
+        is on), at most bulk_max_rows (<= 8) rows of x (bf16: within RING_X_BYTES, staged as
+        the ring stages it), and the block's shared memory within the device's limit."""
         setting = self._bulks.get(file)
         rstd = file == "gemv" and pro in BULK_RSTD_PROS  # (its x is staged as plain x's)
-        if pro & RSTD and not (rstd and self.bulk_rstd
-                               and (n is None or math.ceil(n / 16) >= self.sms)):
-            return False  # (a row-scale launch of fewer 16-row tiles than SMs goes tuned)
+        if pro & RSTD and not (rstd and self.bulk_rstd):
+            return False
         if (setting is None or m > self.bulk_max_rows
                 or not _persistent_takes(pro & ~RSTD if rstd else pro, m, k,
                                          stages_x=file == "gemv")):
@@ -397,7 +394,7 @@ class Gemv:
         pro |= RSTD if rstd else 0
         pro |= SSQ if ssq_out is not None else 0
         pro |= RSTD_IN if ssq_in is not None else 0
-        if geom is None and self.takes_bulk(file, pro, m, k, n):
+        if geom is None and self.takes_bulk(file, pro, m, k):
             self._launch_bulk(file, x, w, y, m, n, k, residual, pro, norm, eps)
             return y
         if geom is None and self.takes_ring(file, pro, m, k):
