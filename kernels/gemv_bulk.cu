@@ -111,6 +111,15 @@ struct BulkRing {
       issue(i, row);
     }
   }
+  // The block after its staging of x: true for the producer warp (the block's last), whose
+  // lane 0 has then refilled every later item and which leaves (its exit counts as the
+  // block's PDL trigger); false for the consumer warps.
+  template <class Row>
+  __device__ __forceinline__ bool producer_done(Row row, int warp, int lane) {
+    if (warp != WARPS) return false;
+    if (lane == 0) refill(row);
+    return true;
+  }
   // Consumers: item i has landed; its slot's bytes.
   __device__ __forceinline__ const char* wait(int i, const char* ring) const {
     mbar_wait(full0 + 8 * (i % S), (u32)(i / S) & 1u);
@@ -187,10 +196,7 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
   uint4* xs = smem + S * ring.SLOT / 16;
   stage_x<GEMV_ACT(PRO), WARPS + 1, false, GEMV_RSTD(PRO)>(xs, x, nw, eps, M, kv, part);
-  if (warp == WARPS) {  // the producer warp: one lane refills slots as they empty
-    if (lane == 0) ring.refill(row);
-    return;  // (an exit counts as the block's PDL trigger)
-  }
+  if (ring.producer_done(row, warp, lane)) return;
   float rstd[2] = {1.f, 1.f};  // RSTD: of x rows 2t, 2t + 1 (this lane's result columns)
   if constexpr (GEMV_RSTD(PRO))
 #pragma unroll
@@ -274,10 +280,7 @@ gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
   float2* xsum = reinterpret_cast<float2*>(smem + S * ring.SLOT / 16);  // [groups][4]
   int4_x_sums<1, WARPS + 1>(xsum, xl, groups);
   __syncthreads();
-  if (warp == WARPS) {  // the producer warp: one lane refills slots as they empty
-    if (lane == 0) ring.refill(row);
-    return;  // (an exit counts as the block's PDL trigger)
-  }
+  if (ring.producer_done(row, warp, lane)) return;
   xl.row[0] = kept(xl.row[0]);
   // The metadata of an item (tile, q): this warp's groups' zeros words and scale pairs.
   u32 zw[GPW], sw[GPW], nzw[GPW], nsw[GPW];

@@ -305,12 +305,9 @@ class Gemv:
         is on), at most bulk_max_rows (<= 8) rows of x (bf16: within RING_X_BYTES, staged as
         the ring stages it), and the block's shared memory within the device's limit."""
         setting = self._bulks.get(file)
-        rstd = file == "gemv" and pro in BULK_RSTD_PROS  # (its x is staged as plain x's)
-        if pro & RSTD and not (rstd and self.bulk_rstd):
-            return False
+        pros = RING_PROS + (BULK_RSTD_PROS if file == "gemv" and self.bulk_rstd else ())
         if (setting is None or m > self.bulk_max_rows
-                or not _persistent_takes(pro & ~RSTD if rstd else pro, m, k,
-                                         stages_x=file == "gemv")):
+                or not _persistent_takes(pro, m, k, stages_x=file == "gemv", pros=pros)):
             return False
         warps, slots, _ = setting
         return (bulk_shared_bytes(file, *setting, m, k) + bulk_static_bytes(file, warps, slots)
@@ -585,10 +582,12 @@ def _ring_setting(value, what: str, file: str) -> tuple[int, int, int] | None:
                     f"{list(RING_VARIANTS[file])} and 1..4 blocks per SM")
 
 
-def _persistent_takes(pro: int, m: int, k: int, stages_x: bool) -> bool:
-    """What a ring or bulk kernel asks of a launch, shared memory aside: a prologue it takes,
-    at most 8 rows of x (one n-tile), and x within RING_X_BYTES where the kernel stages it."""
-    return pro in RING_PROS and m <= 8 and not (stages_x and m * k * 2 > RING_X_BYTES)
+def _persistent_takes(pro: int, m: int, k: int, stages_x: bool,
+                      pros: tuple[int, ...] = RING_PROS) -> bool:
+    """What a ring or bulk kernel asks of a launch, shared memory aside: a prologue it takes
+    (one of pros), at most 8 rows of x (one n-tile), and x within RING_X_BYTES where the
+    kernel stages it."""
+    return pro in pros and m <= 8 and not (stages_x and m * k * 2 > RING_X_BYTES)
 
 
 def file_of(w) -> str:
