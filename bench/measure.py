@@ -113,9 +113,11 @@ def time_steps(model, batch: int, m: int, context: int, steps: int, gen,
     """`steps` forwards of [batch, m] new tokens per sequence at `context` cached tokens.
 
     Like a greedy decode loop with overlap scheduling (what vLLM's async scheduling and
-    SGLang's overlap scheduler do): the argmax of step n stays on the device and is step
-    n + 1's input (m = 1), the host enqueues step n + 1 and only then reads step n's tokens
-    back (a sync on step n alone), so host work hides behind the device. Lengths roll back
+    SGLang's overlap scheduler do), and as kestrel_rt.engine.generate runs one: the argmax
+    of step n (model.forward(..., greedy=True): inside a GraphModel's graph) stays on the
+    device and is step n + 1's input (m = 1), the host enqueues step n + 1 and only then
+    reads step n's tokens back (a sync on step n alone), so host work hides behind the
+    device. Lengths roll back
     to `context` after each step so every step sees the same context (the cache holds random
     garbage there; timing does not depend on values). A first forward captures the graph,
     then four steps of the same loop warm it up (pinned buffers, the copy back). Stops early
@@ -131,10 +133,10 @@ def time_steps(model, batch: int, m: int, context: int, steps: int, gen,
         tok = tok.to(model.device)
 
         def one(tok: torch.Tensor) -> torch.Tensor:
-            logits = model.forward(tok, slots)  # [B, M, V]
+            chosen = model.forward(tok, slots, greedy=True)  # [B, M] int64
             for s in slots:
                 kv.rollback(s, context)
-            return logits
+            return chosen
 
         def loop(tok: torch.Tensor, n: int) -> tuple[float, list]:
             """n overlapped steps: (wall seconds, [(start, end) events])."""
@@ -146,11 +148,11 @@ def time_steps(model, batch: int, m: int, context: int, steps: int, gen,
                 s_ev = torch.cuda.Event(enable_timing=True)
                 e_ev = torch.cuda.Event(enable_timing=True)
                 s_ev.record()
-                logits = one(tok)
+                chosen = one(tok)
                 e_ev.record()
-                nxt = logits[:, -1].argmax(-1)  # [B] on the device
+                nxt = chosen[:, -1]  # [B] on the device
                 if m == 1:
-                    tok = nxt[:, None]
+                    tok = chosen
                 if pending is not None:  # the host reads the previous step's tokens
                     pending[1].synchronize()
                     pending[0].tolist()
@@ -253,7 +255,7 @@ def kernel_breakdown(model, context: int, steps: int = 5) -> dict:
         tok = torch.zeros(1, 1, dtype=torch.long)
 
         def one():
-            model.forward(tok, [slot])
+            model.forward(tok, [slot], greedy=True)  # as time_steps: the argmax in the step
             kv.rollback(slot, context)
 
         for _ in range(3):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from kestrel_rt.model import Qwen3Model
-from kestrel_rt.sampling import choose, greedy
+from kestrel_rt.sampling import choose
 from kestrel_sim.errors import KestrelError
 
 SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
@@ -57,8 +57,8 @@ class _Step:
 
     slots: list[int]
     reqs: list[int]
-    tokens: torch.Tensor  # [B] int64 on the device: the next step's input
-    host: torch.Tensor  # [B] the same, copied to the host (valid once `ready` has passed)
+    tokens: torch.Tensor  # [B, 1] int64 on the device: the next step's input
+    host: torch.Tensor  # [B, 1] the same, copied to the host (valid once `ready` has passed)
     ready: torch.cuda.Event | None  # None on the CPU, where the copy is done on return
     lengths: list[int]  # each slot's cache length after this step
 
@@ -76,7 +76,7 @@ class _Step:
     def read(self) -> list[int]:
         if self.ready is not None:
             self.ready.synchronize()
-        return self.host.tolist()
+        return self.host.view(-1).tolist()
 
 
 def _sync(device: torch.device) -> None:
@@ -214,14 +214,15 @@ def generate(
                     and n + 1 < max_len]
             slots = [pending.slots[i] for i in keep]
             reqs = [pending.reqs[i] for i in keep]
-            last = pending.tokens[keep][:, None]  # [B, 1] on the device
+            last = pending.tokens  # [B, 1] on the device (a graph's own token input: no copy)
+            if len(keep) < len(pending.slots):
+                last = last[keep]
         launched = None
         if slots:
-            logits = model.forward(last, slots)[:, 0]  # [B, V]
-            if overlap:
-                launched = _Step.enqueue(slots, reqs, greedy(logits), kv)
+            if overlap:  # the argmax on the device (inside the decode graph of a GraphModel)
+                launched = _Step.enqueue(slots, reqs, model.forward(last, slots, greedy=True), kv)
             else:
-                tokens = pick(logits, reqs)
+                tokens = pick(model.forward(last, slots)[:, 0], reqs)  # logits [B, V]
         if pending is not None:
             read(pending)
         pending = launched

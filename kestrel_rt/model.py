@@ -50,27 +50,30 @@ class Qwen3Model:
     @torch.inference_mode()
     def forward(
         self, tokens: torch.Tensor, slots: list[int], n_new: list[int] | None = None,
-        last_only: bool = False,
+        last_only: bool = False, greedy: bool = False,
     ) -> torch.Tensor:
         """Run M new tokens per sequence and append them to the cache.
 
         tokens [B, M] int64 (row b belongs to KV slot slots[b]); n_new[b] <= M of them are
         real (the rest padding, default all M). Advances each slot's length by n_new[b].
-        Returns fp32 logits [B, M, V], or [B, V] at each row's last real token if last_only.
+        Returns fp32 logits [B, M, V], or [B, V] at each row's last real token if last_only;
+        greedy: their argmax instead, int64 [B, M] (or [B]), computed on the device.
         """
         tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
         B, M = tokens.shape
         n_new = [M] * B if n_new is None else list(n_new)
         step = self.kv.step(list(slots), M, n_new)
-        logits = self.compute(tokens, step, last_only)  # [B, M or 1, V]
+        out = self.compute(tokens, step, last_only, greedy)  # [B, M or 1, V] or [B, M or 1]
         self.kv.advance(list(slots), n_new)
-        return logits[:, 0] if last_only else logits
+        return out[:, 0] if last_only else out
 
-    def compute(self, tokens: torch.Tensor, step: Step, last_only: bool = False) -> torch.Tensor:
+    def compute(self, tokens: torch.Tensor, step: Step, last_only: bool = False,
+                greedy: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
         """The device work of `forward` for a prepared Step: no host sync, nothing outside
         the backend's ops, so a CUDA graph can capture it (kestrel_rt/cuda/graphs.py).
 
-        tokens [B, M] int64 on the device -> fp32 logits [B, M, V] ([B, 1, V] if last_only).
+        tokens [B, M] int64 on the device -> fp32 logits [B, M, V] ([B, 1, V] if last_only),
+        or with greedy their argmax, int64 [B, M] ([B, 1]), written into `out` if given.
         """
         be, s = self.backend, self.shape
         B, M = tokens.shape
@@ -93,7 +96,7 @@ class Qwen3Model:
         if last_only:
             last = (step.n_new - 1)[:, None, None].expand(B, 1, x.shape[-1])  # [B, 1, H]
             x = x.gather(1, last)
-        return be.logits(x)  # [B, M or 1, V]
+        return be.greedy_tokens(x, out) if greedy else be.logits(x)  # [B, M or 1(, V)]
 
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         """Append each prompt to its (typically empty) slot in one padded batch.

@@ -19,7 +19,7 @@ SOURCES = sorted(p.stem for p in KERNEL_DIR.glob("*.cu"))
 
 def test_kernel_sources_exist():
     expected = {"rmsnorm", "qk_norm_rope", "swiglu", "decode_attention", "attention_partial",
-                "moe", "greedy_accept"}
+                "moe", "greedy_accept", "argmax"}
     assert expected <= set(SOURCES)
 
 

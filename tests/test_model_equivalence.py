@@ -81,3 +81,24 @@ def test_decode_logits_match_transformers_for_32_steps(checkpoint):
         assert logits.argmax(-1).item() == their_tokens[step + 1]
     assert worst <= TOL
     assert model.kv.lengths[slot] == prompt.shape[1] + DECODE_STEPS
+
+
+def test_greedy_forward_is_the_argmax_of_the_logits(checkpoint):
+    """forward(..., greedy=True) returns the token ids the logits' argmax chooses (every
+    position, or each row's last real one with last_only) and advances the cache the same."""
+    _, folder = checkpoint
+    model = _ours(folder)
+    g = torch.Generator().manual_seed(3)
+    block = torch.randint(0, model.shape.vocab_size, (2, 5), generator=g)
+    model.allocate_kv(2, 16)
+    slots = [model.kv.allocate(), model.kv.allocate()]
+    logits = model.forward(block, slots, n_new=[5, 3])  # [2, 5, V]
+    for s in slots:
+        model.kv.rollback(s, 0)
+    chosen = model.forward(block, slots, n_new=[5, 3], greedy=True)  # [2, 5]
+    assert chosen.dtype == torch.long and torch.equal(chosen, logits.argmax(-1))
+    assert [model.kv.lengths[s] for s in slots] == [5, 3]
+    for s in slots:
+        model.kv.rollback(s, 0)
+    last = model.forward(block, slots, n_new=[5, 3], last_only=True, greedy=True)  # [2]
+    assert last.tolist() == [chosen[0, 4].item(), chosen[1, 2].item()]

@@ -182,3 +182,9 @@ class Backend(ABC):
         """Final RMSNorm ("norm") + lm_head of the residual stream: x [B, M, H] -> [B, M, V]
         fp32."""
         return self.norm_linear(x, "norm", "lm_head").float()
+
+    def greedy_tokens(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The greedy choice at every position: argmax of logits(x), x [B, M, H] -> [B, M]
+        int64 (the first index of the maximum, as torch.argmax), into `out` if given."""
+        tokens = self.logits(x).argmax(-1)
+        return tokens if out is None else out.copy_(tokens)

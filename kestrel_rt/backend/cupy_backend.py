@@ -93,6 +93,8 @@ class CupyBackend(GemvLinear, TorchBackend):
         # output's data_ptr, shape, its buffer) or None. See _producer_ssq.
         self._ssq_bufs: dict[tuple[int, int], torch.Tensor] = {}
         self._ssq_last: tuple | None = None
+        # argmax_scratch per (rows, vocab) of greedy_tokens (fixed addresses, as _ssq_bufs)
+        self._argmax_bufs: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
         self.ssq_consumed = 0  # gemvs that took their rstd from a producer (tests count them)
         # moe_down issues its first weight loads before its PDL wait, while moe_gate_up
         # finishes (kernels/moe.cu): qwen3-30b-a3b bf16 2.883 vs 2.941 ms per step
@@ -397,6 +399,23 @@ class CupyBackend(GemvLinear, TorchBackend):
                                    residual=residual, row_eps=eps, early=self.moe_early)
         except Unsupported:
             return None
+
+    # -- greedy sampling ---------------------------------------------------------------------
+    def greedy_tokens(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """argmax of the lm_head's bf16 output by kernels/argmax.cu: the fp32 logits are the
+        bf16 ones widened, so the choice is the same, without the fp32 copy."""
+        h = self.norm_linear(x, "norm", "lm_head")  # [B, M, V]
+        V = h.shape[-1]
+        rows = h.numel() // V if V else 0
+        try:
+            scratch = self._argmax_bufs.get((rows, V))
+            if scratch is None:  # kept: a captured graph replays with the same buffers
+                scratch = ops.argmax_scratch(rows, V, h.device)
+                self._argmax_bufs[(rows, V)] = scratch
+            return ops.argmax(self.kernels, h, scratch, out)  # [B, M]
+        except Unsupported:
+            tokens = h.float().argmax(-1)
+            return tokens if out is None else out.copy_(tokens)
 
     # -- speculative decoding ----------------------------------------------------------------
     def greedy_accept(self, draft: torch.Tensor, target: torch.Tensor):

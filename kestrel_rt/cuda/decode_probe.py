@@ -45,11 +45,11 @@ def decode_tok_s(model: Qwen3Model, steps: int) -> float:
     logits = model.prefill([list(range(1, 33))], [slot])
     tok = logits.argmax(-1)[:, None]
     for _ in range(3):  # warm-up (and capture)
-        tok = model.forward(tok, [slot])[:, 0].argmax(-1)[:, None]
+        tok = model.forward(tok, [slot], greedy=True)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
-        tok = model.forward(tok, [slot])[:, 0].argmax(-1)[:, None]
+        tok = model.forward(tok, [slot], greedy=True)
         int(tok[0, 0])  # the host needs the token, as a real decode loop does
     dt = time.perf_counter() - t0
     model.kv.free(slot)
@@ -63,11 +63,11 @@ def kernel_table(model: Qwen3Model, steps: int = 8, rows: int = 14) -> str:
     slot = model.kv.allocate()
     tok = model.prefill([list(range(1, 33))], [slot]).argmax(-1)[:, None]
     for _ in range(3):
-        tok = model.forward(tok, [slot])[:, 0].argmax(-1)[:, None]
+        tok = model.forward(tok, [slot], greedy=True)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            tok = model.forward(tok, [slot])[:, 0].argmax(-1)[:, None]
+            tok = model.forward(tok, [slot], greedy=True)
         torch.cuda.synchronize()
     model.kv.free(slot)
     stats = []

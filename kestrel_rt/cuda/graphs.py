@@ -7,11 +7,14 @@
 A forward of B sequences x M new tokens is *graphable* when M <= max_m and the backend says
 the shape runs without host syncs (`CupyBackend.graph_safe`). Its batch is padded up to a
 bucket (1, 2, 4, ..., 64); padding rows write K/V only into the scratch slot. The first call
-of a (bucket, M, last_only) runs eagerly on the capture stream (its real result, which also
+of a (bucket, M, last_only, greedy) runs eagerly on the capture stream (its real result, which also
 warms up cuBLAS and compiles the kernels), then the same computation is captured; later
 calls copy the Step into the static buffers with one host-to-device copy (tokens already on
-the device are copied there device to device) and replay. Anything else (prefill, larger batches) runs eagerly: the fallback is
-Qwen3Model.forward itself.
+the device are copied there device to device, or not at all when they are the buffer itself)
+and replay. `forward(..., greedy=True)` captures the argmax too (Backend.greedy_tokens): a
+decode step's token ids come back in the graph's token input, ready for the next replay.
+Anything else (prefill, larger batches) runs eagerly: the fallback is Qwen3Model.forward
+itself.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ class GraphModel(Qwen3Model):
         super().__init__(*args, **kwargs)
         self.buckets = tuple(sorted(buckets))
         self.max_m = max_m
-        self.graphs: dict[tuple[int, int, bool], _Captured] = {}
+        self.graphs: dict[tuple[int, int, bool, bool], _Captured] = {}
         self.scratch_slot: int | None = None
         self.replays = 0  # forwards served by a graph replay (for tests and reports)
 
@@ -57,7 +60,12 @@ class GraphModel(Qwen3Model):
         return next((b for b in self.buckets if b >= batch), None)
 
     @torch.inference_mode()
-    def forward(self, tokens, slots, n_new=None, last_only=False):
+    def forward(self, tokens, slots, n_new=None, last_only=False, greedy=False):
+        """Qwen3Model.forward, by a graph replay where the shape is graphable. With greedy,
+        the token ids returned by a replay are a view of the graph's static buffer, valid
+        until the next forward of the same shape (read or copy them before: what a decode
+        loop does); for M = 1 that buffer is the graph's own token input, so passing the
+        result back as the next step's tokens copies nothing."""
         if not isinstance(tokens, torch.Tensor):
             tokens = torch.tensor(tokens, dtype=torch.long)
         B, M = tokens.shape
@@ -65,7 +73,7 @@ class GraphModel(Qwen3Model):
         safe = getattr(self.backend, "graph_safe", None)
         if (bucket is None or M > self.max_m or self.scratch_slot is None or safe is None
                 or not safe(bucket, M)):
-            return super().forward(tokens, slots, n_new, last_only)
+            return super().forward(tokens, slots, n_new, last_only, greedy)
         slots = list(slots)
         n_new = [M] * B if n_new is None else list(n_new)
         kv = self.kv
@@ -78,40 +86,45 @@ class GraphModel(Qwen3Model):
         meta = torch.tensor(
             slots + [self.scratch_slot] * pad + starts + n_new + [M] * pad
             + [st + i for st in starts for i in range(M)], dtype=torch.long, pin_memory=True)
-        key = (bucket, M, bool(last_only))
+        key = (bucket, M, bool(last_only), bool(greedy))
         cap = self.graphs.get(key)
         if cap is None:
-            out = self._capture(key, tokens, meta)
+            out = self._capture(key, tokens, meta)[:B]
         else:
             cap.inputs.copy_(meta, non_blocking=True)
-            cap.tokens[:B].copy_(tokens, non_blocking=True)  # device tokens stay on the device
+            mine = cap.tokens[:B]
+            if not (tokens.data_ptr() == mine.data_ptr() and tokens.stride() == mine.stride()):
+                mine.copy_(tokens, non_blocking=True)  # device tokens stay on the device
             cap.graph.replay()
-            out = cap.out
             self.replays += 1
-        out = out[:B].clone()  # the static output is overwritten by the next replay
+            # the static output is overwritten by the next replay: logits are copied out,
+            # greedy token ids (a few bytes, read at once by their caller) are not
+            out = cap.out[:B] if greedy else cap.out[:B].clone()
         kv.advance(slots, n_new)
         return out[:, 0] if last_only else out
 
     def _capture(self, key: tuple[int, int, bool], tokens: torch.Tensor,
                  meta: torch.Tensor) -> torch.Tensor:
         """Run the forward eagerly on the capture stream (this call's result), then capture it."""
-        bucket, M, last_only = key
+        bucket, M, last_only, greedy = key
         be = self.backend
         inputs = meta.to(self.device)
         static_tokens = torch.zeros(bucket, M, dtype=torch.long, device=self.device)
         static_tokens[: tokens.shape[0]] = tokens.to(self.device)
         step = _step(inputs, bucket, M, self.kv.max_len)
+        # greedy decode (one token in, one out per row) writes its choice over its own input
+        into = static_tokens if greedy and M == 1 else None
         stream = be.capture_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            eager = self.compute(static_tokens, step, last_only).clone()
+            eager = self.compute(static_tokens, step, last_only, greedy).clone()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         stream.synchronize()
         if be.graph_pool is None:
             be.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=be.graph_pool, stream=stream):
-            out = self.compute(static_tokens, step, last_only)
+            out = self.compute(static_tokens, step, last_only, greedy, into)
         self.graphs[key] = _Captured(graph, inputs, step, static_tokens, out)
         return eager
 

@@ -115,7 +115,7 @@ class _StreamHandle:
 
 # Files whose every kernel runs pdl_wait() before touching activations (kernels/pdl.cuh):
 # only these are launched with programmatic dependent launch.
-PDL_FILES = frozenset({"rmsnorm", "swiglu", "moe", "decode_attention"})
+PDL_FILES = frozenset({"rmsnorm", "swiglu", "moe", "decode_attention", "argmax"})
 
 
 def current_stream(cupy, device_index: int, cache: dict):

@@ -298,6 +298,46 @@ def moe_experts_routed(km: KernelModules, x: torch.Tensor, logits: torch.Tensor,
     return out
 
 
+# -- greedy sampling ------------------------------------------------------------------------
+ARGMAX_CHUNK = 4096  # elements of a row per block (a multiple of every dtype's vector)
+
+
+def argmax_scratch(rows: int, n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """What `argmax` of [rows, n] needs between its blocks: per-chunk values and indices, and
+    one counter per row (zeroed here; the kernel leaves it at zero)."""
+    chunks = max(1, math.ceil(n / ARGMAX_CHUNK))
+    return (torch.empty(rows, chunks, dtype=torch.float32, device=device),
+            torch.empty(rows, chunks, dtype=torch.long, device=device),
+            torch.zeros(rows, dtype=torch.int32, device=device))
+
+
+def argmax(km: KernelModules, x: torch.Tensor, scratch: tuple[torch.Tensor, ...] | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., n] -> [...] int64, the first index of each row's maximum (a NaN above any
+    number), as torch.argmax(x, -1). scratch: argmax_scratch(rows, n) (kept by the caller so
+    that a captured CUDA graph replays with the same buffers; made here when None)."""
+    sfx = _suffix(x)
+    n = x.shape[-1]
+    if n == 0 or n >= 2**31:
+        raise Unsupported(f"argmax over {n} elements")
+    x = x.contiguous()
+    rows = x.numel() // n
+    out = _dest(out, x.shape[:-1], torch.long, x.device)
+    if rows == 0:
+        return out
+    chunks = max(1, math.ceil(n / ARGMAX_CHUNK))
+    scratch = scratch or argmax_scratch(rows, n, x.device)
+    part_v, part_i, counter = scratch
+    if part_v.shape != (rows, chunks) or part_i.shape != (rows, chunks) or counter.numel() < rows:
+        raise ValueError(f"argmax scratch {[tuple(t.shape) for t in scratch]}: expected "
+                         f"argmax_scratch({rows}, {n})")
+    vec = n % _vec(x.dtype) == 0 and _aligned(x)
+    km.launch("argmax", f"argmax_{sfx}", (chunks, rows), (256,),
+              (ptr(x), ptr(out), ptr(part_v), ptr(part_i), ptr(counter), i32(n),
+               i32(ARGMAX_CHUNK), i32(int(vec))))
+    return out
+
+
 # -- speculative decoding -------------------------------------------------------------------
 def greedy_accept(km: KernelModules, draft: torch.Tensor,
                   target: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -34,7 +34,7 @@ def test_replay_equals_eager(name, dtype):
         errs = [gm.rel_err(g, r) for g, r in zip(got, ref)]
         assert max(errs) <= TOL[dtype], errs
     assert graphed.replays > 0
-    assert {(4, 1, False), (4, 4, False), (4, 9, True)} <= set(graphed.graphs)
+    assert {(4, 1, False, False), (4, 4, False, False), (4, 9, True, False)} <= set(graphed.graphs)
 
 
 @pytest.mark.parametrize("batch", [1, 2, 5, 16])
@@ -53,7 +53,36 @@ def test_buckets_and_verify_widths(batch, m):
         assert gm.rel_err(b.cpu(), a.cpu()) <= TOL[torch.float32]
     assert graphed.replays >= 2
     bucket = next(x for x in graphed.buckets if x >= batch)
-    assert (bucket, m, False) in graphed.graphs
+    assert (bucket, m, False, False) in graphed.graphs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,m,last_only", [(1, 1, False), (3, 1, False), (2, 4, False),
+                                               (2, 4, True)])
+def test_greedy_replay_is_the_argmax_of_the_replayed_logits(dtype, batch, m, last_only):
+    """forward(..., greedy=True) by replay chooses what the logits' argmax chooses; at M = 1
+    its result is the graph's token input, so feeding it back copies nothing."""
+    _, graphed = _pair("untied", dtype, slots=8)
+    kv = graphed.kv
+    slots = [kv.allocate() for _ in range(batch)]
+    graphed.prefill(gm.prompts(graphed.shape.vocab_size, [4] * batch), slots)
+    g = torch.Generator().manual_seed(batch * 10 + m)
+    tok = torch.randint(0, graphed.shape.vocab_size, (batch, m), generator=g).cuda()
+    for step in range(4):  # capture, then replays
+        before = [kv.length(s) for s in slots]
+        logits = graphed.forward(tok.clone(), slots, last_only=last_only)
+        for s, n in zip(slots, before):
+            kv.rollback(s, n)
+        chosen = graphed.forward(tok, slots, last_only=last_only, greedy=True)
+        assert chosen.dtype == torch.long
+        assert torch.equal(chosen, logits.argmax(-1)), step
+        assert [kv.length(s) for s in slots] == [n + m for n in before]
+        if m == 1 and not last_only:
+            tok = chosen  # [B, 1]: the next step's input
+    key = (next(b for b in graphed.buckets if b >= batch), m, last_only, True)
+    assert key in graphed.graphs and graphed.replays >= 6
+    if m == 1 and not last_only:
+        assert tok.data_ptr() == graphed.graphs[key].tokens.data_ptr()
 
 
 def test_eager_fallback_for_prefill_and_large_batches():
@@ -72,6 +101,23 @@ def test_generate_with_graphs_equals_torch_backend():
     b = generate(graphed, prompts, max_new_tokens=12)
     assert a.token_ids == b.token_ids
     assert graphed.replays > 0
+
+
+@pytest.mark.parametrize("max_batch", [None, 2])
+def test_overlapped_generate_with_graphs_stops_and_refills_as_the_plain_loop(max_batch):
+    """The overlapped loop takes its tokens from the graph's argmax (greedy=True) and feeds
+    them back (a subset of rows when one ends on an EOS): same tokens as the plain loop of
+    the torch backend, with waiting prompts taking freed slots."""
+    ref = gm.model("untied", TorchBackend("cuda", torch.float32))
+    graphed = gm.model("untied", CupyBackend("cuda", torch.float32), cls=GraphModel)
+    prompts = gm.prompts(ref.shape.vocab_size, [6, 11, 2, 5], seed=4)
+    free = generate(ref, prompts, max_new_tokens=10, overlap=False).token_ids
+    eos = free[1][3]
+    a = generate(ref, prompts, max_new_tokens=10, eos_token_id=eos, max_batch=max_batch,
+                 overlap=False)
+    b = generate(graphed, prompts, max_new_tokens=10, eos_token_id=eos, max_batch=max_batch)
+    assert a.token_ids == b.token_ids and len(b.token_ids[1]) <= 4
+    assert any(k[3] for k in graphed.graphs) and graphed.replays > 0
 
 
 def test_padding_rows_do_not_touch_other_slots():

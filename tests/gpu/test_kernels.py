@@ -281,6 +281,58 @@ def test_moe_experts_routed_checks(km):
         ops.moe_experts_routed(km, x, logits, 2, True, gate_up, down, routing=(w, e))
 
 
+# -- argmax (greedy tokens) -------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 151936), (3, 4097), (64, 1000), (2, 3, 7), (5, 1)])
+def test_argmax(km, dtype, shape):
+    x = rnd(*shape, dtype=dtype)
+    out = poisoned(*shape[:-1], dtype=torch.long)
+    ops.argmax(km, x, out=out)
+    assert torch.equal(out, x.argmax(-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_ties_infinities_and_nan(km, dtype):
+    """torch.argmax's choice: the first index of the maximum; a NaN beats every number (the
+    first NaN wins); a row of -inf gives 0. Maxima in different blocks' chunks."""
+    n = 3 * ops.ARGMAX_CHUNK + 5
+    x = torch.zeros(6, n, dtype=dtype, device="cuda")
+    x[0, [7, ops.ARGMAX_CHUNK + 1, n - 1]] = 2.0  # a tie across three chunks
+    x[1, n - 1] = 1.0  # in the last, partial chunk
+    x[2, [9000, 5]] = float("nan")
+    x[2, 3] = float("inf")
+    x[3] = float("-inf")
+    x[4, [2 * ops.ARGMAX_CHUNK, 100]] = float("inf")
+    x[5] = rnd(n, dtype=dtype)
+    out = poisoned(6, dtype=torch.long)
+    ops.argmax(km, x, out=out)
+    assert out.tolist() == [7, n - 1, 5, 0, 100, int(x[5].float().argmax())]
+    assert torch.equal(out, x.argmax(-1))
+
+
+def test_argmax_replays_in_a_cuda_graph(km):
+    """The per-row counters are back at zero after each launch, so a captured graph replays
+    (the backend keeps the scratch buffers for that)."""
+    x = rnd(4, 50000, dtype=torch.bfloat16)
+    scratch = ops.argmax_scratch(4, 50000, x.device)
+    out = poisoned(4, dtype=torch.long)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ops.argmax(km, x, scratch, out)  # warm-up: compiles the module
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        ops.argmax(km, x, scratch, out)
+    for i in range(3):
+        x.copy_(rnd(4, 50000, dtype=torch.bfloat16))
+        out.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, x.argmax(-1)), i
+    assert scratch[2].eq(0).all()
+
+
 # -- greedy accept ----------------------------------------------------------------------------
 @pytest.mark.parametrize("B,k", [(1, 1), (1, 4), (8, 3), (64, 8), (300, 5)])
 def test_greedy_accept(km, B, k):
