@@ -92,7 +92,7 @@ class Bench:
         self.quant_rows: list[dict] = []
         self.errors: list[str] = []
         self.gen = torch.Generator().manual_seed(0)
-        self.steps = 16 if quick else 48
+        self.steps = 16 if quick else 200  # the loop's start and end weigh 1 / steps
         self.models, self.quants, self.with_transformers = MODELS, QUANTS, True
         self.breakdown, self.breakdowns = False, []  # per-kernel time of a decode step
         self.min_keys: int | None = None  # decode attention keys per split (None: default)

@@ -121,8 +121,10 @@ def time_steps(model, batch: int, m: int, context: int, steps: int, gen,
     to `context` after each step so every step sees the same context (the cache holds random
     garbage there; timing does not depend on values). A first forward captures the graph,
     then four steps of the same loop warm it up (pinned buffers, the copy back). Stops early
-    after `max_s` seconds (slow eager configurations). Returns wall tok/s and the median
-    device time of one forward (CUDA events around it).
+    after `max_s` seconds (slow eager configurations). Returns wall tok/s (from the first
+    step's enqueue to the last step's tokens on the host: the loop's start and end are in it,
+    so few steps understate the steady rate) and the median device time of one forward
+    (CUDA events around it).
     """
     kv = model.kv
     slots = [kv.allocate() for _ in range(batch)]
