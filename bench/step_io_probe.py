@@ -28,6 +28,7 @@ from h200_decode import build
 CONTEXT = 128
 
 
+@torch.inference_mode()
 def probe(name: str, steps: int) -> list[tuple[str, float]]:
     model = build(name, "bf16")
     model.allocate_kv(1, 2048)
