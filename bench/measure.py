@@ -114,10 +114,10 @@ def time_steps(model, batch: int, m: int, context: int, steps: int, gen,
 
     Like a greedy decode loop with overlap scheduling (what vLLM's async scheduling and
     SGLang's overlap scheduler do), and as kestrel_rt.engine.generate runs one: the argmax
-    of step n (model.forward(..., greedy=True): inside a GraphModel's graph) stays on the
-    device and is step n + 1's input (m = 1), the host enqueues step n + 1 and only then
-    reads step n's tokens back (a sync on step n alone), so host work hides behind the
-    device. Lengths roll back
+    of step n (model.forward_greedy: inside a GraphModel's graph, which also writes the ids
+    to the host) stays on the device and is step n + 1's input (m = 1), the host enqueues
+    step n + 1 and only then reads step n's tokens (a sync on step n alone), so host work
+    hides behind the device. Lengths roll back
     to `context` after each step so every step sees the same context (the cache holds random
     garbage there; timing does not depend on values). A first forward captures the graph,
     then four steps of the same loop warm it up (pinned buffers, the copy back). Stops early
@@ -134,8 +134,8 @@ def time_steps(model, batch: int, m: int, context: int, steps: int, gen,
         tok = torch.randint(0, model.shape.vocab_size, (batch, m), generator=gen)
         tok = tok.to(model.device)
 
-        def one(tok: torch.Tensor) -> torch.Tensor:
-            chosen = model.forward(tok, slots, greedy=True)  # [B, M] int64
+        def one(tok: torch.Tensor):
+            chosen = model.forward_greedy(tok, slots)  # ids [B, M], on their way to the host
             for s in slots:
                 kv.rollback(s, context)
             return chosen
@@ -152,18 +152,14 @@ def time_steps(model, batch: int, m: int, context: int, steps: int, gen,
                 s_ev.record()
                 chosen = one(tok)
                 e_ev.record()
-                nxt = chosen[:, -1]  # [B] on the device
                 if m == 1:
-                    tok = chosen
+                    tok = chosen.tokens  # [B, 1] on the device
                 if pending is not None:  # the host reads the previous step's tokens
-                    pending[1].synchronize()
-                    pending[0].tolist()
-                pending = (nxt.to("cpu", non_blocking=True), torch.cuda.Event())
-                pending[1].record()
+                    pending.read()
+                pending = chosen
                 events.append((s_ev, e_ev))
             if pending is not None:
-                pending[1].synchronize()
-                pending[0].tolist()
+                pending.read()
             return time.perf_counter() - t0, events
 
         one(tok)  # captures the graph

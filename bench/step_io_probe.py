@@ -4,10 +4,12 @@
 
 For a GraphModel (dummy weights, bf16, batch 1, 128 cached tokens, greedy=True graphs) the
 wall time per step of: the loop as bench/measure.py time_steps runs it (metadata copied in,
-replay, token ids copied back and read one step late); the same without the copy back; the
-captured graph replayed alone; replay + the copy back; replay + the metadata copy. Each is
-timed over --steps steps after a warm-up, on the same captured graph. A diagnostic: it
-decomposes the gap between the loop's rate and the graph's device time.
+replay whose argmax kernel also writes the ids to pinned host memory, ids read one step
+late); the same with the ids copied back by a device-to-host copy on the stream instead;
+the loop without reading the ids; the captured graph replayed alone; replay + a copy back;
+replay + the metadata copy. Each is timed over --steps steps after a warm-up, on the same
+captured graph. A diagnostic: it decomposes the gap between the loop's rate and the graph's
+device time.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from h200_decode import build
 
+from kestrel_rt.model import Chosen
+
 CONTEXT = 128
 
 
@@ -37,29 +41,34 @@ def probe(name: str, steps: int) -> list[tuple[str, float]]:
     kv.advance([slot], [CONTEXT])
     tok = torch.zeros(1, 1, dtype=torch.long, device="cuda")
 
-    def forward(t):
-        out = model.forward(t, [slot], greedy=True)  # [1, 1] int64 on the device
+    def forward(t, read: str = "host"):
+        """ids [1, 1] on the device (+ to the host: "host" by the kernel, "copy" by a copy)"""
+        if read == "host":
+            out = model.forward_greedy(t, [slot])
+        else:
+            out = model.forward(t, [slot], greedy=True)
+            out = Chosen.copy_back(out) if read == "copy" else Chosen(out, out, None)
         kv.rollback(slot, CONTEXT)
         return out
 
-    tok = forward(forward(tok))  # capture, then one replay
+    tok = forward(forward(tok).tokens).tokens  # capture, then one replay
     cap = model.graphs[(1, 1, False, True)]
     meta = torch.empty_like(cap.inputs, device="cpu").pin_memory()
     meta.copy_(cap.inputs)
     host = torch.empty(1, dtype=torch.long).pin_memory()
 
-    def loop(read_back: bool):
+    def loop(read: str):
         t = tok
         pending = None
         for _ in range(steps):
-            t = forward(t)
-            if read_back:
+            chosen = forward(t, read)
+            t = chosen.tokens
+            if read != "none":
                 if pending is not None:
-                    pending.synchronize()
-                    host.tolist()
-                host.copy_(t[:, 0], non_blocking=True)
-                pending = torch.cuda.Event()
-                pending.record()
+                    pending.read()
+                pending = chosen
+        if pending is not None:
+            pending.read()
 
     def bare(h2d: bool, d2h: bool):
         pending = None
@@ -74,8 +83,9 @@ def probe(name: str, steps: int) -> list[tuple[str, float]]:
                 pending = torch.cuda.Event()
                 pending.record()
 
-    cases = [("loop (time_steps)", lambda: loop(True)),
-             ("loop without the copy back", lambda: loop(False)),
+    cases = [("loop (time_steps): ids written to the host by the argmax", lambda: loop("host")),
+             ("loop, ids copied back on the stream", lambda: loop("copy")),
+             ("loop without reading the ids", lambda: loop("none")),
              ("replay alone", lambda: bare(False, False)),
              ("replay + copy back", lambda: bare(False, True)),
              ("replay + metadata copy", lambda: bare(True, False)),

@@ -5,7 +5,10 @@
 // row r and writes its (value, index) to partial[r * chunks + c]; the row's last block to
 // finish (a counter per row, reset by that block so that a replayed CUDA graph finds it at
 // zero) reduces the row's partials in chunk order. vec != 0: n % 8 == 0 and x is 16-byte
-// aligned, so bf16 rows are read as 16-byte vectors.
+// aligned, so bf16 rows are read as 16-byte vectors. host_out (or null): pinned host memory
+// [2, rows] that the chosen ids are also written to, in half *parity (0 or 1, on the device):
+// the host reads them after the launch without a device-to-host copy on the stream, and two
+// halves let it read one launch's ids while the next launch writes the other.
 #include "common.cuh"
 #include "pdl.cuh"
 
@@ -45,7 +48,8 @@ __device__ __forceinline__ void argmax_block(float& v, long long& i) {
 template <typename T, int THREADS>
 __device__ void argmax_impl(const T* __restrict__ x, long long* __restrict__ out,
                             float* __restrict__ part_v, long long* __restrict__ part_i,
-                            unsigned int* __restrict__ counter, int n, int chunk, int vec) {
+                            unsigned int* __restrict__ counter, long long* __restrict__ host_out,
+                            const long long* __restrict__ parity, int n, int chunk, int vec) {
   constexpr int V = Vec<T>::N;
   const int c = blockIdx.x, r = blockIdx.y, chunks = gridDim.x;
   const T* row = x + (long long)r * n;
@@ -90,18 +94,22 @@ __device__ void argmax_impl(const T* __restrict__ x, long long* __restrict__ out
   argmax_block<THREADS>(v, i);
   if (threadIdx.x == 0) {
     out[r] = i;
+    if (host_out) {
+      host_out[*parity * gridDim.y + r] = i;
+      __threadfence_system();
+    }
     counter[r] = 0;
   }
 }
 
 extern "C" __global__ void __launch_bounds__(256) argmax_bf16(
     const bf16_t* x, long long* out, float* part_v, long long* part_i, unsigned int* counter,
-    int n, int chunk, int vec) {
-  argmax_impl<bf16_t, 256>(x, out, part_v, part_i, counter, n, chunk, vec);
+    long long* host_out, const long long* parity, int n, int chunk, int vec) {
+  argmax_impl<bf16_t, 256>(x, out, part_v, part_i, counter, host_out, parity, n, chunk, vec);
 }
 
 extern "C" __global__ void __launch_bounds__(256) argmax_f32(
     const float* x, long long* out, float* part_v, long long* part_i, unsigned int* counter,
-    int n, int chunk, int vec) {
-  argmax_impl<float, 256>(x, out, part_v, part_i, counter, n, chunk, vec);
+    long long* host_out, const long long* parity, int n, int chunk, int vec) {
+  argmax_impl<float, 256>(x, out, part_v, part_i, counter, host_out, parity, n, chunk, vec);
 }

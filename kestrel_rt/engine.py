@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kestrel_rt.model import Qwen3Model
+from kestrel_rt.model import Chosen, Qwen3Model
 from kestrel_rt.sampling import choose
 from kestrel_sim.errors import KestrelError
 
@@ -57,26 +57,11 @@ class _Step:
 
     slots: list[int]
     reqs: list[int]
-    tokens: torch.Tensor  # [B, 1] int64 on the device: the next step's input
-    host: torch.Tensor  # [B, 1] the same, copied to the host (valid once `ready` has passed)
-    ready: torch.cuda.Event | None  # None on the CPU, where the copy is done on return
+    chosen: Chosen  # [B, 1] ids: on the device (the next step's input), to the host
     lengths: list[int]  # each slot's cache length after this step
 
-    @classmethod
-    def enqueue(cls, slots: list[int], reqs: list[int], tokens: torch.Tensor, kv) -> _Step:
-        ready = None
-        if tokens.is_cuda:
-            host = tokens.to("cpu", non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        else:
-            host = tokens
-        return cls(slots, reqs, tokens, host, ready, [kv.length(s) for s in slots])
-
     def read(self) -> list[int]:
-        if self.ready is not None:
-            self.ready.synchronize()
-        return self.host.view(-1).tolist()
+        return [row[0] for row in self.chosen.read()]
 
 
 def _sync(device: torch.device) -> None:
@@ -214,13 +199,14 @@ def generate(
                     and n + 1 < max_len]
             slots = [pending.slots[i] for i in keep]
             reqs = [pending.reqs[i] for i in keep]
-            last = pending.tokens  # [B, 1] on the device (a graph's own token input: no copy)
+            last = pending.chosen.tokens  # [B, 1] on the device (a graph's own input: no copy)
             if len(keep) < len(pending.slots):
                 last = last[keep]
         launched = None
         if slots:
             if overlap:  # the argmax on the device (inside the decode graph of a GraphModel)
-                launched = _Step.enqueue(slots, reqs, model.forward(last, slots, greedy=True), kv)
+                launched = _Step(slots, reqs, model.forward_greedy(last, slots),
+                                 [kv.length(s) for s in slots])
             else:
                 tokens = pick(model.forward(last, slots)[:, 0], reqs)  # logits [B, V]
         if pending is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 import torch
 
@@ -10,6 +11,33 @@ from kestrel_rt.backend.base import Backend
 from kestrel_rt.kv_cache import KVCache, Step
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.models import ModelShape
+
+
+@dataclass
+class Chosen:
+    """Greedy token ids of a forward (Qwen3Model.forward_greedy): `tokens` on the model's
+    device (the next decode step's input), `host` the same on the host once `ready` has
+    passed (None: already there)."""
+
+    tokens: torch.Tensor  # [B, M] int64 ([B] with last_only) on the model's device
+    host: torch.Tensor  # the same shape on the host
+    ready: torch.cuda.Event | None
+
+    @classmethod
+    def copy_back(cls, tokens: torch.Tensor) -> Chosen:
+        """Start copying device token ids to the host (pinned, asynchronous)."""
+        if not tokens.is_cuda:
+            return cls(tokens, tokens, None)
+        host = tokens.to("cpu", non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(tokens, host, ready)
+
+    def read(self) -> list:
+        """The ids as (nested) Python lists, waiting for their step if it is still running."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host.tolist()
 
 
 class Qwen3Model:
@@ -67,13 +95,22 @@ class Qwen3Model:
         self.kv.advance(list(slots), n_new)
         return out[:, 0] if last_only else out
 
+    def forward_greedy(self, tokens: torch.Tensor, slots: list[int],
+                       n_new: list[int] | None = None, last_only: bool = False) -> Chosen:
+        """forward(..., greedy=True) with the ids on their way to the host: what an
+        overlapped decode loop needs (enqueue the next step with `tokens`, then `read()`
+        this one)."""
+        return Chosen.copy_back(self.forward(tokens, slots, n_new, last_only, greedy=True))
+
     def compute(self, tokens: torch.Tensor, step: Step, last_only: bool = False,
-                greedy: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+                greedy: bool = False, out: torch.Tensor | None = None,
+                host: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The device work of `forward` for a prepared Step: no host sync, nothing outside
         the backend's ops, so a CUDA graph can capture it (kestrel_rt/cuda/graphs.py).
 
         tokens [B, M] int64 on the device -> fp32 logits [B, M, V] ([B, 1, V] if last_only),
-        or with greedy their argmax, int64 [B, M] ([B, 1]), written into `out` if given.
+        or with greedy their argmax, int64 [B, M] ([B, 1]), written into `out` if given
+        (and into pinned host memory by the device: Backend.greedy_tokens' `host`).
         """
         be, s = self.backend, self.shape
         B, M = tokens.shape
@@ -96,7 +133,9 @@ class Qwen3Model:
         if last_only:
             last = (step.n_new - 1)[:, None, None].expand(B, 1, x.shape[-1])  # [B, 1, H]
             x = x.gather(1, last)
-        return be.greedy_tokens(x, out) if greedy else be.logits(x)  # [B, M or 1(, V)]
+        if greedy:
+            return be.greedy_tokens(x, out, host)  # [B, M or 1]
+        return be.logits(x)  # [B, M or 1, V]
 
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         """Append each prompt to its (typically empty) slot in one padded batch.

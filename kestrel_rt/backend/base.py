@@ -183,8 +183,14 @@ class Backend(ABC):
         fp32."""
         return self.norm_linear(x, "norm", "lm_head").float()
 
-    def greedy_tokens(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def greedy_tokens(self, x: torch.Tensor, out: torch.Tensor | None = None,
+                      host: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The greedy choice at every position: argmax of logits(x), x [B, M, H] -> [B, M]
-        int64 (the first index of the maximum, as torch.argmax), into `out` if given."""
+        int64 (the first index of the maximum, as torch.argmax), into `out` if given. host:
+        (pinned int64 [2, B * M], parity int64 [1] on the device): the ids are also written to
+        host[parity] by the device (the cupy backend; here unsupported)."""
+        if host is not None:
+            raise NotImplementedError(f"{type(self).__name__} cannot write token ids to the host "
+                                      "from the device")
         tokens = self.logits(x).argmax(-1)
         return tokens if out is None else out.copy_(tokens)

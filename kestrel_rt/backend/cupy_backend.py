@@ -401,9 +401,11 @@ class CupyBackend(GemvLinear, TorchBackend):
             return None
 
     # -- greedy sampling ---------------------------------------------------------------------
-    def greedy_tokens(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def greedy_tokens(self, x: torch.Tensor, out: torch.Tensor | None = None,
+                      host: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """argmax of the lm_head's bf16 output by kernels/argmax.cu: the fp32 logits are the
-        bf16 ones widened, so the choice is the same, without the fp32 copy."""
+        bf16 ones widened, so the choice is the same, without the fp32 copy. host: the
+        kernel also writes the ids to host[parity] (ops.argmax)."""
         h = self.norm_linear(x, "norm", "lm_head")  # [B, M, V]
         V = h.shape[-1]
         rows = h.numel() // V if V else 0
@@ -412,8 +414,10 @@ class CupyBackend(GemvLinear, TorchBackend):
             if scratch is None:  # kept: a captured graph replays with the same buffers
                 scratch = ops.argmax_scratch(rows, V, h.device)
                 self._argmax_bufs[(rows, V)] = scratch
-            return ops.argmax(self.kernels, h, scratch, out)  # [B, M]
+            return ops.argmax(self.kernels, h, scratch, out, host)  # [B, M]
         except Unsupported:
+            if host is not None:
+                raise
             tokens = h.float().argmax(-1)
             return tokens if out is None else out.copy_(tokens)
 

@@ -12,7 +12,10 @@ warms up cuBLAS and compiles the kernels), then the same computation is captured
 calls copy the Step into the static buffers with one host-to-device copy (tokens already on
 the device are copied there device to device, or not at all when they are the buffer itself)
 and replay. `forward(..., greedy=True)` captures the argmax too (Backend.greedy_tokens): a
-decode step's token ids come back in the graph's token input, ready for the next replay.
+decode step's token ids come back in the graph's token input, ready for the next replay;
+`forward_greedy` also has the argmax kernel write them into pinned host memory (two halves,
+alternate replays), so an overlapped decode loop reads them with no copy on the stream (a
+device-to-host copy there cost ~10 us per step on the H200: bench/step_io_probe.py).
 Anything else (prefill, larger batches) runs eagerly: the fallback is Qwen3Model.forward
 itself.
 """
@@ -21,18 +24,23 @@ from __future__ import annotations
 
 import torch
 
+from kestrel_rt.cuda.ops import Unsupported
 from kestrel_rt.kv_cache import KVCache, Step
-from kestrel_rt.model import Qwen3Model
+from kestrel_rt.model import Chosen, Qwen3Model
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 class _Captured:
-    """One captured forward: its graph, its static input buffer and output."""
+    """One captured forward: its graph, its static input buffer and output; a greedy graph
+    also writes its token ids into `host` (pinned [2, rows], the half the parity in its
+    input buffer names; None: copied back instead) and `parity` is the half its next replay
+    writes."""
 
     def __init__(self, graph: torch.cuda.CUDAGraph, inputs: torch.Tensor, step: Step,
-                 tokens: torch.Tensor, out: torch.Tensor) -> None:
+                 tokens: torch.Tensor, out: torch.Tensor, host: torch.Tensor | None) -> None:
         self.graph, self.inputs, self.step, self.tokens, self.out = graph, inputs, step, tokens, out
+        self.host, self.parity = host, 1  # the eager run before the capture wrote half 0
 
 
 class GraphModel(Qwen3Model):
@@ -66,6 +74,22 @@ class GraphModel(Qwen3Model):
         until the next forward of the same shape (read or copy them before: what a decode
         loop does); for M = 1 that buffer is the graph's own token input, so passing the
         result back as the next step's tokens copies nothing."""
+        return self._run(tokens, slots, n_new, last_only, greedy)[0]
+
+    @torch.inference_mode()
+    def forward_greedy(self, tokens, slots, n_new=None, last_only=False) -> Chosen:
+        """Qwen3Model.forward_greedy; by a replay, the graph's argmax kernel writes the ids
+        into pinned host memory itself (no copy back on the stream): `Chosen.host` is valid
+        until two more replays of the same shape (read it before: what a decode loop does)."""
+        out, host = self._run(tokens, slots, n_new, last_only, True)
+        if host is None:
+            return Chosen.copy_back(out)
+        ready = torch.cuda.Event()
+        ready.record()
+        return Chosen(out, host, ready)
+
+    def _run(self, tokens, slots, n_new, last_only, greedy):
+        """(forward's result, its token ids in pinned host memory or None)."""
         if not isinstance(tokens, torch.Tensor):
             tokens = torch.tensor(tokens, dtype=torch.long)
         B, M = tokens.shape
@@ -73,39 +97,49 @@ class GraphModel(Qwen3Model):
         safe = getattr(self.backend, "graph_safe", None)
         if (bucket is None or M > self.max_m or self.scratch_slot is None or safe is None
                 or not safe(bucket, M)):
-            return super().forward(tokens, slots, n_new, last_only, greedy)
+            return super().forward(tokens, slots, n_new, last_only, greedy), None
         slots = list(slots)
         n_new = [M] * B if n_new is None else list(n_new)
         kv = self.kv
         start = kv.check(slots, M, n_new)
         pad = bucket - B
         starts = start + [0] * pad
-        # slots | start | n_new | positions, one pinned host tensor: its copy to the device
-        # is asynchronous (a pageable one may wait for the stream, which would stall an
-        # overlapped decode loop); torch's pinned allocator keeps it until the copy is done
-        meta = torch.tensor(
-            slots + [self.scratch_slot] * pad + starts + n_new + [M] * pad
-            + [st + i for st in starts for i in range(M)], dtype=torch.long, pin_memory=True)
         key = (bucket, M, bool(last_only), bool(greedy))
         cap = self.graphs.get(key)
+        parity = 0 if cap is None else cap.parity
+        # slots | start | n_new | positions | parity, one pinned host tensor: its copy to the
+        # device is asynchronous (a pageable one may wait for the stream, which would stall
+        # an overlapped decode loop); torch's pinned allocator keeps it until the copy is done
+        meta = torch.tensor(
+            slots + [self.scratch_slot] * pad + starts + n_new + [M] * pad
+            + [st + i for st in starts for i in range(M)] + [parity], dtype=torch.long,
+            pin_memory=True)
         if cap is None:
-            out = self._capture(key, tokens, meta)[:B]
+            out, cap = self._capture(key, tokens, meta)
+            out = out[:B]
         else:
             cap.inputs.copy_(meta, non_blocking=True)
             mine = cap.tokens[:B]
             if not (tokens.data_ptr() == mine.data_ptr() and tokens.stride() == mine.stride()):
                 mine.copy_(tokens, non_blocking=True)  # device tokens stay on the device
             cap.graph.replay()
+            cap.parity ^= 1
             self.replays += 1
             # the static output is overwritten by the next replay: logits are copied out,
             # greedy token ids (a few bytes, read at once by their caller) are not
             out = cap.out[:B] if greedy else cap.out[:B].clone()
         kv.advance(slots, n_new)
-        return out[:, 0] if last_only else out
+        host = None
+        if cap.host is not None:
+            rows = B if last_only else B * M
+            host = cap.host[parity, :rows].view(out[:, 0].shape if last_only else out.shape)
+        return (out[:, 0] if last_only else out), host
 
-    def _capture(self, key: tuple[int, int, bool], tokens: torch.Tensor,
-                 meta: torch.Tensor) -> torch.Tensor:
-        """Run the forward eagerly on the capture stream (this call's result), then capture it."""
+    def _capture(self, key: tuple[int, int, bool, bool], tokens: torch.Tensor,
+                 meta: torch.Tensor) -> tuple[torch.Tensor, _Captured]:
+        """Run the forward eagerly on the capture stream (this call's result), then capture
+        it. A greedy forward writes its ids to pinned host memory too where the backend's
+        argmax can (else its caller copies them back)."""
         bucket, M, last_only, greedy = key
         be = self.backend
         inputs = meta.to(self.device)
@@ -114,19 +148,30 @@ class GraphModel(Qwen3Model):
         step = _step(inputs, bucket, M, self.kv.max_len)
         # greedy decode (one token in, one out per row) writes its choice over its own input
         into = static_tokens if greedy and M == 1 else None
+        host = None
+        if greedy:
+            rows = bucket if last_only else bucket * M
+            host = (torch.zeros(2, rows, dtype=torch.long, pin_memory=True), inputs[-1:])
         stream = be.capture_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            eager = self.compute(static_tokens, step, last_only, greedy).clone()
+            try:
+                eager = self.compute(static_tokens, step, last_only, greedy, None, host)
+            except (Unsupported, NotImplementedError):  # no argmax kernel for these logits
+                host = None
+                eager = self.compute(static_tokens, step, last_only, greedy)
+            eager = eager.clone()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         stream.synchronize()
         if be.graph_pool is None:
             be.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=be.graph_pool, stream=stream):
-            out = self.compute(static_tokens, step, last_only, greedy, into)
-        self.graphs[key] = _Captured(graph, inputs, step, static_tokens, out)
-        return eager
+            out = self.compute(static_tokens, step, last_only, greedy, into, host)
+        cap = _Captured(graph, inputs, step, static_tokens, out,
+                        None if host is None else host[0])
+        self.graphs[key] = cap
+        return eager, cap
 
 
 def _step(inputs: torch.Tensor, bucket: int, m: int, max_len: int) -> Step:
@@ -134,5 +179,5 @@ def _step(inputs: torch.Tensor, bucket: int, m: int, max_len: int) -> Step:
     slots = inputs[:bucket]
     start = inputs[bucket: 2 * bucket]
     n_new = inputs[2 * bucket: 3 * bucket]
-    positions = inputs[3 * bucket:].view(bucket, m)
+    positions = inputs[3 * bucket: 3 * bucket + bucket * m].view(bucket, m)
     return Step(slots=slots, start=start, n_new=n_new, positions=positions, max_ctx=max_len)

@@ -312,10 +312,13 @@ def argmax_scratch(rows: int, n: int, device: torch.device) -> tuple[torch.Tenso
 
 
 def argmax(km: KernelModules, x: torch.Tensor, scratch: tuple[torch.Tensor, ...] | None = None,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None,
+           host: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [..., n] -> [...] int64, the first index of each row's maximum (a NaN above any
     number), as torch.argmax(x, -1). scratch: argmax_scratch(rows, n) (kept by the caller so
-    that a captured CUDA graph replays with the same buffers; made here when None)."""
+    that a captured CUDA graph replays with the same buffers; made here when None). host:
+    (pinned int64 [2, rows] on the host, parity: int64 [1] on the device): the ids are also
+    written to host[parity], by the kernel itself (no copy on the stream)."""
     sfx = _suffix(x)
     n = x.shape[-1]
     if n == 0 or n >= 2**31:
@@ -331,10 +334,19 @@ def argmax(km: KernelModules, x: torch.Tensor, scratch: tuple[torch.Tensor, ...]
     if part_v.shape != (rows, chunks) or part_i.shape != (rows, chunks) or counter.numel() < rows:
         raise ValueError(f"argmax scratch {[tuple(t.shape) for t in scratch]}: expected "
                          f"argmax_scratch({rows}, {n})")
+    if host is not None:
+        buf, parity = host
+        if (buf.device.type != "cpu" or not buf.is_pinned() or buf.dtype != torch.long
+                or buf.shape != (2, rows) or not buf.is_contiguous()
+                or parity.dtype != torch.long or parity.device != x.device):
+            raise ValueError(f"argmax host buffers {tuple(buf.shape)} {buf.dtype} "
+                             f"{buf.device}, parity {parity.dtype} {parity.device}: expected a "
+                             f"pinned int64 [2, {rows}] on the host and an int64 on {x.device}")
     vec = n % _vec(x.dtype) == 0 and _aligned(x)
     km.launch("argmax", f"argmax_{sfx}", (chunks, rows), (256,),
-              (ptr(x), ptr(out), ptr(part_v), ptr(part_i), ptr(counter), i32(n),
-               i32(ARGMAX_CHUNK), i32(int(vec))))
+              (ptr(x), ptr(out), ptr(part_v), ptr(part_i), ptr(counter),
+               ptr(None if host is None else host[0]), ptr(None if host is None else host[1]),
+               i32(n), i32(ARGMAX_CHUNK), i32(int(vec))))
     return out
 
 

@@ -103,6 +103,37 @@ def test_generate_with_graphs_equals_torch_backend():
     assert graphed.replays > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,m,last_only", [(1, 1, False), (3, 1, False), (2, 3, False),
+                                               (2, 3, True)])
+def test_forward_greedy_ids_reach_the_host_by_replay(dtype, batch, m, last_only):
+    """forward_greedy by replay: the argmax kernel writes the ids into pinned host memory,
+    alternating halves, so a step's ids read after the next step was enqueued are its own
+    (the overlapped loop); they equal the ids on the device and the logits' argmax."""
+    _, graphed = _pair("untied", dtype, slots=8)
+    kv = graphed.kv
+    slots = [kv.allocate() for _ in range(batch)]
+    graphed.prefill(gm.prompts(graphed.shape.vocab_size, [4] * batch), slots)
+    g = torch.Generator().manual_seed(batch * 7 + m)
+    tok = torch.randint(0, graphed.shape.vocab_size, (batch, m), generator=g).cuda()
+    pending, pending_ref = None, None
+    for step in range(6):  # capture, then replays
+        before = [kv.length(s) for s in slots]
+        ref = graphed.forward(tok.clone(), slots, last_only=last_only).argmax(-1).tolist()
+        for s, n in zip(slots, before):
+            kv.rollback(s, n)
+        chosen = graphed.forward_greedy(tok, slots, last_only=last_only)
+        assert chosen.host.device.type == "cpu" and chosen.host.shape == chosen.tokens.shape
+        if pending is not None:  # the previous step's ids, read with this one in flight
+            assert pending.read() == pending_ref, step
+        assert chosen.read() == chosen.tokens.tolist() == ref, step
+        pending, pending_ref = chosen, ref
+        if m == 1 and not last_only:
+            tok = chosen.tokens
+    key = (next(b for b in graphed.buckets if b >= batch), m, last_only, True)
+    assert graphed.graphs[key].host is not None and graphed.replays >= 10
+
+
 @pytest.mark.parametrize("max_batch", [None, 2])
 def test_overlapped_generate_with_graphs_stops_and_refills_as_the_plain_loop(max_batch):
     """The overlapped loop takes its tokens from the graph's argmax (greedy=True) and feeds

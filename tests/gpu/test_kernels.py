@@ -310,6 +310,22 @@ def test_argmax_ties_infinities_and_nan(km, dtype):
     assert torch.equal(out, x.argmax(-1))
 
 
+@pytest.mark.parametrize("parity", [0, 1])
+def test_argmax_writes_the_ids_to_pinned_host_memory(km, parity):
+    """With host buffers the kernel also writes the ids into host[parity] (the other half
+    untouched), readable once the stream has passed the launch."""
+    x = rnd(3, 5000, dtype=torch.bfloat16)
+    host = torch.full((2, 3), -7, dtype=torch.long, pin_memory=True)
+    par = torch.tensor([parity], device="cuda")
+    out = poisoned(3, dtype=torch.long)
+    ops.argmax(km, x, out=out, host=(host, par))
+    torch.cuda.synchronize()
+    assert torch.equal(host[parity], x.argmax(-1).cpu()) and torch.equal(out, x.argmax(-1))
+    assert host[1 - parity].eq(-7).all()
+    with pytest.raises(ValueError, match="pinned int64"):
+        ops.argmax(km, x, host=(torch.zeros(2, 3, dtype=torch.long), par))
+
+
 def test_argmax_replays_in_a_cuda_graph(km):
     """The per-row counters are back at zero after each launch, so a captured graph replays
     (the backend keeps the scratch buffers for that)."""
