@@ -134,13 +134,85 @@ struct BulkRing {
   }
 };
 
+// ARGMAX (greedy decoding): the index of the largest bf16-rounded result of each row of x
+// over the N weight rows (torch.argmax of the bf16 logits: the first index of the maximum, a
+// NaN above every number), with no y. A candidate is one 64-bit key, so that the largest key
+// is the choice: the value's bits made orderable as unsigned (a NaN above +inf, -0 as +0) over
+// the index's complement (ties: the smaller index). Consumer warp 0 keeps each lane's best key
+// per result column over the block's tiles; at the block's end they meet in one atomicMax per
+// row of x (keys [M], zero before the launch) and the block that arrives last on `count`
+// writes the indices (out [M], and host[*parity][M] in pinned host memory when host is not
+// null: the host reads it after the launch with no copy on the stream) and zeroes keys and
+// count for the next launch (a replayed CUDA graph).
+struct ArgmaxOut {
+  long long* out;
+  long long* host;
+  const long long* parity;
+  unsigned long long* keys;
+  unsigned int* count;
+};
+
+__device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
+  u32 b = __float_as_uint(v);
+  if (v != v) b = 0xffffffffu;
+  else if (v == 0.f) b = 0x80000000u;  // -0 == +0
+  else b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return ((unsigned long long)b << 32) | (u32)~n;
+}
+
+// Lane (g, t) of consumer warp 0 after a tile's sums (store_tile's order: acc[c] is row
+// 16 tile + g + 8 (c >> 1) of W, result column 2t + (c & 1)): its best keys per column.
+__device__ __forceinline__ void argmax_take(unsigned long long (&best)[2], const float (&acc)[4],
+                                            int tile, int g, int t, int M, int N) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int m = 2 * t + (c & 1), n = tile * GEMV_TILE + g + (c >> 1) * 8;
+    if (m < M && n < N) {
+      const unsigned long long k = argmax_key(bf16_to_f32(f32_to_bf16(acc[c])), n);
+      best[c & 1] = k > best[c & 1] ? k : best[c & 1];
+    }
+  }
+}
+
+// Consumer warp 0 at its block's end (the whole warp calls it).
+__device__ __forceinline__ void argmax_finish(unsigned long long (&best)[2], const ArgmaxOut& am,
+                                              int M, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {  // over g: lanes of the same t
+      const unsigned long long o = __shfl_xor_sync(0xffffffffu, best[h], off);
+      best[h] = o > best[h] ? o : best[h];
+    }
+  const int t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (lane < 4 && 2 * t + h < M && best[h]) atomicMax(am.keys + 2 * t + h, best[h]);
+  __syncwarp();
+  unsigned int last = 0;
+  if (lane == 0) {
+    __threadfence();
+    last = atomicAdd(am.count, 1u) == gridDim.x - 1;
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  __threadfence();
+  if (lane < M) {
+    const long long n = (long long)(u32)~(u32)atomicExch(am.keys + lane, 0ull);
+    am.out[lane] = n;
+    if (am.host) am.host[*am.parity * M + lane] = n;
+  }
+  if (lane == 0) *am.count = 0u;
+}
+
 // A tile's end: the WARPS consumer warps' sums (store order already) meet in shared memory,
-// consumer warp 0 adds them and stores tile at.tile (store_out), every warp's acc is zeroed and
-// `at` moves to the block's next tile. red: 2 * WARPS * 4 * 32 floats, half at.tt % 2.
+// consumer warp 0 adds them and stores tile at.tile (store_out; ARGMAX: takes its candidates
+// into best), every warp's acc is zeroed and `at` moves to the block's next tile. red:
+// 2 * WARPS * 4 * 32 floats, half at.tt % 2.
 template <int WARPS, int PRO>
 __device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, BulkTile& at,
                                                 int warp, int lane, u16* y, const u16* res,
-                                                int M, int N, const float* rstd = nullptr) {
+                                                int M, int N, const float* rstd = nullptr,
+                                                unsigned long long* best = nullptr) {
   float* buf = red + (at.tt & 1) * WARPS * 4 * 32;
   if (warp != 0)
 #pragma unroll
@@ -154,7 +226,11 @@ __device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, 
     if constexpr (GEMV_RSTD(PRO))  // rows 2t, 2t + 1 of x: their RMSNorm as a row scale
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[0][c] *= rstd[c & 1];
-    store_out<1, PRO>(y, res, acc, at.tile, lane >> 2, lane & 3, M, N, 1.f, 1.f, nullptr);
+    if constexpr (GEMV_ARGMAX(PRO))
+      argmax_take(*reinterpret_cast<unsigned long long(*)[2]>(best), acc[0], at.tile, lane >> 2,
+                  lane & 3, M, N);
+    else
+      store_out<1, PRO>(y, res, acc, at.tile, lane >> 2, lane & 3, M, N, 1.f, 1.f, nullptr);
   }
 #pragma unroll
   for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
@@ -166,15 +242,22 @@ __device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, 
 // 16-byte vectors t, t + 4, ... of its columns of rows g, g + 8 with x staged once per block
 // (act(x): x or its RMSNorm, stage_x). Slot rows are C + 64 bytes apart: a quarter warp's
 // 16-byte reads (rows g, g + 1, four vectors each) then cover the 32 banks once.
-// smem: ring [S][16][C + 64] bytes, then xs [M][K / 8] uint4.
+// smem: ring [S][16][C + 64] bytes, then xs [M][K / 8] uint4. ARGMAX (PRO + 128): no y (null),
+// the greedy choice into out [M] (and host[*parity][M] when host is not null) through keys [M]
+// and count, zero before the launch and left at zero (argmax_finish); other PROs take them
+// null.
 template <int WARPS, int S, int C, int PRO>
 __global__ void __launch_bounds__(32 * (WARPS + 1), 1)
 gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N,
-               int K, const u16* res, const uint4* __restrict__ nw, float eps) {
+               int K, const u16* res, const uint4* __restrict__ nw, float eps, long long* am_out,
+               long long* am_host, const long long* am_parity, unsigned long long* am_keys,
+               unsigned int* am_count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
-  static_assert(GEMV_RING_PRO(PRO) || PRO == 16 || PRO == 24, "plain x or its RMSNorm (also "
+  constexpr int BASE = PRO & ~128;  // what comes before the ARGMAX epilogue
+  static_assert(GEMV_RING_PRO(BASE) || BASE == 16 || BASE == 24, "plain x or its RMSNorm (also "
                 "as a row scale: RSTD), a residual or the SwiGLU epilogue");
-  static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 64-byte row pieces per warp");
+  static_assert(!GEMV_ARGMAX(PRO) || BASE == 0 || BASE == 1 || BASE == 16, "ARGMAX: plain x "
+                "or its RMSNorm, no residual, no SwiGLU epilogue");
   constexpr int RS = C + 64, SUB = C / WARPS / 64;  // SUB: 32-k steps per warp and item
   extern __shared__ uint4 smem[];
   __shared__ __align__(8) unsigned long long full[S], empty[S];
@@ -205,6 +288,7 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   const int total = ring.total, per = ring.per, trigger_at = max(total - S, 0);
   if (total == 0) GEMV_TRIGGER_END();
   float acc[2][1][4] = {};
+  unsigned long long best[2] = {0ull, 0ull};  // ARGMAX: consumer warp 0's keys per column
   BulkTile at;
   const int col0 = warp * (C / WARPS);  // this warp's first byte of a slot row
   for (int i = 0; i < total; ++i) {
@@ -229,9 +313,12 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
         acc[0][0][c] += acc[1][0][c];
         acc[1][0][c] = 0.f;
       }
-      bulk_tile_store<WARPS, PRO>(acc[0], red, at, warp, lane, y, res, M, N, rstd);
+      bulk_tile_store<WARPS, PRO>(acc[0], red, at, warp, lane, y, res, M, N, rstd, best);
     }
   }
+  if constexpr (GEMV_ARGMAX(PRO))
+    if (warp == 0) argmax_finish(best, ArgmaxOut{am_out, am_host, am_parity, am_keys, am_count},
+                                 M, lane);
 #else
   __trap();  // Gemv routes nothing here below sm_90 (Gemv.bulk_capable)
 #endif

@@ -162,13 +162,15 @@ __device__ __forceinline__ u32 swiglu2(u32 g, u32 u) {
 // [gate; up], 2I rows, and y = silu(x.gate) * (x.up) [M, I]), bit 4 (+16) the row-scale
 // RMSNorm (RSTD: below; bf16 kernel), bit 5 (+32) the sums of squares of the stored tile
 // (SSQ: store_tile, with the residual epilogue), bit 6 (+64) the row-scale RMSNorm from those
-// sums (RSTD_IN: ssq_rows, plain x). Helpers take the parts.
+// sums (RSTD_IN: ssq_rows, plain x), bit 7 (+128) the greedy choice instead of y (ARGMAX: the
+// bulk bf16 kernel's gemv_bulk_bf16_argmax, kernels/gemv_bulk.cu). Helpers take the parts.
 #define GEMV_ACT(PRO) ((PRO) & 3)
 #define GEMV_RES(PRO) (((PRO) & 4) != 0)
 #define GEMV_GLU(PRO) (((PRO) & 8) != 0)
 #define GEMV_RSTD(PRO) (((PRO) & 16) != 0)
 #define GEMV_SSQ(PRO) (((PRO) & 32) != 0)
 #define GEMV_RSTD_IN(PRO) (((PRO) & 64) != 0)
+#define GEMV_ARGMAX(PRO) (((PRO) & 128) != 0)
 
 // The two weight rows thread (g, .) of tile `tile` streams (the mma's rows g and g + 8).
 // Plain: rows 16 tile + g and + 8 of W [N, K]. GLU: gate row i = 8 tile + g and its up row

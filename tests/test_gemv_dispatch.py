@@ -180,7 +180,7 @@ def test_bulk_dispatch():
                 (name, grid, block, nargs, smem), = calls
                 assert name == V.bulk_name(file, warps, slots, row_bytes, pro)
                 assert grid == (min(n // 16, 132),) and block == (32 * (warps + 1),)
-                assert nargs == (9 if kind == "bf16" else 11)
+                assert nargs == (14 if kind == "bf16" else 11)  # bf16: + ARGMAX's five
                 assert smem == V.bulk_shared_bytes(file, warps, slots, row_bytes, m, k)
     gemv.bulk_int4 = None
     calls.clear()
@@ -359,6 +359,44 @@ def test_settle_ring_leaves_the_ring_when_the_probe_does_not_fit():
     gemv.probe_ring = no_memory
     gemv.settle_ring()
     assert gemv.ring == V.RING_DEFAULT
+
+
+def test_argmax_goes_to_the_bulk_kernels_argmax_epilogue():
+    """Gemv.argmax launches gemv_bulk_bf16 with ARGMAX (after plain x or RSTD's row scale) and
+    its five extra arguments, one block per SM at most; where the bulk kernel does not take
+    the shape (no bulk setting, more than bulk_max_rows rows, an int4 weight, the row scale
+    with bulk_rstd off) it launches nothing and says so; a wrong state raises."""
+    import torch
+
+    gemv, calls = _recording_gemv(ring=None)
+    gemv.supports = lambda x, w, k=None: True  # CPU tensors stand in for device ones
+    gemv.bulk = V.BULK_DEFAULT
+    k, n = 512, 50000
+    w, x = _weight("bf16", n, k), torch.randn(1, k).bfloat16()
+    state = (torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.int32))
+    out = torch.empty(1, dtype=torch.long)
+
+    def argmax(x, w, rstd, state=state, out=out):
+        return gemv.argmax(x, w, rstd=rstd, eps=1e-6, state=state, out=out)
+
+    for rstd, pro in ((False, V.ARGMAX), (True, V.RSTD | V.ARGMAX)):
+        calls.clear()
+        assert argmax(x, w, rstd)
+        (name, grid, block, nargs, smem), = calls
+        assert name == V.bulk_name("gemv", *V.BULK_DEFAULT, pro)
+        assert grid == (132,) and block == (32 * (V.BULK_DEFAULT[0] + 1),) and nargs == 14
+        assert smem == V.bulk_shared_bytes("gemv", *V.BULK_DEFAULT, 1, k)
+    calls.clear()
+    three = (torch.zeros(3, dtype=torch.long), torch.zeros(1, dtype=torch.int32))
+    assert not argmax(torch.randn(3, k).bfloat16(), w, False, three, torch.empty(3).long())
+    assert not argmax(x, _weight("int4", n, k), False)
+    gemv.bulk_rstd = False  # (a MoE model's backend)
+    assert not argmax(x, w, True)
+    gemv.bulk_rstd, gemv.bulk = True, None
+    assert not argmax(x, w, False) and calls == []
+    gemv.bulk = V.BULK_DEFAULT
+    with pytest.raises(ValueError, match="argmax: keys"):
+        argmax(x, w, False, three)
 
 
 def test_bulk_takes_the_row_scale_rmsnorm_for_bf16_only():

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from kernels import KERNEL_DIR
 from kestrel_rt.cuda import precompile
-from kestrel_rt.cuda.gemv_variants import BULK_RSTD_PROS, KERNELS, RING_PROS, pros_of
+from kestrel_rt.cuda.gemv_variants import (
+    BULK_ARGMAX_PROS,
+    BULK_RSTD_PROS,
+    KERNELS,
+    RING_PROS,
+    pros_of,
+)
 
 
 def test_jobs_cover_every_kernel_file_once_per_options():
@@ -17,7 +23,7 @@ def test_jobs_cover_every_kernel_file_once_per_options():
     assert gemv == set(KERNELS) and not whole & gemv and not persistent & (whole | gemv)
     assert persistent == set(precompile.PERSISTENT)
     for source in precompile.PERSISTENT:  # every prologue a ring or bulk kernel takes
-        extra = BULK_RSTD_PROS if source == "gemv_bulk" else ()
+        extra = BULK_RSTD_PROS + BULK_ARGMAX_PROS if source == "gemv_bulk" else ()
         assert ({j[2] for j in jobs if j[:2] == ("persistent", source)}
                 == set(RING_PROS + extra))
     for file in KERNELS:  # every prologue / epilogue the runtime and tests ask for

@@ -95,6 +95,8 @@ class CupyBackend(GemvLinear, TorchBackend):
         self._ssq_last: tuple | None = None
         # argmax_scratch per (rows, vocab) of greedy_tokens (fixed addresses, as _ssq_bufs)
         self._argmax_bufs: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        # Gemv.argmax's (keys, count) per rows of x (greedy_tokens in the lm_head's gemv)
+        self._argmax_state: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.ssq_consumed = 0  # gemvs that took their rstd from a producer (tests count them)
         # moe_down issues its first weight loads before its PDL wait, while moe_gate_up
         # finishes (kernels/moe.cu): qwen3-30b-a3b bf16 2.883 vs 2.941 ms per step
@@ -406,6 +408,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         """argmax of the lm_head's bf16 output by kernels/argmax.cu: the fp32 logits are the
         bf16 ones widened, so the choice is the same, without the fp32 copy. host: the
         kernel also writes the ids to host[parity] (ops.argmax)."""
+        chosen = self._greedy_in_lm_head(x, out, host)
+        if chosen is not None:
+            return chosen
         h = self.norm_linear(x, "norm", "lm_head")  # [B, M, V]
         V = h.shape[-1]
         rows = h.numel() // V if V else 0
@@ -420,6 +425,36 @@ class CupyBackend(GemvLinear, TorchBackend):
                 raise
             tokens = h.float().argmax(-1)
             return tokens if out is None else out.copy_(tokens)
+
+    def _greedy_in_lm_head(self, x: torch.Tensor, out: torch.Tensor | None,
+                           host: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor | None:
+        """greedy_tokens by the lm_head's bulk gemv itself (Gemv.argmax: no logits written,
+        no argmax launch), where it computes what norm_linear would (the final norm folded
+        and applied as its row scale, or the rmsnorm kernel before a plain gemv); None
+        (nothing launched) elsewhere. x [B, M, H] -> [B, M] int64."""
+        norm, w = "norm", self.weight("lm_head")
+        unit = norm in self._unit_norms
+        if unit and self.norm_row_scale != "all":
+            return None  # a unit norm that norm_linear does not apply as a row scale
+        if self.ring_norm or self.fuse_prologues or (out is not None and not out.is_contiguous()):
+            return None
+        x2 = x.reshape(-1, x.shape[-1])  # [rows, H]
+        gemv = self.gemv()
+        if not gemv.takes_argmax(x2, w, unit):
+            return None
+        if not unit:
+            x2 = self.rms_norm(x2, norm)
+        rows = x2.shape[0]
+        state = self._argmax_state.get(rows)
+        if state is None:  # kept: a captured graph replays with the same buffers
+            state = (torch.zeros(rows, dtype=torch.long, device=x.device),
+                     torch.zeros(1, dtype=torch.int32, device=x.device))
+            self._argmax_state[rows] = state
+        dest = (torch.empty(rows, dtype=torch.long, device=x.device) if out is None
+                else out.view(rows))
+        gemv.argmax(x2, w, rstd=unit, eps=self.shape.rms_norm_eps, state=state, out=dest,
+                    host=host)
+        return dest.view(x.shape[:-1])
 
     # -- speculative decoding ----------------------------------------------------------------
     def greedy_accept(self, draft: torch.Tensor, target: torch.Tensor):

@@ -33,6 +33,7 @@ RSTD = 16  # + the row-scale RMSNorm: y[m] = rstd(x[m]) * (x[m] . W), norm weigh
 # (with RESIDUAL): what a later RSTD_IN kernel reads instead of squaring x itself
 SSQ = 32
 RSTD_IN = 64  # + RSTD's row scale with rstd from ssq_in [M, ceil(K / 16)] (an SSQ kernel's)
+ARGMAX = 128  # the greedy choice of each row of x instead of y (the bulk bf16 kernel only)
 EXPERT_PROS = (PLAIN, SWIGLU)  # the expert-indexed kernels take no RMSNorm, no residual
 # The PROs the runtime and the tests compile: every prologue with and without the residual,
 # the SwiGLU epilogue (plain or after the RMSNorm prologue), and for the bf16 kernel the
@@ -128,11 +129,14 @@ BULK_PAD = {"gemv": 64, "gemv_int4": 32}
 # into W, x staged as it is with its sums of squares, the rows' rstd applied as the tiles are
 # stored), plain or with the SwiGLU epilogue.
 BULK_RSTD_PROS = (RSTD, RSTD | GLU)
+# ... and its greedy choice instead of y (ARGMAX: argmax over the N results of each row of x,
+# Gemv.argmax; the lm_head of a greedy decode step), after plain x or RSTD's row scale.
+BULK_ARGMAX_PROS = (ARGMAX, RSTD | ARGMAX)
 
 
 def persistent_pros(source: str) -> tuple[int, ...]:
     """The prologues a kernels/SOURCE.cu (gemv_ring or gemv_bulk) module is compiled for."""
-    return RING_PROS + (BULK_RSTD_PROS if source == "gemv_bulk" else ())
+    return RING_PROS + (BULK_RSTD_PROS + BULK_ARGMAX_PROS if source == "gemv_bulk" else ())
 
 
 def persistent_names(source: str, pro: int) -> list[str]:
@@ -140,7 +144,7 @@ def persistent_names(source: str, pro: int) -> list[str]:
     pro (one of persistent_pros): every variant of the weight kinds that take it."""
     if source == "gemv_ring":
         return [ring_name(f, ks, s, pro) for f in RING_KERNELS for ks, s in RING_VARIANTS[f]]
-    files = ["gemv"] if pro in BULK_RSTD_PROS else BULK_KERNELS
+    files = ["gemv"] if pro in BULK_RSTD_PROS + BULK_ARGMAX_PROS else BULK_KERNELS
     return [bulk_name(f, *v, pro) for f in files for v in BULK_VARIANTS[f]]
 
 

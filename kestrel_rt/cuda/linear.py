@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from kestrel_rt.cuda.gemv_variants import (
+    ARGMAX,
     BF16_MAX_ROWS,
     BULK_DEFAULT,
     BULK_MAX_ROWS,
@@ -314,14 +315,17 @@ class Gemv:
                 <= self.max_shared)
 
     def _launch_bulk(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
-                     norm, eps: float) -> None:
+                     norm, eps: float, argmax: tuple | None = None) -> None:
         """y [M, N] = residual + act(x) @ W.T (or the GLU epilogue) through the bulk kernel
-        of the weight kind: one block per SM (fewer when there are fewer tiles)."""
+        of the weight kind: one block per SM (fewer when there are fewer tiles). argmax (pro
+        with ARGMAX, bf16): the kernel's (out, host, parity, keys, count) instead of y."""
         warps, slots, row_bytes = self._bulks[file]
+        # the bf16 kernel's ARGMAX arguments, null for the other epilogues
+        extra = tuple(_p(t) for t in (argmax or (None,) * 5)) if file == "gemv" else ()
         self._launch_persistent("gemv_bulk", bulk_name(file, warps, slots, row_bytes, pro), pro,
                                 bulk_shared_bytes(file, warps, slots, row_bytes, m, k),
                                 min(math.ceil(n / 16), self.sms), 32 * (warps + 1),
-                                (x, w, y, m, n, k, residual, norm, eps))
+                                (x, w, y, m, n, k, residual, norm, eps), extra)
 
     def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
                      norm, eps: float) -> None:
@@ -336,17 +340,17 @@ class Gemv:
                                 (x, w, y, m, n, k, residual, norm, eps))
 
     def _launch_persistent(self, source: str, name: str, pro: int, smem: int, blocks: int,
-                           threads: int, call: tuple) -> None:
+                           threads: int, call: tuple, extra: tuple = ()) -> None:
         """Launch kernel `name` (prologue pro) of kernels/SOURCE.cu, one wave of `blocks`
         blocks, with smem dynamic shared bytes, on call = (x, w, y, m, n, k, residual, norm,
-        eps)."""
+        eps) and then the kernel's `extra` arguments."""
         x, w, y, m, n, k, residual, norm, eps = call
         fn = self._persistent_module(source, pro).get_function(name)
         if self._shared_set.get(name, 0) < smem:
             set_max_dynamic_shared(fn, smem)
             self._shared_set[name] = smem
         args = (*_weight_args(w), _p(x), _p(y), _i(m), _i(n), _i(k), _p(residual), _p(norm),
-                np.float32(eps))
+                np.float32(eps), *extra)
         self._run(fn, (blocks,), (threads,), args, smem)
 
     def _stream(self):
@@ -493,6 +497,40 @@ class Gemv:
         if w.dim() != 2 or (not isinstance(w, QuantizedWeight) and m > BF16_MAX_ROWS):
             return False
         return kernel_reads(w, w.shape[0], k)
+
+    def takes_argmax(self, x: torch.Tensor, w, rstd: bool) -> bool:
+        """True when `argmax` launches for x [M, K] and weight w (see there)."""
+        return (isinstance(w, torch.Tensor) and x.dim() == 2 and w.dim() == 2
+                and w.shape[1] == x.shape[1] and self.supports(x, w)
+                and self.takes_bulk("gemv", RSTD if rstd else PLAIN, x.shape[0], x.shape[1]))
+
+    def argmax(self, x: torch.Tensor, w, *, rstd: bool, eps: float,
+               state: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
+               host: tuple[torch.Tensor, torch.Tensor] | None = None) -> bool:
+        """out [M] int64 <- the greedy choice of each row of x [M, K] over x @ W.T (W [N, K]
+        bf16; rstd: each row of x scaled by its RMSNorm as fused(rstd=True, eps) scales it),
+        over the results rounded to bf16 as `fused` stores them, with torch.argmax's ties and
+        NaNs, in the bulk kernel itself (its ARGMAX epilogue: no y, no second launch): True.
+        False, with nothing launched, where the bulk kernel does not take the launch (below
+        sm_90, `bulk` off, more than bulk_max_rows rows, a weight or x it cannot read).
+        state: (keys int64 [M], count int32 [1]), zeros, kept by the caller (the kernel leaves
+        them at zero, so a captured graph replays); host: (pinned int64 [2, M], parity int64
+        [1] on the device): the ids are also written to host[parity] (ops.argmax)."""
+        if not self.takes_argmax(x, w, rstd):
+            return False
+        m, k = x.shape
+        keys, count = state
+        if (keys.shape != (m,) or keys.dtype != torch.long or count.numel() < 1
+                or count.dtype != torch.int32 or out.shape != (m,) or out.dtype != torch.long
+                or not out.is_contiguous()):
+            raise ValueError(f"argmax: keys {tuple(keys.shape)} {keys.dtype}, count "
+                             f"{tuple(count.shape)} {count.dtype}, out {tuple(out.shape)} "
+                             f"{out.dtype}: expected int64 [{m}], int32 [1], int64 [{m}]")
+        pro = (RSTD if rstd else PLAIN) | ARGMAX
+        buf, parity = (None, None) if host is None else host
+        self._launch_bulk("gemv", x, w, None, m, w.shape[0], k, None, pro, None, eps,
+                          (out, buf, parity, keys, count))
+        return True
 
     def fused(self, x: torch.Tensor, w, *, norm: torch.Tensor | None = None, eps: float = 0.0,
               swiglu: bool = False, residual: torch.Tensor | None = None,

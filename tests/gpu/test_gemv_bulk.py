@@ -117,6 +117,77 @@ def test_bulk_rstd_row_scale(variant, m, n, k, glu):
     assert _rel_err(y, _silu_glu_ref(prod) if glu else prod) <= TOL
 
 
+def _argmax_state(m: int):
+    return (torch.zeros(m, dtype=torch.long, device="cuda"),
+            torch.zeros(1, dtype=torch.int32, device="cuda"))
+
+
+@pytest.mark.parametrize("variant", BF16, ids=lambda v: ".".join(map(str, v)))
+@pytest.mark.parametrize("m,n,k", [(1, 151936, 1024), (2, 40000, 4096), (1, 520, 384)])
+@pytest.mark.parametrize("rstd", [False, True])
+def test_bulk_argmax_epilogue(variant, m, n, k, rstd):
+    """Gemv.argmax (the ARGMAX epilogue, no y) chooses what the same kernel's stored y would
+    give torch.argmax: the first of equal maxima when the best row is copied to an index in
+    another block's tiles, the first NaN; keys and count back at zero after each launch."""
+    g = _gemv("bf16", variant)
+    g.bulk_max_rows = 2
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    if not g.takes_argmax(x, torch.empty(n, k, device="cuda", dtype=torch.bfloat16), rstd):
+        pytest.skip("the ring and x need more shared memory than this device has")
+    gen = torch.Generator("cuda").manual_seed(m + n + k + rstd)
+    w, _ = _weight("bf16", n, k, gen)
+    x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+    state = _argmax_state(m)
+
+    def both():
+        y = g.bf16(x, w, out=_poisoned(m, n), rstd=rstd, eps=1e-6)  # [M, N] bf16
+        out = torch.full((m,), -7, dtype=torch.long, device="cuda")
+        assert g.argmax(x, w, rstd=rstd, eps=1e-6, state=state, out=out)
+        torch.cuda.synchronize()
+        assert state[0].eq(0).all() and state[1].eq(0).all()
+        return y.float().argmax(-1), out
+
+    ref, out = both()
+    assert torch.equal(out, ref)
+    best = int(ref[0])
+    w[3] = w[best]  # row 3 (tile 0, block 0) now ties with the best: the smaller index wins
+    ref, out = both()
+    assert int(out[0]) == min(3, best) and torch.equal(out, ref)
+    w[n - 1, 0] = float("nan")  # NaN rows: the first of them wins over every number
+    w[n // 2, 5] = float("nan")
+    ref, out = both()
+    assert out.tolist() == [n // 2] * m and torch.equal(out, ref)
+
+
+def test_bulk_argmax_in_a_graph_writes_the_host_halves():
+    """Captured in a CUDA graph with pinned host buffers: each replay's ids land in the half
+    the device parity names, and equal the stored y's argmax."""
+    g = _gemv("bf16", BULK_DEFAULT)
+    m, n, k = 1, 30000, 1024
+    gen = torch.Generator("cuda").manual_seed(5)
+    w, _ = _weight("bf16", n, k, gen)
+    x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+    state, out = _argmax_state(m), torch.zeros(m, dtype=torch.long, device="cuda")
+    host = torch.full((2, m), -7, dtype=torch.long, pin_memory=True)
+    parity = torch.zeros(1, dtype=torch.long, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        assert g.argmax(x, w, rstd=True, eps=1e-6, state=state, out=out, host=(host, parity))
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        g.argmax(x, w, rstd=True, eps=1e-6, state=state, out=out, host=(host, parity))
+    for i in range(4):
+        x.copy_(torch.randn(m, k, device="cuda", generator=gen).bfloat16())
+        parity.fill_(i % 2)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = g.bf16(x, w, rstd=True, eps=1e-6).float().argmax(-1)
+        assert torch.equal(out, ref) and host[i % 2].tolist() == ref.tolist(), i
+    assert state[0].eq(0).all() and state[1].eq(0).all()
+
+
 def test_bulk_setting_checked_and_routing():
     g = Gemv("cuda")
     assert g.bulk == BULK_DEFAULT  # the default on sm_90
