@@ -26,7 +26,9 @@ gemvs of `linear_add` write their output's sums of squares and the next gemv tak
 from them; measured slower), apply it as a row scale, or, with `ring_norm` (off: measured
 slower), inside the ring gemv's staging of x. `moe_fused_route` (off: measured
 slower) routes inside moe_gate_up, without the moe_route launch. `pdl` launches every kernel
-of the forward with programmatic dependent launch.
+of the forward with programmatic dependent launch. `greedy_tokens` (a greedy decode step,
+Qwen3Model.forward(..., greedy=True)) takes the argmax inside the lm_head's bulk gemv at
+batch 1-2 (Gemv.argmax), else in kernels/argmax.cu, never writing fp32 logits.
 """
 
 from __future__ import annotations
@@ -405,9 +407,11 @@ class CupyBackend(GemvLinear, TorchBackend):
     # -- greedy sampling ---------------------------------------------------------------------
     def greedy_tokens(self, x: torch.Tensor, out: torch.Tensor | None = None,
                       host: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """argmax of the lm_head's bf16 output by kernels/argmax.cu: the fp32 logits are the
-        bf16 ones widened, so the choice is the same, without the fp32 copy. host: the
-        kernel also writes the ids to host[parity] (ops.argmax)."""
+        """The choice inside the lm_head's bulk gemv where it takes the shape
+        (_greedy_in_lm_head), else argmax of the lm_head's bf16 output by kernels/argmax.cu:
+        either way over the bf16 logits, whose fp32 widening `logits` returns, so the choice
+        is the same, without the fp32 copy. host: the kernel also writes the ids to
+        host[parity] (ops.argmax, Gemv.argmax)."""
         chosen = self._greedy_in_lm_head(x, out, host)
         if chosen is not None:
             return chosen
