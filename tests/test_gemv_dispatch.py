@@ -397,6 +397,9 @@ def test_argmax_goes_to_the_bulk_kernels_argmax_epilogue():
     gemv.bulk = V.BULK_DEFAULT
     with pytest.raises(ValueError, match="argmax: keys"):
         argmax(x, w, False, three)
+    unpinned = (torch.zeros(2, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    with pytest.raises(ValueError, match="pinned int64"):
+        gemv.argmax(x, w, rstd=False, eps=1e-6, state=state, out=out, host=unpinned)
 
 
 def test_bulk_takes_the_row_scale_rmsnorm_for_bf16_only():

@@ -72,6 +72,7 @@ from kestrel_rt.cuda.gemv_variants import (
     ring_warps,
 )
 from kestrel_rt.cuda.module import Carveout, current_stream, full_source, set_max_dynamic_shared
+from kestrel_rt.cuda.ops import check_host_out
 from kestrel_rt.cuda.timing import time_graph
 from kestrel_rt.quant import int4_fits
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight, QuantizedWeight
@@ -526,6 +527,7 @@ class Gemv:
             raise ValueError(f"argmax: keys {tuple(keys.shape)} {keys.dtype}, count "
                              f"{tuple(count.shape)} {count.dtype}, out {tuple(out.shape)} "
                              f"{out.dtype}: expected int64 [{m}], int32 [1], int64 [{m}]")
+        check_host_out(host, m, x.device)
         pro = (RSTD if rstd else PLAIN) | ARGMAX
         buf, parity = (None, None) if host is None else host
         self._launch_bulk("gemv", x, w, None, m, w.shape[0], k, None, pro, None, eps,

@@ -311,6 +311,21 @@ def argmax_scratch(rows: int, n: int, device: torch.device) -> tuple[torch.Tenso
             torch.zeros(rows, dtype=torch.int32, device=device))
 
 
+def check_host_out(host: tuple[torch.Tensor, torch.Tensor] | None, rows: int,
+                   device: torch.device) -> None:
+    """What a kernel writing `rows` token ids to the host needs (None: nothing): (pinned int64
+    [2, rows] on the host, parity int64 on `device`); ValueError otherwise."""
+    if host is None:
+        return
+    buf, parity = host
+    if (buf.device.type != "cpu" or not buf.is_pinned() or buf.dtype != torch.long
+            or tuple(buf.shape) != (2, rows) or not buf.is_contiguous()
+            or parity.dtype != torch.long or parity.device != device):
+        raise ValueError(f"argmax host buffers {tuple(buf.shape)} {buf.dtype} {buf.device}, "
+                         f"parity {parity.dtype} {parity.device}: expected a pinned int64 "
+                         f"[2, {rows}] on the host and an int64 on {device}")
+
+
 def argmax(km: KernelModules, x: torch.Tensor, scratch: tuple[torch.Tensor, ...] | None = None,
            out: torch.Tensor | None = None,
            host: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -334,14 +349,7 @@ def argmax(km: KernelModules, x: torch.Tensor, scratch: tuple[torch.Tensor, ...]
     if part_v.shape != (rows, chunks) or part_i.shape != (rows, chunks) or counter.numel() < rows:
         raise ValueError(f"argmax scratch {[tuple(t.shape) for t in scratch]}: expected "
                          f"argmax_scratch({rows}, {n})")
-    if host is not None:
-        buf, parity = host
-        if (buf.device.type != "cpu" or not buf.is_pinned() or buf.dtype != torch.long
-                or buf.shape != (2, rows) or not buf.is_contiguous()
-                or parity.dtype != torch.long or parity.device != x.device):
-            raise ValueError(f"argmax host buffers {tuple(buf.shape)} {buf.dtype} "
-                             f"{buf.device}, parity {parity.dtype} {parity.device}: expected a "
-                             f"pinned int64 [2, {rows}] on the host and an int64 on {x.device}")
+    check_host_out(host, rows, x.device)
     vec = n % _vec(x.dtype) == 0 and _aligned(x)
     km.launch("argmax", f"argmax_{sfx}", (chunks, rows), (256,),
               (ptr(x), ptr(out), ptr(part_v), ptr(part_i), ptr(counter),
