@@ -162,7 +162,7 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 
 // Lane (g, t) of consumer warp 0 after a tile's sums (store_tile's order: acc[c] is row
 // 16 tile + g + 8 (c >> 1) of W, result column 2t + (c & 1)): its best keys per column.
-__device__ __forceinline__ void argmax_take(unsigned long long (&best)[2], const float (&acc)[4],
+__device__ __forceinline__ void argmax_take(unsigned long long* best, const float (&acc)[4],
                                             int tile, int g, int t, int M, int N) {
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
@@ -227,8 +227,7 @@ __device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, 
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[0][c] *= rstd[c & 1];
     if constexpr (GEMV_ARGMAX(PRO))
-      argmax_take(*reinterpret_cast<unsigned long long(*)[2]>(best), acc[0], at.tile, lane >> 2,
-                  lane & 3, M, N);
+      argmax_take(best, acc[0], at.tile, lane >> 2, lane & 3, M, N);
     else
       store_out<1, PRO>(y, res, acc, at.tile, lane >> 2, lane & 3, M, N, 1.f, 1.f, nullptr);
   }

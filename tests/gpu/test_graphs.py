@@ -56,23 +56,37 @@ def test_buckets_and_verify_widths(batch, m):
     assert (bucket, m, False, False) in graphed.graphs
 
 
+def _greedy_case(dtype: torch.dtype, batch: int, m: int, seed: int):
+    """A graphed tiny model with `batch` prefilled slots and random tokens [batch, m] on the
+    GPU: (model, slots, tokens)."""
+    _, graphed = _pair("untied", dtype, slots=8)
+    slots = [graphed.kv.allocate() for _ in range(batch)]
+    graphed.prefill(gm.prompts(graphed.shape.vocab_size, [4] * batch), slots)
+    g = torch.Generator().manual_seed(seed)
+    tok = torch.randint(0, graphed.shape.vocab_size, (batch, m), generator=g).cuda()
+    return graphed, slots, tok
+
+
+def _logits_rolled_back(graphed, tok: torch.Tensor, slots: list[int], last_only: bool):
+    """(the logits of a forward of tok, the slots' lengths before it), the cache rolled back
+    to those lengths after it."""
+    before = [graphed.kv.length(s) for s in slots]
+    logits = graphed.forward(tok.clone(), slots, last_only=last_only)
+    for s, n in zip(slots, before):
+        graphed.kv.rollback(s, n)
+    return logits, before
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch,m,last_only", [(1, 1, False), (3, 1, False), (2, 4, False),
                                                (2, 4, True)])
 def test_greedy_replay_is_the_argmax_of_the_replayed_logits(dtype, batch, m, last_only):
     """forward(..., greedy=True) by replay chooses what the logits' argmax chooses; at M = 1
     its result is the graph's token input, so feeding it back copies nothing."""
-    _, graphed = _pair("untied", dtype, slots=8)
+    graphed, slots, tok = _greedy_case(dtype, batch, m, seed=batch * 10 + m)
     kv = graphed.kv
-    slots = [kv.allocate() for _ in range(batch)]
-    graphed.prefill(gm.prompts(graphed.shape.vocab_size, [4] * batch), slots)
-    g = torch.Generator().manual_seed(batch * 10 + m)
-    tok = torch.randint(0, graphed.shape.vocab_size, (batch, m), generator=g).cuda()
     for step in range(4):  # capture, then replays
-        before = [kv.length(s) for s in slots]
-        logits = graphed.forward(tok.clone(), slots, last_only=last_only)
-        for s, n in zip(slots, before):
-            kv.rollback(s, n)
+        logits, before = _logits_rolled_back(graphed, tok, slots, last_only)
         chosen = graphed.forward(tok, slots, last_only=last_only, greedy=True)
         assert chosen.dtype == torch.long
         assert torch.equal(chosen, logits.argmax(-1)), step
@@ -110,18 +124,10 @@ def test_forward_greedy_ids_reach_the_host_by_replay(dtype, batch, m, last_only)
     """forward_greedy by replay: the argmax kernel writes the ids into pinned host memory,
     alternating halves, so a step's ids read after the next step was enqueued are its own
     (the overlapped loop); they equal the ids on the device and the logits' argmax."""
-    _, graphed = _pair("untied", dtype, slots=8)
-    kv = graphed.kv
-    slots = [kv.allocate() for _ in range(batch)]
-    graphed.prefill(gm.prompts(graphed.shape.vocab_size, [4] * batch), slots)
-    g = torch.Generator().manual_seed(batch * 7 + m)
-    tok = torch.randint(0, graphed.shape.vocab_size, (batch, m), generator=g).cuda()
+    graphed, slots, tok = _greedy_case(dtype, batch, m, seed=batch * 7 + m)
     pending, pending_ref = None, None
     for step in range(6):  # capture, then replays
-        before = [kv.length(s) for s in slots]
-        ref = graphed.forward(tok.clone(), slots, last_only=last_only).argmax(-1).tolist()
-        for s, n in zip(slots, before):
-            kv.rollback(s, n)
+        ref = _logits_rolled_back(graphed, tok, slots, last_only)[0].argmax(-1).tolist()
         chosen = graphed.forward_greedy(tok, slots, last_only=last_only)
         assert chosen.host.device.type == "cpu" and chosen.host.shape == chosen.tokens.shape
         if pending is not None:  # the previous step's ids, read with this one in flight
