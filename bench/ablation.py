@@ -7,7 +7,7 @@
                              [--bulk-int4 off,8.4.2048] [--ring-norm 0,1] [--bulk-rstd 0,1]
                              [--carveout=-1,100] [--kernels-carveout=-1,100]
                              [--fold none,moe,all,producer] [--ahead all,none,o+down]
-                             [--ahead-tiles 1,2] [--breakdown]
+                             [--breakdown]
 
 Features (every combination of the values given is measured): pdl (programmatic dependent
 launch: of every kernel, of the gemvs only, of the other kernels only, or of none), late
@@ -33,7 +33,7 @@ post-attention norm), all, producer (every norm folded, its rstd from the sums o
 residual gemv before it writes), or speed (what `kestrel generate` does); a model per value),
 ahead (which matmuls' bulk launches prefetch the next matmul's first weight bytes into L2 as
 they finish: all, none, or kinds joined by +, of qkv, o, gate_up, down, lm_head:
-CupyBackend.l2_ahead; ahead tiles: how many tiles of each next block, Gemv.ahead_tiles).
+CupyBackend.l2_ahead).
 Prints tok/s (overlapped loop, bench/measure.py) and the median device time of a step for
 each combination; --breakdown adds each model's per-kernel times with the build's defaults,
 PDL on and off, and what each kernel adds to the step
@@ -95,7 +95,6 @@ FEATURES = (
     ("carveout", "--carveout", "-1", int, str),
     ("kernels_carveout", "--kernels-carveout", "-1", int, str),
     ("ahead", "--ahead", "all", str, str),
-    ("ahead_tiles", "--ahead-tiles", "1", int, str),
 )
 
 
@@ -105,7 +104,7 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
                  ring_int4: tuple | None = None, bulk: tuple | None = BULK_DEFAULT,
                  bulk_int4: tuple | None = None, ring_norm: bool = False,
                  bulk_rstd: bool | None = None, carveout: int = -1, kernels_carveout: int = -1,
-                 ahead: str = "all", ahead_tiles: int = 1) -> None:
+                 ahead: str = "all") -> None:
     """pdl: a key of PDL_MODES; late: the tuned gemvs' compile option (a new Gemv for the
     backend when it changes); the rest: the backend's and its Gemv's settings."""
     from kestrel_rt.cuda.linear import Gemv
@@ -134,7 +133,6 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
     be.gemv().carveout.percent = carveout
     be.l2_ahead = frozenset(AHEAD_KINDS if ahead == "all" else () if ahead == "none"
                             else ahead.split("+"))
-    be.gemv().ahead_tiles = ahead_tiles
     model.graphs.clear()
 
 

@@ -53,12 +53,12 @@ __device__ __forceinline__ void prefetch_l2(const void* src, u32 bytes) {
 // the consumers still work through the last S, it asks the L2 for what the next launch's blocks
 // will copy first, so that the memory system has work across the kernel boundary (the next
 // kernel's blocks start only as these exit: their shared memory). w null: nothing. The next
-// launch is a bulk bf16 one of n rows of row_bytes (glu: gemv_mma.cuh's [gate; up] tile rows);
-// of its tiles 0 .. tiles - 1 (its blocks' first ones, or more) the first `bytes` of each row
-// are prefetched, block b here taking tiles b, b + gridDim.x, ...
+// launch is a bulk bf16 one of n rows of row_bytes (glu: gemv_mma.cuh's [gate; up] tile rows),
+// whose blocks 0 .. blocks - 1 each copy the first `bytes` of its first tile's 16 rows; block
+// b here prefetches tiles b, b + gridDim.x, ... of them.
 struct Ahead {
   const char* w;
-  int n, row_bytes, bytes, glu, tiles;
+  int n, row_bytes, bytes, glu, blocks;
 
   __device__ __forceinline__ void rows(int r0, int count) const {  // rows r0 .. r0 + count - 1
     if (count <= 0) return;
@@ -71,7 +71,7 @@ struct Ahead {
   // The producer lane, after its last item.
   __device__ __forceinline__ void prefetch() const {
     if (w == nullptr) return;
-    for (int b = blockIdx.x; b < tiles; b += gridDim.x) {
+    for (int b = blockIdx.x; b < blocks; b += gridDim.x) {
       if (glu) {
         const int half = n >> 1, r0 = 8 * b;
         rows(r0, min(8, half - r0));
@@ -294,7 +294,7 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
                int K, const u16* res, const uint4* __restrict__ nw, float eps, long long* am_out,
                long long* am_host, const long long* am_parity, unsigned long long* am_keys,
                unsigned int* am_count, const char* ah_w, int ah_n, int ah_row_bytes,
-               int ah_bytes, int ah_glu, int ah_tiles) {
+               int ah_bytes, int ah_glu, int ah_blocks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
   constexpr int BASE = PRO & ~128;  // what comes before the ARGMAX epilogue
   static_assert(GEMV_RING_PRO(BASE) || BASE == 16 || BASE == 24, "plain x or its RMSNorm (also "
@@ -322,7 +322,7 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
   uint4* xs = smem + S * ring.SLOT / 16;
   stage_x<GEMV_ACT(PRO), WARPS + 1, false, GEMV_RSTD(PRO)>(xs, x, nw, eps, M, kv, part);
-  const Ahead ahead{ah_w, ah_n, ah_row_bytes, ah_bytes, ah_glu, ah_tiles};
+  const Ahead ahead{ah_w, ah_n, ah_row_bytes, ah_bytes, ah_glu, ah_blocks};
   if (ring.producer_done(row, warp, lane, &ahead)) return;
   float rstd[2] = {1.f, 1.f};  // RSTD: of x rows 2t, 2t + 1 (this lane's result columns)
   if constexpr (GEMV_RSTD(PRO))

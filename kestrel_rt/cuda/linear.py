@@ -133,8 +133,6 @@ class Gemv:
         # the most rows of x a launch may have to go to a bulk kernel (they take up to 8;
         # above BULK_MAX_ROWS the tuned kernels measured faster)
         self.bulk_max_rows = BULK_MAX_ROWS
-        # tiles of the next launch's blocks that a bulk launch's `ahead` prefetches, each
-        self.ahead_tiles = 1
         # the row-scale RMSNorm launches (rstd) of bf16 weights go to the bulk kernel too
         self.bulk_rstd = True
         self._shared_set: dict[str, int] = {}  # kernel -> dynamic shared bytes allowed
@@ -338,8 +336,8 @@ class Gemv:
         """The bulk bf16 kernel's ah_* arguments (kernels/gemv_bulk.cu Ahead): ahead = (W', glu)
         names the launch that comes next, a bf16 weight W' [N', K'] (glu: the SwiGLU
         epilogue's [gate; up] tiles); once a block has issued its last copy it asks the L2 for
-        the first bytes that launch's blocks will copy (their first `ahead_tiles` tiles, at
-        most `slots` items of each row), so that DRAM keeps streaming while this launch's last tiles are
+        the first bytes that launch's blocks will copy (their first tile, at most `slots` items
+        of each of its rows), so that DRAM keeps streaming while this launch's last tiles are
         summed and the next one's blocks start. Nulls (no prefetch) for None or a W' that the
         bulk kernel would not read (not a contiguous bf16 CUDA matrix with K' % 8 == 0, no bulk
         setting)."""
@@ -349,7 +347,7 @@ class Gemv:
         if not (isinstance(w, torch.Tensor) and w.is_cuda and w.dtype == torch.bfloat16
                 and w.dim() == 2 and w.is_contiguous()):
             return (_p(None), *(_i(0),) * 5)
-        geometry = bulk_ahead(*w.shape, glu, self._bulks["gemv"], self.sms, self.ahead_tiles)
+        geometry = bulk_ahead(*w.shape, glu, self._bulks["gemv"], self.sms)
         return (_p(w if geometry[0] else None), *(_i(v) for v in geometry))
 
     def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
