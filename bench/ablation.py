@@ -6,8 +6,7 @@
                              [--ring-int4 off,16.8.1] [--bulk off,8.4.2048]
                              [--bulk-int4 off,8.4.2048] [--ring-norm 0,1] [--bulk-rstd 0,1]
                              [--carveout=-1,100] [--kernels-carveout=-1,100]
-                             [--fold none,moe,all,producer] [--ahead all,none,o+down]
-                             [--breakdown]
+                             [--fold none,moe,all,producer] [--breakdown]
 
 Features (every combination of the values given is measured): pdl (programmatic dependent
 launch: of every kernel, of the gemvs only, of the other kernels only, or of none), late
@@ -30,10 +29,7 @@ can be placed beside them early under PDL) and fold (which
 RMSNorm weights are folded into the next linears at load, kestrel_rt/fold.py, those norms
 then a row scale inside the kernels, CupyBackend.norm_row_scale: none, moe (a MoE layer's
 post-attention norm), all, producer (every norm folded, its rstd from the sums of squares the
-residual gemv before it writes), or speed (what `kestrel generate` does); a model per value),
-ahead (which matmuls' bulk launches prefetch the next matmul's first weight bytes into L2 as
-they finish: all, none, or kinds joined by +, of qkv, o, gate_up, down, lm_head:
-CupyBackend.l2_ahead).
+residual gemv before it writes), or speed (what `kestrel generate` does); a model per value).
 Prints tok/s (overlapped loop, bench/measure.py) and the median device time of a step for
 each combination; --breakdown adds each model's per-kernel times with the build's defaults,
 PDL on and off, and what each kernel adds to the step
@@ -56,7 +52,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import measure
 from h200_decode import CONTEXT, build
 
-from kestrel_rt.backend.cupy_backend import AHEAD_KINDS
 from kestrel_rt.cuda.gemv_variants import BULK_DEFAULT, RING_DEFAULT
 
 PDL_MODES = {"all": (True, True), "gemv": (False, True), "small": (True, False),
@@ -94,7 +89,6 @@ FEATURES = (
     ("bulk_rstd", "--bulk-rstd", "auto", lambda v: None if v == "auto" else flag(v), str),
     ("carveout", "--carveout", "-1", int, str),
     ("kernels_carveout", "--kernels-carveout", "-1", int, str),
-    ("ahead", "--ahead", "all", str, str),
 )
 
 
@@ -103,8 +97,7 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
                  moe_route: bool = False, ring: tuple | None = RING_DEFAULT,
                  ring_int4: tuple | None = None, bulk: tuple | None = BULK_DEFAULT,
                  bulk_int4: tuple | None = None, ring_norm: bool = False,
-                 bulk_rstd: bool | None = None, carveout: int = -1, kernels_carveout: int = -1,
-                 ahead: str = "all") -> None:
+                 bulk_rstd: bool | None = None, carveout: int = -1, kernels_carveout: int = -1) -> None:
     """pdl: a key of PDL_MODES; late: the tuned gemvs' compile option (a new Gemv for the
     backend when it changes); the rest: the backend's and its Gemv's settings."""
     from kestrel_rt.cuda.linear import Gemv
@@ -131,8 +124,6 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
         be.gemv().bulk_rstd = bulk_rstd
     be.kernels.carveout.percent = carveout if kernels_carveout == -1 else kernels_carveout
     be.gemv().carveout.percent = carveout
-    be.l2_ahead = frozenset(AHEAD_KINDS if ahead == "all" else () if ahead == "none"
-                            else ahead.split("+"))
     model.graphs.clear()
 
 

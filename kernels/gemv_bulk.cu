@@ -44,45 +44,6 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
                "%2, [%3];" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
-// Ask the L2 to fetch bytes (a multiple of 16) from global memory: a hint, nothing waits on it.
-__device__ __forceinline__ void prefetch_l2(const void* src, u32 bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-
-// The next gemv's first bytes (AHEAD): when a block's producer has issued its last item, while
-// the consumers still work through the last S, it asks the L2 for what the next launch's blocks
-// will copy first, so that the memory system has work across the kernel boundary (the next
-// kernel's blocks start only as these exit: their shared memory). w null: nothing. The next
-// launch is a bulk bf16 one of n rows of row_bytes (glu: gemv_mma.cuh's [gate; up] tile rows),
-// whose blocks 0 .. blocks - 1 each copy the first `bytes` of its first tile's 16 rows; block
-// b here prefetches tiles b, b + gridDim.x, ... of them.
-struct Ahead {
-  const char* w;
-  int n, row_bytes, bytes, glu, blocks;
-
-  __device__ __forceinline__ void rows(int r0, int count) const {  // rows r0 .. r0 + count - 1
-    if (count <= 0) return;
-    if (bytes == row_bytes) {  // whole rows: one run of memory
-      prefetch_l2(w + (size_t)r0 * row_bytes, (u32)(count * row_bytes));
-      return;
-    }
-    for (int r = 0; r < count; ++r) prefetch_l2(w + (size_t)(r0 + r) * row_bytes, (u32)bytes);
-  }
-  // The producer lane, after its last item.
-  __device__ __forceinline__ void prefetch() const {
-    if (w == nullptr) return;
-    for (int b = blockIdx.x; b < blocks; b += gridDim.x) {
-      if (glu) {
-        const int half = n >> 1, r0 = 8 * b;
-        rows(r0, min(8, half - r0));
-        rows(half + r0, min(8, half - r0));
-      } else {
-        rows(16 * b, min(16, n - 16 * b));
-      }
-    }
-  }
-};
-
 // A place in a block's tiles (tile blockIdx.x, + gridDim.x, ...): item q of tile `tile`, the
 // block's tt-th tile. The producer's cursor and each consumer's.
 struct BulkTile {
@@ -154,13 +115,9 @@ struct BulkRing {
   // lane 0 has then refilled every later item and which leaves (its exit counts as the
   // block's PDL trigger); false for the consumer warps.
   template <class Row>
-  __device__ __forceinline__ bool producer_done(Row row, int warp, int lane,
-                                                const Ahead* ahead = nullptr) {
+  __device__ __forceinline__ bool producer_done(Row row, int warp, int lane) {
     if (warp != WARPS) return false;
-    if (lane == 0) {
-      refill(row);
-      if (ahead) ahead->prefetch();
-    }
+    if (lane == 0) refill(row);
     return true;
   }
   // Consumers: item i has landed; its slot's bytes.
@@ -287,14 +244,13 @@ __device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, 
 // smem: ring [S][16][C + 64] bytes, then xs [M][K / 8] uint4. ARGMAX (PRO + 128): no y (null),
 // the greedy choice into out [M] (and host[*parity][M] when host is not null) through keys [M]
 // and count, zero before the launch and left at zero (argmax_finish); other PROs take them
-// null. ah_*: the next launch's first bytes prefetched into L2 (Ahead; ah_w null: none).
+// null.
 template <int WARPS, int S, int C, int PRO>
 __global__ void __launch_bounds__(32 * (WARPS + 1), 1)
 gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N,
                int K, const u16* res, const uint4* __restrict__ nw, float eps, long long* am_out,
                long long* am_host, const long long* am_parity, unsigned long long* am_keys,
-               unsigned int* am_count, const char* ah_w, int ah_n, int ah_row_bytes,
-               int ah_bytes, int ah_glu, int ah_blocks) {
+               unsigned int* am_count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
   constexpr int BASE = PRO & ~128;  // what comes before the ARGMAX epilogue
   static_assert(GEMV_RING_PRO(BASE) || BASE == 16 || BASE == 24, "plain x or its RMSNorm (also "
@@ -322,8 +278,7 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
   uint4* xs = smem + S * ring.SLOT / 16;
   stage_x<GEMV_ACT(PRO), WARPS + 1, false, GEMV_RSTD(PRO)>(xs, x, nw, eps, M, kv, part);
-  const Ahead ahead{ah_w, ah_n, ah_row_bytes, ah_bytes, ah_glu, ah_blocks};
-  if (ring.producer_done(row, warp, lane, &ahead)) return;
+  if (ring.producer_done(row, warp, lane)) return;
   float rstd[2] = {1.f, 1.f};  // RSTD: of x rows 2t, 2t + 1 (this lane's result columns)
   if constexpr (GEMV_RSTD(PRO))
 #pragma unroll

@@ -86,16 +86,3 @@ def pack_weights(shape: ModelShape, hf: dict[str, torch.Tensor]) -> dict[str, to
     else:
         out["lm_head"] = _take(hf, "lm_head.weight")
     return out
-
-
-def next_matmuls(shape: ModelShape) -> dict[str, str]:
-    """For each packed weight of a dense matmul, the one Qwen3Model.compute multiplies by next
-    with nothing but attention between (qkv -> o -> gate_up -> down -> the next layer's qkv,
-    the last down -> lm_head, and lm_head -> layer 0's qkv: the next decode step's first). A
-    MoE block (router, experts) breaks the chain: no entry into or out of it."""
-    order: list[str | None] = []
-    for i in range(shape.num_hidden_layers):
-        order += [f"layers.{i}.qkv", f"layers.{i}.o"]
-        order += [None] if shape.is_moe_layer(i) else [f"layers.{i}.gate_up", f"layers.{i}.down"]
-    order.append("lm_head")
-    return {a: b for a, b in zip(order, order[1:] + order[:1]) if a and b}

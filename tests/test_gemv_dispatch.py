@@ -180,7 +180,7 @@ def test_bulk_dispatch():
                 (name, grid, block, nargs, smem), = calls
                 assert name == V.bulk_name(file, warps, slots, row_bytes, pro)
                 assert grid == (min(n // 16, 132),) and block == (32 * (warps + 1),)
-                assert nargs == (20 if kind == "bf16" else 11)  # bf16: ARGMAX's, AHEAD's
+                assert nargs == (14 if kind == "bf16" else 11)  # bf16: + ARGMAX's five
                 assert smem == V.bulk_shared_bytes(file, warps, slots, row_bytes, m, k)
     gemv.bulk_int4 = None
     calls.clear()
@@ -384,7 +384,7 @@ def test_argmax_goes_to_the_bulk_kernels_argmax_epilogue():
         assert argmax(x, w, rstd)
         (name, grid, block, nargs, smem), = calls
         assert name == V.bulk_name("gemv", *V.BULK_DEFAULT, pro)
-        assert grid == (132,) and block == (32 * (V.BULK_DEFAULT[0] + 1),) and nargs == 20
+        assert grid == (132,) and block == (32 * (V.BULK_DEFAULT[0] + 1),) and nargs == 14
         assert smem == V.bulk_shared_bytes("gemv", *V.BULK_DEFAULT, 1, k)
     calls.clear()
     three = (torch.zeros(3, dtype=torch.long), torch.zeros(1, dtype=torch.int32))
@@ -429,32 +429,3 @@ def test_bulk_takes_the_row_scale_rmsnorm_for_bf16_only():
     assert not gemv.takes_bulk("gemv", V.RSTD | V.RESIDUAL, 1, k)
     assert V.persistent_names("gemv_bulk", V.RSTD) == [
         V.bulk_name("gemv", *v, V.RSTD) for v in V.BULK_VARIANTS["gemv"]]
-
-
-def test_bulk_ahead_names_the_next_launchs_first_tiles():
-    """bulk_ahead: the next bulk launch's geometry (rows, row bytes, the bytes of each row its
-    blocks copy first: at most S items, GLU tiles, its blocks); zeros where it cannot be a
-    bulk launch. Gemv.ahead_args passes nulls for no next weight or one that is not a bf16
-    CUDA matrix (a CPU tensor here), and the bulk launch always has the six arguments."""
-    import numpy as np
-    import torch
-
-    S = V.BULK_DEFAULT
-    assert V.bulk_ahead(24576, 4096, True, S, 132) == (24576, 8192, 8192, 1, 132)  # gate_up
-    assert V.bulk_ahead(4096, 12288, False, S, 132) == (4096, 24576, 8192, 0, 132)  # down
-    assert V.bulk_ahead(6144, 4096, False, S, 132) == (6144, 8192, 8192, 0, 132)  # qkv
-    assert V.bulk_ahead(256, 512, False, S, 132) == (256, 1024, 1024, 0, 16)
-    assert V.bulk_ahead(4096, 4100, False, S, 132) == (0,) * 5  # K % 8
-    assert V.bulk_ahead(24, 512, True, S, 132) == (0,) * 5  # a GLU weight of n % 16 rows
-    gemv, _ = _recording_gemv(ring=None)
-    gemv.bulk = V.BULK_DEFAULT
-    nulls = gemv.ahead_args(None)
-    assert len(nulls) == 6 and all(int(v) == 0 for v in nulls)
-    cpu = _weight("bf16", 256, 512)
-    assert all(int(v) == 0 for v in gemv.ahead_args((cpu, False)))
-    seen = []
-    gemv._run = lambda fn, grid, block, args, *smem: seen.append(args)
-    gemv.bf16(torch.randn(1, 512).bfloat16(), cpu, ahead=(cpu, False))
-    (args,) = seen
-    assert len(args) == 20 and all(int(v) == 0 for v in args[-6:])
-    assert isinstance(args[-6], np.uint64)

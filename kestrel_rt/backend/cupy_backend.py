@@ -42,13 +42,10 @@ from kestrel_rt.cuda.gemv_variants import GLU, MAX_ROWS, RMSNORM
 from kestrel_rt.cuda.linear import GemvLinear, file_of
 from kestrel_rt.cuda.module import KernelModules
 from kestrel_rt.cuda.ops import Unsupported
-from kestrel_rt.packing import next_matmuls
 from kestrel_rt.quant_weights import QuantizedWeight
 
 MAX_KERNEL_M = 16  # decode / verify: M new tokens per sequence served by the attention kernel
 MAX_MOE_TOKENS = 64  # tokens per MoE call served by the per-(token, expert) GEMV kernels
-# the matmul kinds whose launches may prefetch the next one's weights (CupyBackend.l2_ahead)
-AHEAD_KINDS = ("qkv", "o", "gate_up", "down", "lm_head")
 
 
 class CupyBackend(GemvLinear, TorchBackend):
@@ -129,24 +126,6 @@ class CupyBackend(GemvLinear, TorchBackend):
         # them at 63% of copy against 89%). Nothing to measure while the Gemv's bulk kernel
         # is set (the default on sm_90: it takes the ring's launches)
         self.settle_ring = True
-        # The matmuls (by weight kind) whose bulk gemv launch prefetches the first weight bytes
-        # of the matmul after it into L2 as it finishes (Gemv.ahead_args), so that DRAM keeps
-        # streaming across the kernel boundary: of AHEAD_KINDS.
-        self.l2_ahead = frozenset(AHEAD_KINDS)
-        self._next_matmul: dict[str, str] = {}  # packing.next_matmuls of the loaded model
-
-    def load(self, model_id, shape, hf_weights) -> None:
-        super().load(model_id, shape, hf_weights)
-        self._next_matmul = next_matmuls(shape)
-
-    def _ahead(self, name: str) -> tuple | None:
-        """Gemv's `ahead` for the launch of weight `name`: (the next matmul's weight, whether
-        it runs with the SwiGLU epilogue's tiles), or None (its kind not in l2_ahead, no
-        known next matmul)."""
-        nxt = self._next_matmul.get(name)
-        if nxt is None or name.rsplit(".", 1)[-1] not in self.l2_ahead:
-            return None
-        return self.weight(nxt), nxt.endswith(".gate_up") and self.glu_epilogue
 
     def gemv(self):
         """GemvLinear.gemv; a MoE model's row-scale launches (rstd) stay on the tuned kernels
@@ -268,14 +247,14 @@ class CupyBackend(GemvLinear, TorchBackend):
         ssq = self._producer_ssq(x, norm)
         if ssq is not None:
             y = self.gemv().fused(x, self.weight(name), ssq_in=ssq,
-                                  eps=self.shape.rms_norm_eps, glu=glu, ahead=self._ahead(name))
+                                  eps=self.shape.rms_norm_eps, glu=glu)
             if y is not None:
                 self.ssq_consumed += 1
                 return y
         if not (self.norm_row_scale == "all" and norm in self._unit_norms):
             return None
         return self.gemv().fused(x, self.weight(name), rstd=True, eps=self.shape.rms_norm_eps,
-                                 glu=glu, ahead=self._ahead(name))
+                                 glu=glu)
 
     # norm_row_scale "producer". Invariant: a consumer gemv reads the sums of squares that
     # the last linear_add wrote only when its x is exactly the tensor that linear_add's gemv
@@ -322,8 +301,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         if not (g.takes_bulk(file, pro, rows, x.shape[-1])
                 or g.takes_ring(file, pro, rows, x.shape[-1])):
             return None
-        return g.fused(x, w, norm=self.weight(norm), eps=self.shape.rms_norm_eps, glu=glu,
-                       ahead=self._ahead(name))
+        return g.fused(x, w, norm=self.weight(norm), eps=self.shape.rms_norm_eps, glu=glu)
 
     def norm_linear(self, x, norm, name):
         y = self._rstd_gemv(x, norm, name)
@@ -334,14 +312,13 @@ class CupyBackend(GemvLinear, TorchBackend):
         if not self.fuse_prologues:
             return super().norm_linear(x, norm, name)
         y = self.gemv().fused(x, self.weight(name), norm=self.weight(norm),
-                              eps=self.shape.rms_norm_eps, ahead=self._ahead(name))
+                              eps=self.shape.rms_norm_eps)
         return super().norm_linear(x, norm, name) if y is None else y
 
     def linear_add(self, x, name, residual):
         self._ssq_last = None
         ssq = self._ssq_buffer(residual)  # "producer": the output's sums of squares too
-        y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq,
-                              ahead=self._ahead(name))
+        y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq)
         if y is None:
             return super().linear_add(x, name, residual)
         if ssq is not None:
@@ -357,11 +334,9 @@ class CupyBackend(GemvLinear, TorchBackend):
                 return y
             w, eps = self.weight(name), self.shape.rms_norm_eps
             if self.fuse_prologues:
-                y = self.gemv().fused(x, w, norm=self.weight(norm), eps=eps, glu=True,
-                                      ahead=self._ahead(name))
+                y = self.gemv().fused(x, w, norm=self.weight(norm), eps=eps, glu=True)
             else:
-                y = self.gemv().fused(self.rms_norm(x, norm), w, glu=True,
-                                      ahead=self._ahead(name))
+                y = self.gemv().fused(self.rms_norm(x, norm), w, glu=True)
             if y is not None:
                 return y
         return super().norm_linear_swiglu(x, norm, name)
@@ -482,7 +457,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         dest = (torch.empty(rows, dtype=torch.long, device=x.device) if out is None
                 else out.view(rows))
         gemv.argmax(x2, w, rstd=unit, eps=self.shape.rms_norm_eps, state=state, out=dest,
-                    host=host, ahead=self._ahead("lm_head"))
+                    host=host)
         return dest.view(x.shape[:-1])
 
     # -- speculative decoding ----------------------------------------------------------------

@@ -152,20 +152,6 @@ def bulk_name(file: str, warps: int, slots: int, row_bytes: int, pro: int) -> st
     return f"{BULK_KERNELS[file]}<{warps}, {slots}, {row_bytes}, {pro}>"
 
 
-def bulk_ahead(n: int, k: int, glu: bool, setting: tuple[int, int, int], sms: int
-               ) -> tuple[int, int, int, int, int]:
-    """What a bulk bf16 launch prefetches into L2 of the next launch's weight [n, k] (bf16;
-    glu: the SwiGLU epilogue's [gate; up] tiles) run with bulk setting (WARPS, S, C) on `sms`
-    SMs: (n, row bytes, bytes of each row: the S items its blocks copy first, glu, blocks:
-    the next launch's, each prefetching its first tile), kernels/gemv_bulk.cu Ahead. All zero
-    where that launch cannot be a bulk one (K % 8, a GLU weight of n % 16 rows, no rows)."""
-    if n <= 0 or k <= 0 or k % 8 or (glu and n % 16):
-        return (0, 0, 0, 0, 0)
-    _, slots, item = setting
-    row = 2 * k
-    return (n, row, min(slots * item, row), int(bool(glu)), min(-(-n // 16), sms))
-
-
 def bulk_shared_bytes(file: str, warps: int, slots: int, row_bytes: int, m: int,
                       k: int) -> int:
     """Dynamic shared memory of a bulk launch: the slots (16 padded rows each), then x (bf16)

@@ -57,7 +57,6 @@ from kestrel_rt.cuda.gemv_variants import (
     SSQ,
     SWIGLU,
     TUNED_FILE,
-    bulk_ahead,
     bulk_name,
     bulk_shared_bytes,
     bulk_static_bytes,
@@ -317,38 +316,17 @@ class Gemv:
                 <= self.max_shared)
 
     def _launch_bulk(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
-                     norm, eps: float, argmax: tuple | None = None,
-                     ahead: tuple | None = None) -> None:
+                     norm, eps: float, argmax: tuple | None = None) -> None:
         """y [M, N] = residual + act(x) @ W.T (or the GLU epilogue) through the bulk kernel
         of the weight kind: one block per SM (fewer when there are fewer tiles). argmax (pro
-        with ARGMAX, bf16): the kernel's (out, host, parity, keys, count) instead of y.
-        ahead (bf16): see `ahead_args`."""
+        with ARGMAX, bf16): the kernel's (out, host, parity, keys, count) instead of y."""
         warps, slots, row_bytes = self._bulks[file]
-        # the bf16 kernel's ARGMAX arguments, null for the other epilogues, then its AHEAD ones
-        extra = (tuple(_p(t) for t in (argmax or (None,) * 5)) + self.ahead_args(ahead)
-                 if file == "gemv" else ())
+        # the bf16 kernel's ARGMAX arguments, null for the other epilogues
+        extra = tuple(_p(t) for t in (argmax or (None,) * 5)) if file == "gemv" else ()
         self._launch_persistent("gemv_bulk", bulk_name(file, warps, slots, row_bytes, pro), pro,
                                 bulk_shared_bytes(file, warps, slots, row_bytes, m, k),
                                 min(math.ceil(n / 16), self.sms), 32 * (warps + 1),
                                 (x, w, y, m, n, k, residual, norm, eps), extra)
-
-    def ahead_args(self, ahead: tuple | None) -> tuple:
-        """The bulk bf16 kernel's ah_* arguments (kernels/gemv_bulk.cu Ahead): ahead = (W', glu)
-        names the launch that comes next, a bf16 weight W' [N', K'] (glu: the SwiGLU
-        epilogue's [gate; up] tiles); once a block has issued its last copy it asks the L2 for
-        the first bytes that launch's blocks will copy (their first tile, at most `slots` items
-        of each of its rows), so that DRAM keeps streaming while this launch's last tiles are
-        summed and the next one's blocks start. Nulls (no prefetch) for None or a W' that the
-        bulk kernel would not read (not a contiguous bf16 CUDA matrix with K' % 8 == 0, no bulk
-        setting)."""
-        if ahead is None or self._bulks["gemv"] is None:
-            return (_p(None), *(_i(0),) * 5)
-        w, glu = ahead
-        if not (isinstance(w, torch.Tensor) and w.is_cuda and w.dtype == torch.bfloat16
-                and w.dim() == 2 and w.is_contiguous()):
-            return (_p(None), *(_i(0),) * 5)
-        geometry = bulk_ahead(*w.shape, glu, self._bulks["gemv"], self.sms)
-        return (_p(w if geometry[0] else None), *(_i(v) for v in geometry))
 
     def _launch_ring(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
                      norm, eps: float) -> None:
@@ -385,16 +363,15 @@ class Gemv:
 
     def _launch(self, file: str, x: torch.Tensor, w, out, geom, norm, eps, residual,
                 swiglu: bool, glu: bool = False, rstd: bool = False,
-                ssq_out: torch.Tensor | None = None, ssq_in: torch.Tensor | None = None,
-                ahead: tuple | None = None) -> torch.Tensor:
+                ssq_out: torch.Tensor | None = None, ssq_in: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """y [M, N] = residual + act(x) @ W.T through kernels/FILE.cu; x [M, K] ([M, 2K] with
         swiglu), the weight's arguments from _weight_args. glu: W is [gate; up] (N = 2I) and
         y [M, I] = silu(act(x) @ gate.T) * (act(x) @ up.T), no residual. rstd (bf16 kernel,
         plain x, with eps): y[m] scaled by rsqrt(mean(x[m]^2) + eps). ssq_out (plain x, with
         residual) float32 [M, ceil(N / 16)]: gets the sums of squares of the stored y per row
         and 16-column tile (16 weight rows); ssq_in (plain x, no residual, eps) float32
-        [M, ceil(K / 16)]: such sums of x, y[m] scaled by rsqrt(sum(ssq_in[m]) / K + eps).
-        ahead: the next launch's weight (ahead_args), where the bulk bf16 kernel takes this."""
+        [M, ceil(K / 16)]: such sums of x, y[m] scaled by rsqrt(sum(ssq_in[m]) / K + eps)."""
         if norm is not None and swiglu:
             raise ValueError("a gemv prologue is an RMSNorm or a SwiGLU, not both")
         if rstd and (norm is not None or swiglu):
@@ -420,7 +397,7 @@ class Gemv:
         pro |= SSQ if ssq_out is not None else 0
         pro |= RSTD_IN if ssq_in is not None else 0
         if geom is None and self.takes_bulk(file, pro, m, k):
-            self._launch_bulk(file, x, w, y, m, n, k, residual, pro, norm, eps, ahead=ahead)
+            self._launch_bulk(file, x, w, y, m, n, k, residual, pro, norm, eps)
             return y
         if geom is None and self.takes_ring(file, pro, m, k):
             self._launch_ring(file, x, w, y, m, n, k, residual, pro, norm, eps)
@@ -445,10 +422,10 @@ class Gemv:
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
              glu: bool = False, rstd: bool = False, ssq_out: torch.Tensor | None = None,
-             ssq_in: torch.Tensor | None = None, ahead: tuple | None = None) -> torch.Tensor:
+             ssq_in: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] @ w[N, K].T -> [M, N] bf16, M <= 16, K % 8 == 0."""
         return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu, glu, rstd,
-                            ssq_out, ssq_in, ahead)
+                            ssq_out, ssq_in)
 
     def int8(self, x: torch.Tensor, w: Int8Weight, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
@@ -530,8 +507,7 @@ class Gemv:
 
     def argmax(self, x: torch.Tensor, w, *, rstd: bool, eps: float,
                state: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
-               host: tuple[torch.Tensor, torch.Tensor] | None = None,
-               ahead: tuple | None = None) -> bool:
+               host: tuple[torch.Tensor, torch.Tensor] | None = None) -> bool:
         """out [M] int64 <- the greedy choice of each row of x [M, K] over x @ W.T (W [N, K]
         bf16; rstd: each row of x scaled by its RMSNorm as fused(rstd=True, eps) scales it),
         over the results rounded to bf16 as `fused` stores them, with torch.argmax's ties and
@@ -540,8 +516,7 @@ class Gemv:
         sm_90, `bulk` off, more than bulk_max_rows rows, a weight or x it cannot read).
         state: (keys int64 [M], count int32 [1]), zeros, kept by the caller (the kernel leaves
         them at zero, so a captured graph replays); host: (pinned int64 [2, M], parity int64
-        [1] on the device): the ids are also written to host[parity] (ops.argmax); ahead:
-        the next launch's weight (ahead_args)."""
+        [1] on the device): the ids are also written to host[parity] (ops.argmax)."""
         if not self.takes_argmax(x, w, rstd):
             return False
         m, k = x.shape
@@ -556,14 +531,13 @@ class Gemv:
         pro = (RSTD if rstd else PLAIN) | ARGMAX
         buf, parity = (None, None) if host is None else host
         self._launch_bulk("gemv", x, w, None, m, w.shape[0], k, None, pro, None, eps,
-                          (out, buf, parity, keys, count), ahead=ahead)
+                          (out, buf, parity, keys, count))
         return True
 
     def fused(self, x: torch.Tensor, w, *, norm: torch.Tensor | None = None, eps: float = 0.0,
               swiglu: bool = False, residual: torch.Tensor | None = None,
               glu: bool = False, rstd: bool = False, ssq_out: torch.Tensor | None = None,
-              ssq_in: torch.Tensor | None = None, ahead: tuple | None = None
-              ) -> torch.Tensor | None:
+              ssq_in: torch.Tensor | None = None) -> torch.Tensor | None:
         """residual + act(x) @ W.T -> [..., N] bf16 in one kernel launch, or None when no
         kernel takes these inputs (rows, dtypes, alignment, K: see supports), so the caller
         composes the unfused ops.
@@ -580,9 +554,7 @@ class Gemv:
         results y[m, 16p:16p+16]. ssq_in float32 [M, ceil(K / 16)] (plain x, no residual, with
         eps; glu allowed): such sums of x's rows (an ssq_out of the kernel that wrote x), and
         act = RMSNorm(x) with a unit weight as a row scale, rstd[m] = rsqrt(sum(ssq_in[m]) /
-        K + eps): the caller vouches that ssq_in describes x. ahead (W', glu): the launch
-        that comes next, whose first weight bytes a bulk bf16 launch prefetches into L2 as it
-        finishes (ahead_args; a hint: the result is the same). Wrong shapes raise ValueError.
+        K + eps): the caller vouches that ssq_in describes x. Wrong shapes raise ValueError.
         """
         if norm is not None and swiglu:
             raise ValueError("fused takes an RMSNorm (norm) or a SwiGLU (swiglu), not both")
@@ -609,7 +581,7 @@ class Gemv:
         elif isinstance(w, Int4Weight):
             y = self.int4(x2, w, **kw)
         else:
-            y = self.bf16(x2, w, rstd=rstd, ahead=ahead, **kw)
+            y = self.bf16(x2, w, rstd=rstd, **kw)
         return y.reshape(*lead, y.shape[-1])
 
     def linear(self, x: torch.Tensor, w) -> torch.Tensor:

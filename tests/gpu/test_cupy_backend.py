@@ -158,30 +158,6 @@ def test_glu_epilogue_and_prologues_as_accurate(fuse):
         assert gm.rel_err(g, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
 
 
-@pytest.mark.parametrize("name", ["wide", "wide_moe"])
-def test_l2_ahead_changes_no_logits(name):
-    """The bulk gemvs' L2 look-ahead (CupyBackend.l2_ahead: each launch prefetches the next
-    matmul's first weight bytes) is a hint: bitwise the same logits with it and without, one
-    sequence (the bulk kernel's rows); the launches did pass the next weights."""
-    from kestrel_rt.backend.cupy_backend import AHEAD_KINDS
-
-    outs, passed = [], []
-    for kinds in ((), AHEAD_KINDS):
-        be = CupyBackend("cuda", torch.bfloat16)
-        be.l2_ahead = frozenset(kinds)
-        g = be.gemv()
-        launch = g._launch_bulk
-        g._launch_bulk = (lambda *a, launch=launch, **kw:
-                          passed.append(kw.get("ahead")) or launch(*a, **kw))
-        outs.append(gm.run_script(gm.model(name, be), [7], 4))
-        if not kinds:
-            assert passed and all(a is None for a in passed)
-            passed.clear()
-    assert any(a is not None for a in passed)
-    for a, b in zip(*outs, strict=True):
-        assert torch.equal(a, b)
-
-
 @pytest.mark.parametrize("rows", ["all", "moe"])
 @pytest.mark.parametrize("name", ["wide", "wide_moe"])
 def test_folded_norms_as_row_scale_as_accurate(name, rows):
