@@ -429,3 +429,28 @@ def test_bulk_takes_the_row_scale_rmsnorm_for_bf16_only():
     assert not gemv.takes_bulk("gemv", V.RSTD | V.RESIDUAL, 1, k)
     assert V.persistent_names("gemv_bulk", V.RSTD) == [
         V.bulk_name("gemv", *v, V.RSTD) for v in V.BULK_VARIANTS["gemv"]]
+
+
+def test_a_launch_may_name_its_own_bulk_setting():
+    """fused / bf16 with bulk=(WARPS, S, C): that compiled variant for this launch (its shared
+    memory), where the weight kind has a bulk setting at all; none there: the kind's path
+    (here the ring's); a setting that is not compiled raises."""
+    import torch
+
+    gemv, calls = _recording_gemv(ring=None)
+    k, n = 4096, 4096
+    x, w = torch.randn(1, k).bfloat16(), _weight("bf16", n, k)
+    gemv.bulk = V.BULK_DEFAULT
+    for setting in (None, (8, 5, 2048), (8, 6, 2048)):
+        calls.clear()
+        gemv.bf16(x, w, residual=torch.zeros(1, n).bfloat16(), bulk=setting)
+        (name, grid, _, _, smem), = calls
+        used = setting or V.BULK_DEFAULT
+        assert name == V.bulk_name("gemv", *used, V.RESIDUAL) and grid == (132,)
+        assert smem == V.bulk_shared_bytes("gemv", *used, 1, k)
+    with pytest.raises(ValueError, match="bulk setting"):
+        gemv.bf16(x, w, bulk=(8, 7, 2048))
+    gemv.bulk = None  # no bulk kernel for the kind: the launch's setting does not bring one
+    calls.clear()
+    gemv.bf16(x, w, bulk=(8, 5, 2048))
+    assert not calls[0][0].startswith("gemv_bulk")

@@ -126,6 +126,10 @@ class CupyBackend(GemvLinear, TorchBackend):
         # them at 63% of copy against 89%). Nothing to measure while the Gemv's bulk kernel
         # is set (the default on sm_90: it takes the ring's launches)
         self.settle_ring = True
+        # the bulk setting (WARPS, S, C) of the o projection's launches, the gemv right after
+        # decode attention, whose blocks fill their ring while attention runs beside them;
+        # None: the Gemv's `bulk`
+        self.o_bulk: tuple[int, int, int] | None = None
 
     def gemv(self):
         """GemvLinear.gemv; a MoE model's row-scale launches (rstd) stay on the tuned kernels
@@ -318,7 +322,8 @@ class CupyBackend(GemvLinear, TorchBackend):
     def linear_add(self, x, name, residual):
         self._ssq_last = None
         ssq = self._ssq_buffer(residual)  # "producer": the output's sums of squares too
-        y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq)
+        bulk = self.o_bulk if name.endswith(".o") else None
+        y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq, bulk=bulk)
         if y is None:
             return super().linear_add(x, name, residual)
         if ssq is not None:

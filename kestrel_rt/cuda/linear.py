@@ -301,12 +301,14 @@ class Gemv:
         return (ring_shared_bytes(file, ks, slots, m, k) + ring_static_bytes(file, ks)
                 <= self.max_shared)
 
-    def takes_bulk(self, file: str, pro: int, m: int, k: int) -> bool:
+    def takes_bulk(self, file: str, pro: int, m: int, k: int,
+                   setting: tuple[int, int, int] | None = None) -> bool:
         """True when a launch goes to a bulk kernel: a bulk setting for the weight kind, a
         prologue it takes (bf16 also the row-scale RMSNorm, BULK_RSTD_PROS, while bulk_rstd
         is on), at most bulk_max_rows (<= 8) rows of x (bf16: within RING_X_BYTES, staged as
-        the ring stages it), and the block's shared memory within the device's limit."""
-        setting = self._bulks.get(file)
+        the ring stages it), and the block's shared memory within the device's limit.
+        setting: the launch's own (WARPS, S, C) instead of the kind's (see _launch_setting)."""
+        setting = self._launch_setting(file, setting)
         pros = RING_PROS + (BULK_RSTD_PROS if file == "gemv" and self.bulk_rstd else ())
         if (setting is None or m > self.bulk_max_rows
                 or not _persistent_takes(pro, m, k, stages_x=file == "gemv", pros=pros)):
@@ -315,12 +317,23 @@ class Gemv:
         return (bulk_shared_bytes(file, *setting, m, k) + bulk_static_bytes(file, warps, slots)
                 <= self.max_shared)
 
+    def _launch_setting(self, file: str, setting: tuple[int, int, int] | None
+                        ) -> tuple[int, int, int] | None:
+        """The bulk setting of one launch: `setting` (a compiled (WARPS, S, C) of the kind)
+        where the kind has a bulk setting at all, else the kind's own (None: no bulk)."""
+        own = self._bulks.get(file)
+        if setting is None or own is None:
+            return own
+        return self._bulk_setting(setting, "a launch's bulk setting", file)
+
     def _launch_bulk(self, file: str, x, w, y, m: int, n: int, k: int, residual, pro: int,
-                     norm, eps: float, argmax: tuple | None = None) -> None:
+                     norm, eps: float, argmax: tuple | None = None,
+                     setting: tuple[int, int, int] | None = None) -> None:
         """y [M, N] = residual + act(x) @ W.T (or the GLU epilogue) through the bulk kernel
         of the weight kind: one block per SM (fewer when there are fewer tiles). argmax (pro
-        with ARGMAX, bf16): the kernel's (out, host, parity, keys, count) instead of y."""
-        warps, slots, row_bytes = self._bulks[file]
+        with ARGMAX, bf16): the kernel's (out, host, parity, keys, count) instead of y.
+        setting: this launch's (WARPS, S, C) instead of the kind's (_launch_setting)."""
+        warps, slots, row_bytes = self._launch_setting(file, setting)
         # the bf16 kernel's ARGMAX arguments, null for the other epilogues
         extra = tuple(_p(t) for t in (argmax or (None,) * 5)) if file == "gemv" else ()
         self._launch_persistent("gemv_bulk", bulk_name(file, warps, slots, row_bytes, pro), pro,
@@ -363,15 +376,16 @@ class Gemv:
 
     def _launch(self, file: str, x: torch.Tensor, w, out, geom, norm, eps, residual,
                 swiglu: bool, glu: bool = False, rstd: bool = False,
-                ssq_out: torch.Tensor | None = None, ssq_in: torch.Tensor | None = None
-                ) -> torch.Tensor:
+                ssq_out: torch.Tensor | None = None, ssq_in: torch.Tensor | None = None,
+                bulk: tuple[int, int, int] | None = None) -> torch.Tensor:
         """y [M, N] = residual + act(x) @ W.T through kernels/FILE.cu; x [M, K] ([M, 2K] with
         swiglu), the weight's arguments from _weight_args. glu: W is [gate; up] (N = 2I) and
         y [M, I] = silu(act(x) @ gate.T) * (act(x) @ up.T), no residual. rstd (bf16 kernel,
         plain x, with eps): y[m] scaled by rsqrt(mean(x[m]^2) + eps). ssq_out (plain x, with
         residual) float32 [M, ceil(N / 16)]: gets the sums of squares of the stored y per row
         and 16-column tile (16 weight rows); ssq_in (plain x, no residual, eps) float32
-        [M, ceil(K / 16)]: such sums of x, y[m] scaled by rsqrt(sum(ssq_in[m]) / K + eps)."""
+        [M, ceil(K / 16)]: such sums of x, y[m] scaled by rsqrt(sum(ssq_in[m]) / K + eps).
+        bulk: the bulk setting of this launch instead of the kind's (where it has one)."""
         if norm is not None and swiglu:
             raise ValueError("a gemv prologue is an RMSNorm or a SwiGLU, not both")
         if rstd and (norm is not None or swiglu):
@@ -396,8 +410,8 @@ class Gemv:
         pro |= RSTD if rstd else 0
         pro |= SSQ if ssq_out is not None else 0
         pro |= RSTD_IN if ssq_in is not None else 0
-        if geom is None and self.takes_bulk(file, pro, m, k):
-            self._launch_bulk(file, x, w, y, m, n, k, residual, pro, norm, eps)
+        if geom is None and self.takes_bulk(file, pro, m, k, bulk):
+            self._launch_bulk(file, x, w, y, m, n, k, residual, pro, norm, eps, setting=bulk)
             return y
         if geom is None and self.takes_ring(file, pro, m, k):
             self._launch_ring(file, x, w, y, m, n, k, residual, pro, norm, eps)
@@ -422,10 +436,11 @@ class Gemv:
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
              swiglu: bool = False, residual: torch.Tensor | None = None,
              glu: bool = False, rstd: bool = False, ssq_out: torch.Tensor | None = None,
-             ssq_in: torch.Tensor | None = None) -> torch.Tensor:
+             ssq_in: torch.Tensor | None = None,
+             bulk: tuple[int, int, int] | None = None) -> torch.Tensor:
         """x [M, K] @ w[N, K].T -> [M, N] bf16, M <= 16, K % 8 == 0."""
         return self._launch("gemv", x, w, out, geom, norm, eps, residual, swiglu, glu, rstd,
-                            ssq_out, ssq_in)
+                            ssq_out, ssq_in, bulk)
 
     def int8(self, x: torch.Tensor, w: Int8Weight, out: torch.Tensor | None = None,
              geom: tuple | None = None, *, norm: torch.Tensor | None = None, eps: float = 0.0,
@@ -537,7 +552,8 @@ class Gemv:
     def fused(self, x: torch.Tensor, w, *, norm: torch.Tensor | None = None, eps: float = 0.0,
               swiglu: bool = False, residual: torch.Tensor | None = None,
               glu: bool = False, rstd: bool = False, ssq_out: torch.Tensor | None = None,
-              ssq_in: torch.Tensor | None = None) -> torch.Tensor | None:
+              ssq_in: torch.Tensor | None = None, bulk: tuple[int, int, int] | None = None
+              ) -> torch.Tensor | None:
         """residual + act(x) @ W.T -> [..., N] bf16 in one kernel launch, or None when no
         kernel takes these inputs (rows, dtypes, alignment, K: see supports), so the caller
         composes the unfused ops.
@@ -554,7 +570,9 @@ class Gemv:
         results y[m, 16p:16p+16]. ssq_in float32 [M, ceil(K / 16)] (plain x, no residual, with
         eps; glu allowed): such sums of x's rows (an ssq_out of the kernel that wrote x), and
         act = RMSNorm(x) with a unit weight as a row scale, rstd[m] = rsqrt(sum(ssq_in[m]) /
-        K + eps): the caller vouches that ssq_in describes x. Wrong shapes raise ValueError.
+        K + eps): the caller vouches that ssq_in describes x. bulk (bf16): this launch's
+        bulk setting (WARPS, S, C) instead of `bulk`'s, where that is set (the o projection's
+        deeper ring, CupyBackend.o_bulk). Wrong shapes raise ValueError.
         """
         if norm is not None and swiglu:
             raise ValueError("fused takes an RMSNorm (norm) or a SwiGLU (swiglu), not both")
@@ -581,7 +599,7 @@ class Gemv:
         elif isinstance(w, Int4Weight):
             y = self.int4(x2, w, **kw)
         else:
-            y = self.bf16(x2, w, rstd=rstd, **kw)
+            y = self.bf16(x2, w, rstd=rstd, bulk=bulk, **kw)
         return y.reshape(*lead, y.shape[-1])
 
     def linear(self, x: torch.Tensor, w) -> torch.Tensor:
