@@ -110,7 +110,7 @@ def test_bulk_rstd_row_scale(variant, m, n, k, glu):
     unit = _rms_ref(x, torch.ones(k, device="cuda", dtype=torch.bfloat16), 1e-6)
     launches = []
     launch = g._launch_bulk
-    g._launch_bulk = lambda *a: launches.append(a[8]) or launch(*a)
+    g._launch_bulk = lambda *a, **kw: launches.append(a[8]) or launch(*a, **kw)
     y = g.bf16(x, w, out=_poisoned(m, n // 2 if glu else n), rstd=True, eps=1e-6, glu=glu)
     assert launches == [pro]
     prod = unit.double() @ dense.T
@@ -259,7 +259,7 @@ def test_model_decode_with_bulk_as_accurate():
     g.bulk_max_rows = 8  # the script decodes 4 sequences at once
     launches = []
     launch = g._launch_bulk
-    g._launch_bulk = lambda *a: launches.append(a) or launch(*a)
+    g._launch_bulk = lambda *a, **kw: launches.append(a) or launch(*a, **kw)
     got = gm.run_script(gm.model("wide", be), lengths, 6)
     assert launches
     for a, r, e in zip(got, ref, exact, strict=True):
