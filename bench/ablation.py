@@ -6,7 +6,7 @@
                              [--ring-int4 off,16.8.1] [--bulk off,8.4.2048]
                              [--bulk-int4 off,8.4.2048] [--ring-norm 0,1] [--bulk-rstd 0,1]
                              [--carveout=-1,100] [--kernels-carveout=-1,100]
-                             [--fold none,moe,all,producer] [--o-bulk same,8.5.2048]
+                             [--fold none,moe,all,producer] [--kind-bulk same,o=8.6.2048]
                              [--breakdown]
 
 Features (every combination of the values given is measured): pdl (programmatic dependent
@@ -31,7 +31,8 @@ RMSNorm weights are folded into the next linears at load, kestrel_rt/fold.py, th
 then a row scale inside the kernels, CupyBackend.norm_row_scale: none, moe (a MoE layer's
 post-attention norm), all, producer (every norm folded, its rstd from the sums of squares the
 residual gemv before it writes), or speed (what `kestrel generate` does); a model per value),
-o bulk (the o projection's bulk setting, WARPS.S.C, or same: the --bulk one; CupyBackend.o_bulk).
+kind bulk (bulk settings by matmul kind, KIND=WARPS.S.C joined by +, e.g. o=8.6.2048+down=8.6.2048,
+or same: the --bulk one for every kind; CupyBackend.kind_bulk).
 Prints tok/s (overlapped loop, bench/measure.py) and the median device time of a step for
 each combination; --breakdown adds each model's per-kernel times with the build's defaults,
 PDL on and off, and what each kernel adds to the step
@@ -91,7 +92,7 @@ FEATURES = (
     ("bulk_rstd", "--bulk-rstd", "auto", lambda v: None if v == "auto" else flag(v), str),
     ("carveout", "--carveout", "-1", int, str),
     ("kernels_carveout", "--kernels-carveout", "-1", int, str),
-    ("o_bulk", "--o-bulk", "same", lambda v: None if v == "same" else ring(v), ring_label),
+    ("kind_bulk", "--kind-bulk", "same", str, str),
 )
 
 
@@ -101,7 +102,7 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
                  ring_int4: tuple | None = None, bulk: tuple | None = BULK_DEFAULT,
                  bulk_int4: tuple | None = None, ring_norm: bool = False,
                  bulk_rstd: bool | None = None, carveout: int = -1, kernels_carveout: int = -1,
-                 o_bulk: tuple | None = None) -> None:
+                 kind_bulk: str = "same") -> None:
     """pdl: a key of PDL_MODES; late: the tuned gemvs' compile option (a new Gemv for the
     backend when it changes); the rest: the backend's and its Gemv's settings."""
     from kestrel_rt.cuda.linear import Gemv
@@ -128,7 +129,8 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
         be.gemv().bulk_rstd = bulk_rstd
     be.kernels.carveout.percent = carveout if kernels_carveout == -1 else kernels_carveout
     be.gemv().carveout.percent = carveout
-    be.o_bulk = o_bulk
+    be.kind_bulk = ({} if kind_bulk == "same" else
+                    {k: ring(v) for k, v in (kv.split("=") for kv in kind_bulk.split("+"))})
     model.graphs.clear()
 
 

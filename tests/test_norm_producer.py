@@ -42,7 +42,7 @@ def _backend(mode: str):
     be._unit_norms = {"layers.0.input_norm", "layers.0.post_norm", "norm"}
     be._ssq_bufs, be._ssq_last, be.ssq_consumed = {}, None, 0
     be.glu_epilogue, be.fuse_prologues, be.ring_norm = True, False, False
-    be.o_bulk = None  # the Gemv's own bulk setting
+    be.kind_bulk = {}  # the Gemv's own bulk setting
     be.shape = SimpleNamespace(rms_norm_eps=1e-6)
     embed = torch.randn(V, H).bfloat16()
     be.weight = lambda name: embed if name == "embed" else name  # the fake takes names

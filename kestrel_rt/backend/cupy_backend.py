@@ -126,10 +126,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         # them at 63% of copy against 89%). Nothing to measure while the Gemv's bulk kernel
         # is set (the default on sm_90: it takes the ring's launches)
         self.settle_ring = True
-        # the bulk setting (WARPS, S, C) of the o projection's launches, the gemv right after
-        # decode attention, whose blocks fill their ring while attention runs beside them;
-        # None: the Gemv's `bulk`
-        self.o_bulk: tuple[int, int, int] | None = None
+        # bulk settings (WARPS, S, C) by matmul kind (qkv, o, gate_up, down, lm_head) instead
+        # of the Gemv's `bulk` for that kind's bf16 launches
+        self.kind_bulk: dict[str, tuple[int, int, int]] = {}
 
     def gemv(self):
         """GemvLinear.gemv; a MoE model's row-scale launches (rstd) stay on the tuned kernels
@@ -239,6 +238,11 @@ class CupyBackend(GemvLinear, TorchBackend):
                 pass
         return super().rope_attention(q, k, v, layer, step)
 
+    def _bulk_of(self, name: str) -> tuple[int, int, int] | None:
+        """The bulk setting for the launches of weight `name` (its kind's in kind_bulk), or
+        None: the Gemv's."""
+        return self.kind_bulk.get(name.rsplit(".", 1)[-1])
+
     def prepare_weight(self, name, tensor):
         if (tensor.dim() == 1 and (name == "norm" or name.endswith("_norm"))
                 and bool((tensor == 1).all())):
@@ -258,7 +262,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         if not (self.norm_row_scale == "all" and norm in self._unit_norms):
             return None
         return self.gemv().fused(x, self.weight(name), rstd=True, eps=self.shape.rms_norm_eps,
-                                 glu=glu)
+                                 glu=glu, bulk=self._bulk_of(name))
 
     # norm_row_scale "producer". Invariant: a consumer gemv reads the sums of squares that
     # the last linear_add wrote only when its x is exactly the tensor that linear_add's gemv
@@ -322,8 +326,8 @@ class CupyBackend(GemvLinear, TorchBackend):
     def linear_add(self, x, name, residual):
         self._ssq_last = None
         ssq = self._ssq_buffer(residual)  # "producer": the output's sums of squares too
-        bulk = self.o_bulk if name.endswith(".o") else None
-        y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq, bulk=bulk)
+        y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq,
+                              bulk=self._bulk_of(name))
         if y is None:
             return super().linear_add(x, name, residual)
         if ssq is not None:
@@ -449,7 +453,8 @@ class CupyBackend(GemvLinear, TorchBackend):
             return None
         x2 = x.reshape(-1, x.shape[-1])  # [rows, H]
         gemv = self.gemv()
-        if not gemv.takes_argmax(x2, w, unit):
+        bulk = self._bulk_of("lm_head")
+        if not gemv.takes_argmax(x2, w, unit, bulk):
             return None
         if not unit:
             x2 = self.rms_norm(x2, norm)
@@ -462,7 +467,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         dest = (torch.empty(rows, dtype=torch.long, device=x.device) if out is None
                 else out.view(rows))
         gemv.argmax(x2, w, rstd=unit, eps=self.shape.rms_norm_eps, state=state, out=dest,
-                    host=host)
+                    host=host, bulk=bulk)
         return dest.view(x.shape[:-1])
 
     # -- speculative decoding ----------------------------------------------------------------

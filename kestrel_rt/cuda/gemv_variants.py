@@ -104,7 +104,7 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
 # (8, 8, 1024) 50.3% of copy against 84.6% for (8, 4, 2048), the latter dropped; int4 (4, 4,
 # 2048) 25.1% and (8, 3, 4096) 23.3% against 35.3%, dropped: NOTES_decode.md, session 10.
 # (8, 5, 2048), 186 KB, is there for the o projection: its block beside a decode attention
-# block, CupyBackend.o_bulk.)
+# block, CupyBackend.kind_bulk.)
 BULK_KERNELS = {"gemv": "gemv_bulk_bf16", "gemv_int4": "gemv_bulk_int4"}
 BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 5, 2048), (8, 6, 2048), (16, 4, 2048),
                           (8, 3, 4096), (16, 3, 4096)),

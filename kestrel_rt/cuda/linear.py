@@ -514,15 +514,18 @@ class Gemv:
             return False
         return kernel_reads(w, w.shape[0], k)
 
-    def takes_argmax(self, x: torch.Tensor, w, rstd: bool) -> bool:
+    def takes_argmax(self, x: torch.Tensor, w, rstd: bool,
+                     bulk: tuple[int, int, int] | None = None) -> bool:
         """True when `argmax` launches for x [M, K] and weight w (see there)."""
         return (isinstance(w, torch.Tensor) and x.dim() == 2 and w.dim() == 2
                 and w.shape[1] == x.shape[1] and self.supports(x, w)
-                and self.takes_bulk("gemv", RSTD if rstd else PLAIN, x.shape[0], x.shape[1]))
+                and self.takes_bulk("gemv", RSTD if rstd else PLAIN, x.shape[0], x.shape[1],
+                                    bulk))
 
     def argmax(self, x: torch.Tensor, w, *, rstd: bool, eps: float,
                state: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor,
-               host: tuple[torch.Tensor, torch.Tensor] | None = None) -> bool:
+               host: tuple[torch.Tensor, torch.Tensor] | None = None,
+               bulk: tuple[int, int, int] | None = None) -> bool:
         """out [M] int64 <- the greedy choice of each row of x [M, K] over x @ W.T (W [N, K]
         bf16; rstd: each row of x scaled by its RMSNorm as fused(rstd=True, eps) scales it),
         over the results rounded to bf16 as `fused` stores them, with torch.argmax's ties and
@@ -531,8 +534,9 @@ class Gemv:
         sm_90, `bulk` off, more than bulk_max_rows rows, a weight or x it cannot read).
         state: (keys int64 [M], count int32 [1]), zeros, kept by the caller (the kernel leaves
         them at zero, so a captured graph replays); host: (pinned int64 [2, M], parity int64
-        [1] on the device): the ids are also written to host[parity] (ops.argmax)."""
-        if not self.takes_argmax(x, w, rstd):
+        [1] on the device): the ids are also written to host[parity] (ops.argmax). bulk: this
+        launch's bulk setting (as in `fused`)."""
+        if not self.takes_argmax(x, w, rstd, bulk):
             return False
         m, k = x.shape
         keys, count = state
@@ -546,7 +550,7 @@ class Gemv:
         pro = (RSTD if rstd else PLAIN) | ARGMAX
         buf, parity = (None, None) if host is None else host
         self._launch_bulk("gemv", x, w, None, m, w.shape[0], k, None, pro, None, eps,
-                          (out, buf, parity, keys, count))
+                          (out, buf, parity, keys, count), setting=bulk)
         return True
 
     def fused(self, x: torch.Tensor, w, *, norm: torch.Tensor | None = None, eps: float = 0.0,
@@ -572,7 +576,7 @@ class Gemv:
         act = RMSNorm(x) with a unit weight as a row scale, rstd[m] = rsqrt(sum(ssq_in[m]) /
         K + eps): the caller vouches that ssq_in describes x. bulk (bf16): this launch's
         bulk setting (WARPS, S, C) instead of `bulk`'s, where that is set (the o projection's
-        deeper ring, CupyBackend.o_bulk). Wrong shapes raise ValueError.
+        deeper ring, CupyBackend.kind_bulk). Wrong shapes raise ValueError.
         """
         if norm is not None and swiglu:
             raise ValueError("fused takes an RMSNorm (norm) or a SwiGLU (swiglu), not both")

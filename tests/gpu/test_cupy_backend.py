@@ -158,20 +158,20 @@ def test_glu_epilogue_and_prologues_as_accurate(fuse):
         assert gm.rel_err(g, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
 
 
-def test_o_projection_bulk_setting_gives_the_same_logits():
-    """CupyBackend.o_bulk: the o projections' launches take that bulk variant (a deeper ring:
-    the same WARPS and C, so the same sums in the same order): bitwise the same logits, one
-    sequence (the bulk kernel's rows)."""
+def test_bulk_settings_by_kind_give_the_same_logits():
+    """CupyBackend.kind_bulk: the o projections' (and others') launches take that bulk variant
+    (a deeper ring: the same WARPS and C, so the same sums in the same order): bitwise the same
+    logits, one sequence (the bulk kernel's rows)."""
     outs, settings = [], []
-    for o_bulk in (None, (8, 5, 2048)):
+    for kinds in ({}, {"o": (8, 6, 2048), "down": (8, 5, 2048)}):
         be = CupyBackend("cuda", torch.bfloat16)
-        be.o_bulk = o_bulk
+        be.kind_bulk = kinds
         g = be.gemv()
         launch = g._launch_bulk
         g._launch_bulk = (lambda *a, launch=launch, **kw:
                           settings.append(kw.get("setting")) or launch(*a, **kw))
         outs.append(gm.run_script(gm.model("wide", be), [7], 4))
-    assert (8, 5, 2048) in settings and None in settings
+    assert {(8, 5, 2048), (8, 6, 2048), None} <= set(settings)
     for a, b in zip(*outs, strict=True):
         assert torch.equal(a, b)
 
