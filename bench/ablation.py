@@ -70,6 +70,17 @@ def ring(text: str) -> tuple | None:
     return None if text == "off" else tuple(int(p) for p in text.split("."))
 
 
+def kind_settings(text: str) -> dict:
+    """A --kind-bulk value: "same" (none) or KIND=WARPS.S.C joined by +."""
+    if text == "same":
+        return {}
+    return {k: ring(v) for k, v in (kv.split("=") for kv in text.split("+"))}
+
+
+def kind_label(value: dict) -> str:
+    return "+".join(f"{k}={ring_label(v)}" for k, v in value.items()) or "same"
+
+
 def ring_label(value: tuple | None) -> str:
     return "off" if value is None else ".".join(map(str, value))
 
@@ -92,7 +103,7 @@ FEATURES = (
     ("bulk_rstd", "--bulk-rstd", "auto", lambda v: None if v == "auto" else flag(v), str),
     ("carveout", "--carveout", "-1", int, str),
     ("kernels_carveout", "--kernels-carveout", "-1", int, str),
-    ("kind_bulk", "--kind-bulk", "same", str, str),
+    ("kind_bulk", "--kind-bulk", "same", kind_settings, kind_label),
 )
 
 
@@ -102,7 +113,7 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
                  ring_int4: tuple | None = None, bulk: tuple | None = BULK_DEFAULT,
                  bulk_int4: tuple | None = None, ring_norm: bool = False,
                  bulk_rstd: bool | None = None, carveout: int = -1, kernels_carveout: int = -1,
-                 kind_bulk: str = "same") -> None:
+                 kind_bulk: dict | None = None) -> None:
     """pdl: a key of PDL_MODES; late: the tuned gemvs' compile option (a new Gemv for the
     backend when it changes); the rest: the backend's and its Gemv's settings."""
     from kestrel_rt.cuda.linear import Gemv
@@ -129,8 +140,7 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
         be.gemv().bulk_rstd = bulk_rstd
     be.kernels.carveout.percent = carveout if kernels_carveout == -1 else kernels_carveout
     be.gemv().carveout.percent = carveout
-    be.kind_bulk = ({} if kind_bulk == "same" else
-                    {k: ring(v) for k, v in (kv.split("=") for kv in kind_bulk.split("+"))})
+    be.kind_bulk = dict(kind_bulk or {})
     model.graphs.clear()
 
 
