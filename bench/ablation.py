@@ -6,7 +6,7 @@
                              [--ring-int4 off,16.8.1] [--bulk off,8.4.2048]
                              [--bulk-int4 off,8.4.2048] [--ring-norm 0,1] [--bulk-rstd 0,1]
                              [--carveout=-1,100] [--kernels-carveout=-1,100]
-                             [--fold none,moe,all,producer] [--kind-bulk same,o=8.6.2048]
+                             [--fold none,moe,all,producer] [--kind-bulk auto,same,o=8.6.2048]
                              [--breakdown]
 
 Features (every combination of the values given is measured): pdl (programmatic dependent
@@ -32,7 +32,7 @@ then a row scale inside the kernels, CupyBackend.norm_row_scale: none, moe (a Mo
 post-attention norm), all, producer (every norm folded, its rstd from the sums of squares the
 residual gemv before it writes), or speed (what `kestrel generate` does); a model per value),
 kind bulk (bulk settings by matmul kind, KIND=WARPS.S.C joined by +, e.g. o=8.6.2048+down=8.6.2048,
-or same: the --bulk one for every kind; CupyBackend.kind_bulk).
+same: the --bulk one for every kind, or auto: the backend's default; CupyBackend.kind_bulk).
 Prints tok/s (overlapped loop, bench/measure.py) and the median device time of a step for
 each combination; --breakdown adds each model's per-kernel times with the build's defaults,
 PDL on and off, and what each kernel adds to the step
@@ -70,14 +70,19 @@ def ring(text: str) -> tuple | None:
     return None if text == "off" else tuple(int(p) for p in text.split("."))
 
 
-def kind_settings(text: str) -> dict:
-    """A --kind-bulk value: "same" (none) or KIND=WARPS.S.C joined by +."""
+def kind_settings(text: str) -> dict | None:
+    """A --kind-bulk value: "auto" (the backend's default, None), "same" (none) or
+    KIND=WARPS.S.C joined by +."""
+    if text == "auto":
+        return None
     if text == "same":
         return {}
     return {k: ring(v) for k, v in (kv.split("=") for kv in text.split("+"))}
 
 
-def kind_label(value: dict) -> str:
+def kind_label(value: dict | None) -> str:
+    if value is None:
+        return "auto"
     return "+".join(f"{k}={ring_label(v)}" for k, v in value.items()) or "same"
 
 
@@ -103,7 +108,7 @@ FEATURES = (
     ("bulk_rstd", "--bulk-rstd", "auto", lambda v: None if v == "auto" else flag(v), str),
     ("carveout", "--carveout", "-1", int, str),
     ("kernels_carveout", "--kernels-carveout", "-1", int, str),
-    ("kind_bulk", "--kind-bulk", "same", kind_settings, kind_label),
+    ("kind_bulk", "--kind-bulk", "auto", kind_settings, kind_label),
 )
 
 
@@ -140,7 +145,7 @@ def set_features(model, pdl: str = "all", late: bool = True, fuse: bool = False,
         be.gemv().bulk_rstd = bulk_rstd
     be.kernels.carveout.percent = carveout if kernels_carveout == -1 else kernels_carveout
     be.gemv().carveout.percent = carveout
-    be.kind_bulk = dict(kind_bulk or {})
+    be.kind_bulk = None if kind_bulk is None else dict(kind_bulk)
     model.graphs.clear()
 
 

@@ -42,7 +42,7 @@ def _backend(mode: str):
     be._unit_norms = {"layers.0.input_norm", "layers.0.post_norm", "norm"}
     be._ssq_bufs, be._ssq_last, be.ssq_consumed = {}, None, 0
     be.glu_epilogue, be.fuse_prologues, be.ring_norm = True, False, False
-    be.kind_bulk = {}  # the Gemv's own bulk setting
+    be.kind_bulk = {}  # the Gemv's own bulk settings
     be.shape = SimpleNamespace(rms_norm_eps=1e-6)
     embed = torch.randn(V, H).bfloat16()
     be.weight = lambda name: embed if name == "embed" else name  # the fake takes names
@@ -107,3 +107,22 @@ def test_other_modes_write_no_sums_of_squares(mode):
     be.norm_linear(x, "layers.0.input_norm", "layers.0.qkv")
     assert "ssq_in" not in fake.calls[-1][1]
     assert fake.calls[-1][1].get("rstd", False) == (mode == "all")
+
+
+def test_the_o_projection_takes_the_deeper_ring_where_it_has_more_tiles_than_sms():
+    """CupyBackend.kind_bulk None: the o projection's launches take BULK_AFTER_ATTENTION where
+    its weight has more 16-row tiles than the GPU has SMs (qwen3-8b on 132), not elsewhere
+    (qwen3-30b-a3b, qwen3-0.6b) and no other kind; a kind_bulk given (even empty) replaces it."""
+    from kestrel_rt.cuda.gemv_variants import BULK_AFTER_ATTENTION
+    from kestrel_sim.models import preset
+
+    be = CupyBackend.__new__(CupyBackend)
+    be.num_sms, be.kind_bulk = 132, None
+    for name, deep in (("qwen3-8b", True), ("qwen3-30b-a3b", False), ("qwen3-0.6b", False)):
+        be.shape = preset(name)
+        assert be._bulk_of("layers.3.o") == (BULK_AFTER_ATTENTION if deep else None)
+        assert be._bulk_of("layers.3.down") is None and be._bulk_of("lm_head") is None
+    be.kind_bulk = {}
+    assert be._bulk_of("layers.3.o") is None
+    be.kind_bulk = {"down": (8, 5, 2048)}
+    assert be._bulk_of("layers.0.down") == (8, 5, 2048) and be._bulk_of("layers.0.o") is None

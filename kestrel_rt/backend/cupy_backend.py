@@ -38,7 +38,7 @@ import torch
 from kestrel_rt.backend.torch_backend import TorchBackend
 from kestrel_rt.cuda import attention as attn_ops
 from kestrel_rt.cuda import gemv_moe, ops, reference
-from kestrel_rt.cuda.gemv_variants import GLU, MAX_ROWS, RMSNORM
+from kestrel_rt.cuda.gemv_variants import BULK_AFTER_ATTENTION, GLU, MAX_ROWS, RMSNORM
 from kestrel_rt.cuda.linear import GemvLinear, file_of
 from kestrel_rt.cuda.module import KernelModules
 from kestrel_rt.cuda.ops import Unsupported
@@ -127,8 +127,9 @@ class CupyBackend(GemvLinear, TorchBackend):
         # is set (the default on sm_90: it takes the ring's launches)
         self.settle_ring = True
         # bulk settings (WARPS, S, C) by matmul kind (qkv, o, gate_up, down, lm_head) instead
-        # of the Gemv's `bulk` for that kind's bf16 launches
-        self.kind_bulk: dict[str, tuple[int, int, int]] = {}
+        # of the Gemv's `bulk` for that kind's bf16 launches; None: the measured default
+        # (default_kind_bulk: the o projection's deeper ring where it has more tiles than SMs)
+        self.kind_bulk: dict[str, tuple[int, int, int]] | None = None
 
     def gemv(self):
         """GemvLinear.gemv; a MoE model's row-scale launches (rstd) stay on the tuned kernels
@@ -238,10 +239,20 @@ class CupyBackend(GemvLinear, TorchBackend):
                 pass
         return super().rope_attention(q, k, v, layer, step)
 
+    def default_kind_bulk(self) -> dict[str, tuple[int, int, int]]:
+        """kind_bulk's default for the loaded model: BULK_AFTER_ATTENTION for the o projection
+        where its weight has more 16-row tiles than this GPU has SMs (gemv_variants.py says
+        what was measured), nothing else."""
+        s = self.shape
+        if s is None or -(-s.hidden_size // 16) <= self.num_sms:
+            return {}
+        return {"o": BULK_AFTER_ATTENTION}
+
     def _bulk_of(self, name: str) -> tuple[int, int, int] | None:
-        """The bulk setting for the launches of weight `name` (its kind's in kind_bulk), or
-        None: the Gemv's."""
-        return self.kind_bulk.get(name.rsplit(".", 1)[-1])
+        """The bulk setting for the launches of weight `name` (its kind's in kind_bulk or its
+        default), or None: the Gemv's."""
+        kinds = self.default_kind_bulk() if self.kind_bulk is None else self.kind_bulk
+        return kinds.get(name.rsplit(".", 1)[-1])
 
     def prepare_weight(self, name, tensor):
         if (tensor.dim() == 1 and (name == "norm" or name.endswith("_norm"))

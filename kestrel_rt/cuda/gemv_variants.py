@@ -117,6 +117,15 @@ BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 5, 2048), (8, 6, 2048), (16, 4, 2048
 # int4 weights keep the tuned kernel: the int4 bulk kernel streams the 36 qwen3-8b layers at
 # 35-38% of copy against 55% (bench/gemv_bench.py; NOTES_decode.md, session 10).
 BULK_DEFAULT = (8, 4, 2048)
+# The o projection's (the gemv after decode attention) where its weight has more 16-row tiles
+# than the GPU has SMs: six slots (219 KB: no decode attention block beside it, so its blocks
+# start as attention's leave, then six items in flight). H200, bench/ablation.py --kind-bulk,
+# three nodes: qwen3-8b bf16 4.152-4.154 / 4.139-4.154 / 4.154 ms per step against
+# 4.190-4.206 / 4.171-4.172 / 4.192-4.201 with (8, 4, 2048); (8, 5, 2048) (186 KB, beside
+# attention) 4.213-4.215, (8, 3, 4096) 4.205, (16, 3, 4096) 4.209, (16, 4, 2048) 4.193;
+# qwen3-30b-a3b (128 tiles) slower with it, 2.779-2.782 against 2.749-2.751, qwen3-0.6b (64)
+# the same (bench/results/ablation_o_bulk*_h200.log, ablation_kind_bulk_h200.log).
+BULK_AFTER_ATTENTION = (8, 6, 2048)
 # The most rows of x Gemv sends to a bulk kernel by default (the kernels take up to 8): on the
 # H200 (bench/bulk_rows.py: qwen3-8b bf16, batch 1, 128 cached tokens) a forward of M tokens
 # took 4.257 / 4.571 ms through the bulk kernel at M = 1 / 2 against 4.514 / 4.800 through the
