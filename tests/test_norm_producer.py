@@ -110,19 +110,23 @@ def test_other_modes_write_no_sums_of_squares(mode):
 
 
 def test_the_o_projection_takes_the_deeper_ring_where_it_has_more_tiles_than_sms():
-    """CupyBackend.kind_bulk None: the o projection's launches take BULK_AFTER_ATTENTION where
-    its weight has more 16-row tiles than the GPU has SMs (qwen3-8b on 132), not elsewhere
-    (qwen3-30b-a3b, qwen3-0.6b) and no other kind; a kind_bulk given (even empty) replaces it."""
+    """CupyBackend.kind_bulk None: the o projection's launches on one row of x take
+    BULK_AFTER_ATTENTION where its weight has more 16-row tiles than the GPU has SMs (qwen3-8b
+    on 132), not elsewhere (qwen3-30b-a3b, qwen3-0.6b), not at two rows and no other kind; a
+    kind_bulk given (even empty) replaces it, at any rows."""
     from kestrel_rt.cuda.gemv_variants import BULK_AFTER_ATTENTION
     from kestrel_sim.models import preset
 
     be = CupyBackend.__new__(CupyBackend)
     be.num_sms, be.kind_bulk = 132, None
+    one, two = torch.zeros(1, 1, 4096), torch.zeros(2, 1, 4096)
     for name, deep in (("qwen3-8b", True), ("qwen3-30b-a3b", False), ("qwen3-0.6b", False)):
         be.shape = preset(name)
-        assert be._bulk_of("layers.3.o") == (BULK_AFTER_ATTENTION if deep else None)
-        assert be._bulk_of("layers.3.down") is None and be._bulk_of("lm_head") is None
+        assert be._bulk_of("layers.3.o", one) == (BULK_AFTER_ATTENTION if deep else None)
+        assert be._bulk_of("layers.3.o", two) is None
+        assert be._bulk_of("layers.3.down", one) is None and be._bulk_of("lm_head", one) is None
     be.kind_bulk = {}
-    assert be._bulk_of("layers.3.o") is None
+    assert be._bulk_of("layers.3.o", one) is None
     be.kind_bulk = {"down": (8, 5, 2048)}
-    assert be._bulk_of("layers.0.down") == (8, 5, 2048) and be._bulk_of("layers.0.o") is None
+    assert be._bulk_of("layers.0.down", two) == (8, 5, 2048)
+    assert be._bulk_of("layers.0.o", one) is None

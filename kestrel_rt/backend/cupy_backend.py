@@ -239,19 +239,22 @@ class CupyBackend(GemvLinear, TorchBackend):
                 pass
         return super().rope_attention(q, k, v, layer, step)
 
-    def default_kind_bulk(self) -> dict[str, tuple[int, int, int]]:
-        """kind_bulk's default for the loaded model: BULK_AFTER_ATTENTION for the o projection
-        where its weight has more 16-row tiles than this GPU has SMs (gemv_variants.py says
-        what was measured), nothing else."""
+    def default_kind_bulk(self, rows: int) -> dict[str, tuple[int, int, int]]:
+        """kind_bulk's default for the loaded model and `rows` rows of x: at one row (batch-1
+        decode), BULK_AFTER_ATTENTION for the o projection where its weight has more 16-row
+        tiles than this GPU has SMs (gemv_variants.py says what was measured; at two rows the
+        H200 decode step was 5.218 ms with it against 4.382 without), nothing else."""
         s = self.shape
-        if s is None or -(-s.hidden_size // 16) <= self.num_sms:
+        if rows != 1 or s is None or -(-s.hidden_size // 16) <= self.num_sms:
             return {}
         return {"o": BULK_AFTER_ATTENTION}
 
-    def _bulk_of(self, name: str) -> tuple[int, int, int] | None:
-        """The bulk setting for the launches of weight `name` (its kind's in kind_bulk or its
-        default), or None: the Gemv's."""
-        kinds = self.default_kind_bulk() if self.kind_bulk is None else self.kind_bulk
+    def _bulk_of(self, name: str, x: torch.Tensor) -> tuple[int, int, int] | None:
+        """The bulk setting for the launch of weight `name` on x [..., K] (its kind's in
+        kind_bulk, or the default for x's rows), or None: the Gemv's."""
+        kinds = self.kind_bulk
+        if kinds is None:
+            kinds = self.default_kind_bulk(x.numel() // x.shape[-1] if x.shape[-1] else 0)
         return kinds.get(name.rsplit(".", 1)[-1])
 
     def prepare_weight(self, name, tensor):
@@ -273,7 +276,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         if not (self.norm_row_scale == "all" and norm in self._unit_norms):
             return None
         return self.gemv().fused(x, self.weight(name), rstd=True, eps=self.shape.rms_norm_eps,
-                                 glu=glu, bulk=self._bulk_of(name))
+                                 glu=glu, bulk=self._bulk_of(name, x))
 
     # norm_row_scale "producer". Invariant: a consumer gemv reads the sums of squares that
     # the last linear_add wrote only when its x is exactly the tensor that linear_add's gemv
@@ -338,7 +341,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         self._ssq_last = None
         ssq = self._ssq_buffer(residual)  # "producer": the output's sums of squares too
         y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq,
-                              bulk=self._bulk_of(name))
+                              bulk=self._bulk_of(name, x))
         if y is None:
             return super().linear_add(x, name, residual)
         if ssq is not None:
@@ -464,7 +467,7 @@ class CupyBackend(GemvLinear, TorchBackend):
             return None
         x2 = x.reshape(-1, x.shape[-1])  # [rows, H]
         gemv = self.gemv()
-        bulk = self._bulk_of("lm_head")
+        bulk = self._bulk_of("lm_head", x)
         if not gemv.takes_argmax(x2, w, unit, bulk):
             return None
         if not unit:

@@ -117,8 +117,9 @@ BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 5, 2048), (8, 6, 2048), (16, 4, 2048
 # int4 weights keep the tuned kernel: the int4 bulk kernel streams the 36 qwen3-8b layers at
 # 35-38% of copy against 55% (bench/gemv_bench.py; NOTES_decode.md, session 10).
 BULK_DEFAULT = (8, 4, 2048)
-# The o projection's (the gemv after decode attention) where its weight has more 16-row tiles
-# than the GPU has SMs: six slots (219 KB: no decode attention block beside it, so its blocks
+# The o projection's (the gemv after decode attention) at one row of x where its weight has
+# more 16-row tiles than the GPU has SMs (at two rows the qwen3-8b step took 5.218 ms with it
+# against 4.382 without, h200_decode.md's batch sweep at 28b1ee4): six slots (219 KB: no decode attention block beside it, so its blocks
 # start as attention's leave, then six items in flight). H200, bench/ablation.py --kind-bulk,
 # three nodes: qwen3-8b bf16 4.152-4.154 / 4.139-4.154 / 4.154 ms per step against
 # 4.190-4.206 / 4.171-4.172 / 4.192-4.201 with (8, 4, 2048); (8, 5, 2048) (186 KB, beside
