@@ -3,7 +3,7 @@
 # kernels), the decode benchmark, the decode attention's phase probe, the feature ablation
 # (bf16 with and without the bulk kernel), int4 with and without its bulk kernel and the bulk
 # kernel against the tuned ones per rows of x (verify shapes), each under its own time limit
-# (all seven take up to 20 minutes: on a device with a 10-minute call, run STEPS tests,gemv,
+# (all seven take up to 23 minutes: on a device with a 10-minute call, run STEPS tests,gemv,
 # then decode,probe, then ablation,int4,rows); logs and
 # tables under OUT/session, packed into OUT/session.tgz (the device hands back <= 8 files).
 #
@@ -28,7 +28,7 @@ step() {  # step NAME SECONDS COMMAND...: run, log to LOG/NAME.log, report its e
 }
 step tests 240 python3 -m pytest -o addopts="" -q -n 12 --durations=25 -p no:cacheprovider tests/gpu tests/test_cli_generate.py
 step gemv 120 python3 bench/gemv_bench.py --out "$LOG" --ms 1 --kinds bf16,int4 --ring off,b8.4.2048
-step decode 200 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
+step decode 420 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
 step probe 120 python3 bench/attention_probe.py
 step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-30b-a3b:bf16,qwen3-0.6b:bf16 --pdl all --late-trigger 1 --glu 1 --ring off --bulk off,8.4.2048 --breakdown
 step int4 150 python3 bench/ablation.py --models qwen3-8b:int4 --pdl all --late-trigger 1 --glu 1 --ring off --bulk-int4 off,8.4.2048,16.4.2048
