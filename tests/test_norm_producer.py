@@ -127,6 +127,6 @@ def test_the_o_projection_takes_the_deeper_ring_where_it_has_more_tiles_than_sms
         assert be._bulk_of("layers.3.down", one) is None and be._bulk_of("lm_head", one) is None
     be.kind_bulk = {}
     assert be._bulk_of("layers.3.o", one) is None
-    be.kind_bulk = {"down": (8, 5, 2048)}
-    assert be._bulk_of("layers.0.down", two) == (8, 5, 2048)
+    be.kind_bulk = {"down": (16, 4, 2048)}
+    assert be._bulk_of("layers.0.down", two) == (16, 4, 2048)
     assert be._bulk_of("layers.0.o", one) is None

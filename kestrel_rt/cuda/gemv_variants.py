@@ -100,14 +100,13 @@ def ring_static_bytes(file: str, ksplit: int) -> int:
 # tile's 16 rows per slot) variants compiled per weight kind, each above half an SM's shared
 # memory (one block per SM). They take the rings' prologues (RING_PROS: plain x or its RMSNorm,
 # a residual or the SwiGLU epilogue); bf16 stages x as the ring does, int4 reads it as
-# gemv_int4.cu does. (Measured, H200, 36 qwen3-8b layers alone: bf16 (8, 5, 2048) 76.6% and
-# (8, 8, 1024) 50.3% of copy against 84.6% for (8, 4, 2048), the latter dropped; int4 (4, 4,
-# 2048) 25.1% and (8, 3, 4096) 23.3% against 35.3%, dropped: NOTES_decode.md, session 10.
-# (8, 5, 2048), 186 KB, is there for the o projection: its block beside a decode attention
-# block, CupyBackend.kind_bulk.)
+# gemv_int4.cu does. (Measured and dropped, H200, 36 qwen3-8b layers alone: bf16 (8, 5, 2048)
+# 76.6% and (8, 8, 1024) 50.3% of copy against 84.6% for (8, 4, 2048); int4 (4, 4, 2048) 25.1%
+# and (8, 3, 4096) 23.3% against 35.3%: NOTES_decode.md, session 10. (8, 5, 2048) for the o
+# projection alone, beside decode attention, was slower too: session 13.)
 BULK_KERNELS = {"gemv": "gemv_bulk_bf16", "gemv_int4": "gemv_bulk_int4"}
-BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 5, 2048), (8, 6, 2048), (16, 4, 2048),
-                          (8, 3, 4096), (16, 3, 4096)),
+BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 6, 2048), (16, 4, 2048), (8, 3, 4096),
+                          (16, 3, 4096)),
                  "gemv_int4": ((8, 4, 2048), (16, 4, 2048))}
 # The default for bf16 weights on sm_90 (ahead of the cp.async ring, which then never runs):
 # H200, bench/ablation.py, qwen3-8b bf16 decode step 4.270 ms against 4.444 with the tuned
@@ -118,9 +117,10 @@ BULK_VARIANTS = {"gemv": ((8, 4, 2048), (8, 5, 2048), (8, 6, 2048), (16, 4, 2048
 # 35-38% of copy against 55% (bench/gemv_bench.py; NOTES_decode.md, session 10).
 BULK_DEFAULT = (8, 4, 2048)
 # The o projection's (the gemv after decode attention) at one row of x where its weight has
-# more 16-row tiles than the GPU has SMs (at two rows the qwen3-8b step took 5.218 ms with it
-# against 4.382 without, h200_decode.md's batch sweep at 28b1ee4): six slots (219 KB: no decode attention block beside it, so its blocks
-# start as attention's leave, then six items in flight). H200, bench/ablation.py --kind-bulk,
+# more 16-row tiles than the GPU has SMs: six slots (219 KB: no decode attention block beside
+# it, so its blocks start as attention's leave, then six items in flight; at two rows the
+# qwen3-8b step took 5.218 ms with it against 4.382 without, the batch sweep of
+# bench/results/h200_decode_28b1ee4.md). H200, bench/ablation.py --kind-bulk,
 # three nodes: qwen3-8b bf16 4.152-4.154 / 4.139-4.154 / 4.154 ms per step against
 # 4.190-4.206 / 4.171-4.172 / 4.192-4.201 with (8, 4, 2048); (8, 5, 2048) (186 KB, beside
 # attention) 4.213-4.215, (8, 3, 4096) 4.205, (16, 3, 4096) 4.209, (16, 4, 2048) 4.193;
