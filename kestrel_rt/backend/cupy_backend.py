@@ -127,7 +127,8 @@ class CupyBackend(GemvLinear, TorchBackend):
         # is set (the default on sm_90: it takes the ring's launches)
         self.settle_ring = True
         # bulk settings (WARPS, S, C) by matmul kind (qkv, o, gate_up, down, lm_head) instead
-        # of the Gemv's `bulk` for that kind's bf16 launches; None: the measured default
+        # of the Gemv's `bulk` for that kind's fused bf16 launches (_fused, and the lm_head's
+        # greedy argmax); None: the measured default
         # (default_kind_bulk: the o projection's deeper ring where it has more tiles than SMs)
         self.kind_bulk: dict[str, tuple[int, int, int]] | None = None
 
@@ -257,6 +258,10 @@ class CupyBackend(GemvLinear, TorchBackend):
             kinds = self.default_kind_bulk(x.numel() // x.shape[-1] if x.shape[-1] else 0)
         return kinds.get(name.rsplit(".", 1)[-1])
 
+    def _fused(self, x, name, **kw):
+        """Gemv.fused of x and weight `name`, at the bulk setting of its kind (_bulk_of)."""
+        return self.gemv().fused(x, self.weight(name), bulk=self._bulk_of(name, x), **kw)
+
     def prepare_weight(self, name, tensor):
         if (tensor.dim() == 1 and (name == "norm" or name.endswith("_norm"))
                 and bool((tensor == 1).all())):
@@ -268,15 +273,13 @@ class CupyBackend(GemvLinear, TorchBackend):
         from the producer's sums of squares ("producer"), or per chunk in the gemv ("all")."""
         ssq = self._producer_ssq(x, norm)
         if ssq is not None:
-            y = self.gemv().fused(x, self.weight(name), ssq_in=ssq,
-                                  eps=self.shape.rms_norm_eps, glu=glu)
+            y = self._fused(x, name, ssq_in=ssq, eps=self.shape.rms_norm_eps, glu=glu)
             if y is not None:
                 self.ssq_consumed += 1
                 return y
         if not (self.norm_row_scale == "all" and norm in self._unit_norms):
             return None
-        return self.gemv().fused(x, self.weight(name), rstd=True, eps=self.shape.rms_norm_eps,
-                                 glu=glu, bulk=self._bulk_of(name, x))
+        return self._fused(x, name, rstd=True, eps=self.shape.rms_norm_eps, glu=glu)
 
     # norm_row_scale "producer". Invariant: a consumer gemv reads the sums of squares that
     # the last linear_add wrote only when its x is exactly the tensor that linear_add's gemv
@@ -316,14 +319,13 @@ class CupyBackend(GemvLinear, TorchBackend):
         bulk kernel's or the ring's staging of x: ring_norm), or None where neither takes it."""
         if not self.ring_norm:
             return None
-        w = self.weight(name)
-        rows, file = x.numel() // x.shape[-1], file_of(w)
+        rows, file = x.numel() // x.shape[-1], file_of(self.weight(name))
         pro = RMSNORM | (GLU if glu else 0)
         g = self.gemv()
-        if not (g.takes_bulk(file, pro, rows, x.shape[-1])
+        if not (g.takes_bulk(file, pro, rows, x.shape[-1], self._bulk_of(name, x))
                 or g.takes_ring(file, pro, rows, x.shape[-1])):
             return None
-        return g.fused(x, w, norm=self.weight(norm), eps=self.shape.rms_norm_eps, glu=glu)
+        return self._fused(x, name, norm=self.weight(norm), eps=self.shape.rms_norm_eps, glu=glu)
 
     def norm_linear(self, x, norm, name):
         y = self._rstd_gemv(x, norm, name)
@@ -333,15 +335,13 @@ class CupyBackend(GemvLinear, TorchBackend):
             return y
         if not self.fuse_prologues:
             return super().norm_linear(x, norm, name)
-        y = self.gemv().fused(x, self.weight(name), norm=self.weight(norm),
-                              eps=self.shape.rms_norm_eps)
+        y = self._fused(x, name, norm=self.weight(norm), eps=self.shape.rms_norm_eps)
         return super().norm_linear(x, norm, name) if y is None else y
 
     def linear_add(self, x, name, residual):
         self._ssq_last = None
         ssq = self._ssq_buffer(residual)  # "producer": the output's sums of squares too
-        y = self.gemv().fused(x, self.weight(name), residual=residual, ssq_out=ssq,
-                              bulk=self._bulk_of(name, x))
+        y = self._fused(x, name, residual=residual, ssq_out=ssq)
         if y is None:
             return super().linear_add(x, name, residual)
         if ssq is not None:
@@ -355,11 +355,11 @@ class CupyBackend(GemvLinear, TorchBackend):
                 y = self._ring_norm_gemv(x, norm, name, glu=True)
             if y is not None:
                 return y
-            w, eps = self.weight(name), self.shape.rms_norm_eps
             if self.fuse_prologues:
-                y = self.gemv().fused(x, w, norm=self.weight(norm), eps=eps, glu=True)
+                y = self._fused(x, name, norm=self.weight(norm), eps=self.shape.rms_norm_eps,
+                                glu=True)
             else:
-                y = self.gemv().fused(self.rms_norm(x, norm), w, glu=True)
+                y = self._fused(self.rms_norm(x, norm), name, glu=True)
             if y is not None:
                 return y
         return super().norm_linear_swiglu(x, norm, name)
@@ -408,7 +408,7 @@ class CupyBackend(GemvLinear, TorchBackend):
         eps = s.rms_norm_eps if row_norm else None
         router = f"layers.{layer}.router"
         try:
-            logits = (self.gemv().fused(x, self.weight(router), rstd=True, eps=eps) if row_norm
+            logits = (self._fused(x, router, rstd=True, eps=eps) if row_norm
                       else self.linear(x, router))  # [N, E]
             if logits is None:
                 return None
