@@ -119,6 +119,8 @@ def test_the_o_projection_takes_the_deeper_ring_where_it_has_more_tiles_than_sms
 
     be = CupyBackend.__new__(CupyBackend)
     be.num_sms, be.kind_bulk = 132, None
+    bf16 = torch.zeros(16, 128, dtype=torch.bfloat16)
+    be.weight = lambda name: bf16
     one, two = torch.zeros(1, 1, 4096), torch.zeros(2, 1, 4096)
     for name, deep in (("qwen3-8b", True), ("qwen3-30b-a3b", False), ("qwen3-0.6b", False)):
         be.shape = preset(name)
@@ -130,3 +132,22 @@ def test_the_o_projection_takes_the_deeper_ring_where_it_has_more_tiles_than_sms
     be.kind_bulk = {"down": (16, 4, 2048)}
     assert be._bulk_of("layers.0.down", two) == (16, 4, 2048)
     assert be._bulk_of("layers.0.o", one) is None
+
+
+def test_kind_bulk_leaves_quantized_weights_to_their_gemv_setting():
+    """kind_bulk names bf16 bulk variants: an int8 / int4 weight's launch gets None (its
+    Gemv's own setting, e.g. Gemv.bulk_int4, whose compiled variants differ), by default and
+    when given."""
+    from kestrel_rt.quant_weights import Int4Weight, Int8Weight
+    from kestrel_sim.models import preset
+
+    be = CupyBackend.__new__(CupyBackend)
+    be.num_sms, be.kind_bulk, be.shape = 132, None, preset("qwen3-8b")
+    one = torch.zeros(1, 1, 4096)
+    w = torch.randn(16, 128)
+    for quantized in (Int4Weight.from_float(w), Int8Weight.from_float(w)):
+        be.weight = lambda name, q=quantized: q
+        be.kind_bulk = None
+        assert be._bulk_of("layers.3.o", one) is None
+        be.kind_bulk = {"o": (8, 6, 2048)}
+        assert be._bulk_of("layers.3.o", one) is None

@@ -252,11 +252,16 @@ class CupyBackend(GemvLinear, TorchBackend):
 
     def _bulk_of(self, name: str, x: torch.Tensor) -> tuple[int, int, int] | None:
         """The bulk setting for the launch of weight `name` on x [..., K] (its kind's in
-        kind_bulk, or the default for x's rows), or None: the Gemv's."""
+        kind_bulk, or the default for x's rows), or None: the Gemv's. kind_bulk names bf16
+        bulk variants: an int8 / int4 weight's launches keep their Gemv's own setting (an
+        int4 kernel has other compiled variants, Gemv.bulk_int4)."""
         kinds = self.kind_bulk
         if kinds is None:
             kinds = self.default_kind_bulk(x.numel() // x.shape[-1] if x.shape[-1] else 0)
-        return kinds.get(name.rsplit(".", 1)[-1])
+        setting = kinds.get(name.rsplit(".", 1)[-1])
+        if setting is None or file_of(self.weight(name)) != "gemv":
+            return None
+        return setting
 
     def _fused(self, x, name, **kw):
         """Gemv.fused of x and weight `name`, at the bulk setting of its kind (_bulk_of)."""
