@@ -1,0 +1,123 @@
+// Probe, not used by the runtime (bench/int4_lean_probe.py; NOTES_decode.md session 14): an
+// int4 matrix-vector product built around the mma fragments, to measure how fast a leaner loop
+// streams than gemv_int4.cu's (~17 instructions per 32-bit word of weights there).
+// y[N] = x[K] . W^T for one row of x, W[n, k] = (q[n, k] - z) * s per (row n, group of 128 k).
+//
+// Layout (lean_pack in the probe script): q as u32 words [N / 16][K / 64][32 lanes][4]: lane
+// (g = lane / 4, t = lane % 4)'s 16-byte vector in chunk c (64 k) of tile T holds its A
+// fragments for the chunk's four k16 steps. In word s, nibble p (p = 0..3) is the low and
+// nibble 4 + p the high element of mma register a_p (a0: row g, k 2t and 2t + 1 of the step;
+// a1: row g + 8, the same k; a2: row g, k 2t + 8 and 2t + 9; a3: row g + 8, those k), so
+// and_or(w >> 4p, 0x000F000F, 0x43004300) is a_p as bf16 pairs of 128 + q. A warp's chunk is
+// 512 contiguous bytes. meta u32 [N / 16][K / 128][8][2]: (fp16 scale) | (bf16 of 128 + z) << 16
+// for rows g and g + 8 of each tile and group.
+// x is staged in shared memory as the B fragments (xs: chunk, t, step, (b0, b1)), so a lane
+// reads a chunk's four steps with two 16-byte loads (the 8 lanes of one t: a broadcast).
+// A warp takes a pair of tiles (32 rows) over K / KS (KS warps per block, one tile pair per
+// block); the sum of x over each k16 step comes from one mma with A = ones, shared by both
+// tiles, and at each group's end acc += s * (sum (128 + q) x - (128 + z) * sum x).
+// STAGES groups of loads are in flight per warp (registers, rotated by unrolling: no moves).
+#include "gemv_mma.cuh"
+
+struct LeanStage {
+  uint4 w[2][2];  // [tile][chunk]
+  uint2 m[2];     // [tile]: meta of rows g, g + 8
+};
+
+template <bool PF>
+__device__ __forceinline__ void lean_load(LeanStage& st, const uint4* q, const uint2* meta,
+                                          u32 grp, u32 chunks, u32 groups) {
+  // tile A at q, tile B one tile on (chunks * 32 vectors); group grp = chunks 2 grp, 2 grp + 1
+  const uint4* p = q + 64 * grp;
+  st.w[0][0] = ld_stream<PF>(p);
+  st.w[0][1] = ld_stream<PF>(p + 32);
+  st.w[1][0] = ld_stream<PF>(p + 32 * chunks);
+  st.w[1][1] = ld_stream<PF>(p + 32 * chunks + 32);
+  st.m[0] = __ldg(meta + 8 * grp);
+  st.m[1] = __ldg(meta + 8 * (grp + groups));
+}
+
+__device__ __forceinline__ void lean_step(float (&c)[4], u32 w, u32 b0, u32 b1) {
+  const u32 a0 = and_or(w, 0x000F000Fu, 0x43004300u);
+  const u32 a1 = and_or(w >> 4, 0x000F000Fu, 0x43004300u);
+  const u32 a2 = and_or(w >> 8, 0x000F000Fu, 0x43004300u);
+  const u32 a3 = and_or(w >> 12, 0x000F000Fu, 0x43004300u);
+  mma_bf16(c, a0, a1, a2, a3, b0, b1);
+}
+
+__device__ __forceinline__ void lean_math(float (&acc)[2][4], const LeanStage& st,
+                                          const uint4* xs, u32 grp, int t) {
+  constexpr u32 ONES = 0x3F803F80u;  // bf16 (1, 1)
+  float cq[2][4] = {}, cs[4] = {};
+#pragma unroll
+  for (int ch = 0; ch < 2; ++ch) {
+    const uint4* xp = xs + ((2 * grp + ch) * 4 + t) * 2;
+    const uint4 xa = xp[0], xb = xp[1];
+    const u32 b[4][2] = {{xa.x, xa.y}, {xa.z, xa.w}, {xb.x, xb.y}, {xb.z, xb.w}};
+    const u32 wa[4] = {st.w[0][ch].x, st.w[0][ch].y, st.w[0][ch].z, st.w[0][ch].w};
+    const u32 wb[4] = {st.w[1][ch].x, st.w[1][ch].y, st.w[1][ch].z, st.w[1][ch].w};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      mma_bf16(cs, ONES, ONES, ONES, ONES, b[s][0], b[s][1]);
+      lean_step(cq[0], wa[s], b[s][0], b[s][1]);
+      lean_step(cq[1], wb[s], b[s][0], b[s][1]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // c0: row g, c2: row g + 8 (x's column 2t)
+    const float sg = f16_to_f32((u16)st.m[i].x), s8 = f16_to_f32((u16)st.m[i].y);
+    acc[i][0] = fmaf(sg, fmaf(-bf16_hi(st.m[i].x), cs[0], cq[i][0]), acc[i][0]);
+    acc[i][2] = fmaf(s8, fmaf(-bf16_hi(st.m[i].y), cs[2], cq[i][2]), acc[i][2]);
+  }
+}
+
+// grid: N / 32 blocks (tile pairs), KS warps each; dynamic shared memory 2 K bytes (xs).
+// N % 32 == 0, K % (128 KS) == 0. y [N] bf16.
+template <int KS, int STAGES, bool PF>
+__global__ void __launch_bounds__(32 * KS) int4_lean(const uint4* __restrict__ q,
+                                                     const uint2* __restrict__ meta,
+                                                     const u32* __restrict__ x,
+                                                     u16* __restrict__ y, int N, int K) {
+  extern __shared__ uint4 xs[];  // [K / 64][4 t][2]: a chunk's b0, b1 of 4 steps per t
+  __shared__ float red[KS * 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const u32 chunks = (u32)K >> 6, groups = (u32)K >> 7, per = groups / KS;
+  const u32 g0 = warp * per;
+  const uint4* qa = q + ((size_t)(2 * blockIdx.x) * chunks) * 32 + lane;
+  const uint2* ma = meta + (size_t)(2 * blockIdx.x) * groups * 8 + g;
+  LeanStage st[STAGES];
+#pragma unroll
+  for (int i = 0; i < STAGES; ++i)
+    if (i < (int)per) lean_load<PF>(st[i], qa, ma, g0 + i, chunks, groups);
+  u32* xw = reinterpret_cast<u32*>(xs);
+  for (int i = threadIdx.x; i < (K >> 1); i += 32 * KS) {
+    // slot i: e = i & 1 (b0 / b1), s = (i >> 1) & 3, t = (i >> 3) & 3, chunk c = i >> 5
+    const int e = i & 1, s = (i >> 1) & 3, tt = (i >> 3) & 3, c = i >> 5;
+    xw[i] = __ldg(x + 32 * c + 8 * s + tt + 4 * e);
+  }
+  __syncthreads();
+  float acc[2][4] = {};
+  for (u32 base = 0; base < per; base += STAGES) {
+#pragma unroll
+    for (int i = 0; i < STAGES; ++i) {
+      const u32 j = base + i;
+      if (j < per) {
+        lean_math(acc, st[i], xs, g0 + j, t);
+        if (j + STAGES < per) lean_load<PF>(st[i], qa, ma, g0 + j + STAGES, chunks, groups);
+      }
+    }
+  }
+  if (t == 0) {
+    red[warp * 32 + g] = acc[0][0];
+    red[warp * 32 + g + 8] = acc[0][2];
+    red[warp * 32 + 16 + g] = acc[1][0];
+    red[warp * 32 + 24 + g] = acc[1][2];
+  }
+  __syncthreads();
+  if (warp == 0) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < KS; ++w) v += red[w * 32 + lane];
+    y[32 * blockIdx.x + lane] = f32_to_bf16(v);
+  }
+}

@@ -1,0 +1,78 @@
+"""bench/int4_lean_probe.py's lean_pack: every nibble and meta word where the probe kernel's
+header says (CPU; the kernel itself is checked against lean_reference on the GPU)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from int4_lean_probe import lean_pack, lean_reference
+
+
+def test_lean_pack_puts_each_value_in_its_fragment_slot():
+    gen = torch.Generator().manual_seed(0)
+    n, k = 32, 256
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen)
+    z = torch.randint(0, 16, (n, k // 128), dtype=torch.uint8, generator=gen)
+    s = (torch.rand(n, k // 128, generator=gen) + 0.5).half()
+    words, meta = lean_pack(q, z, s)
+    assert words.shape == (n // 16, k // 64, 32, 4) and words.dtype == torch.int32
+    assert meta.shape == (n // 16, k // 128, 8, 2) and meta.dtype == torch.int32
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    for tile in range(n // 16):
+        for c in range(k // 64):
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                for step in range(4):
+                    word = int(w[tile, c, lane, step])
+                    for p in range(4):
+                        row = 16 * tile + g + 8 * (p & 1)
+                        col = 64 * c + 16 * step + 2 * t + 8 * (p >> 1)
+                        assert (word >> (4 * p)) & 15 == q[row, col]
+                        assert (word >> (16 + 4 * p)) & 15 == q[row, col + 1]
+    m = meta.to(torch.int64) & 0xFFFFFFFF
+    for tile in range(n // 16):
+        for grp in range(k // 128):
+            for g in range(8):
+                for h in range(2):
+                    row, v = 16 * tile + g + 8 * h, int(m[tile, grp, g, h])
+                    scale = torch.tensor([v & 0xFFFF], dtype=torch.int16).view(torch.float16)
+                    zero = torch.tensor([v >> 16], dtype=torch.int32).to(torch.int16)
+                    assert scale.item() == s[row, grp].item()
+                    assert zero.view(torch.bfloat16).item() == 128 + int(z[row, grp])
+
+
+def test_lean_pack_rejects_shapes_the_kernel_does_not_take():
+    with pytest.raises(ValueError, match="N % 32 == 0 and K % 128 == 0"):
+        lean_pack(torch.zeros(16, 128, dtype=torch.uint8), torch.zeros(16, 1),
+                  torch.zeros(16, 1).half())
+
+
+def test_lean_reference_is_the_dequantized_product():
+    q = torch.tensor([[3] * 128 + [0] * 128] * 32, dtype=torch.uint8)
+    z = torch.tensor([[1, 0]] * 32, dtype=torch.uint8)
+    s = torch.tensor([[0.5, 1.0]] * 32).half()
+    x = torch.ones(256)
+    assert torch.equal(lean_reference(q, z, s, x), torch.full((32,), 128.0))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_probe_kernel_compiles_for_sm90(tmp_path):
+    from kernels import KERNEL_DIR
+
+    probe = Path(__file__).resolve().parents[1] / "bench" / "int4_lean_probe.cu"
+    src = tmp_path / "probe.cu"
+    src.write_text(probe.read_text() + "\ntemplate __global__ void int4_lean<8, 2, true>("
+                   "const uint4*, const uint2*, const u32*, u16*, int, int);\n")
+    result = subprocess.run(
+        ["nvcc", "-std=c++17", "-arch=sm_90", "-ptx", f"-I{KERNEL_DIR}", str(src), "-o",
+         str(tmp_path / "probe.ptx")], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert ".entry" in (tmp_path / "probe.ptx").read_text()
