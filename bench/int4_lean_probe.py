@@ -1,14 +1,16 @@
 """How fast an int4 gemv built around the mma fragments streams: a probe, not the runtime's.
 
-    python bench/int4_lean_probe.py [--out DIR] [--settings 4.2,8.2,8.4,16.2] [--layers 36]
+    python bench/int4_lean_probe.py [--out DIR] [--settings 8.2,16.2,b8.8.8] [--layers 36]
 
 bench/int4_lean_probe.cu reads int4 weights in a layout made for the tensor-core fragments
 (`lean_pack`: each lane's 16-byte load is its A registers for four k16 steps; per row and
 group one u32 of scale and zero point) and spends ~10 instructions per 32-bit word of
-weights where the runtime's tuned int4 kernel (kernels/gemv_int4.cu) spends ~17. For each
+weights where the runtime's tuned int4 kernel (kernels/gemv_int4.cu) spends ~17, its loads
+in registers (int4_lean) or through a bulk-copy ring of shared memory (int4_lean_bulk, one
+block per SM, as kernels/gemv_bulk.cu feeds the bf16 gemvs). For each
 qwen3-8b decode shape at one row of x: the result against the fp32 product of the same
 int4 weights (output poisoned with NaN first; relative error <= 1e-2), then the time per
-launch of each (KS warps per tile pair, STAGES groups in flight) setting against the tuned
+launch of each setting against the tuned
 kernel on weights of the same shape, both in CUDA graphs over enough distinct weights to
 stream past the L2; last the `--layers` qwen3-8b layers' four int4 matmuls in one graph,
 each shape at its best setting, against the tuned kernel. Prints a table last; writes
@@ -71,33 +73,72 @@ def lean_reference(q, z, s, x) -> torch.Tensor:
     return w.view(n, k) @ x.float()
 
 
-class Lean:
-    """The probe kernel compiled for `settings` ((KS, STAGES) pairs), launched on torch's
-    current stream."""
+def parse_setting(text: str) -> tuple[int, ...]:
+    """"KS.STAGES" (the register kernel) or "bWARPS.S.IK" (the bulk-copy kernel)."""
+    bulk = text.startswith("b")
+    values = tuple(int(v) for v in text.lstrip("b").split("."))
+    if len(values) != (3 if bulk else 2):
+        raise ValueError(f"setting {text!r}: KS.STAGES or bWARPS.S.IK expected")
+    return values
 
-    def __init__(self, settings: list[tuple[int, int]]):
+
+def label(setting: tuple[int, ...]) -> str:
+    return ("b" if len(setting) == 3 else "") + ".".join(map(str, setting))
+
+
+def fits(setting: tuple[int, ...], n: int, k: int, max_shared: int = 227 * 1024) -> bool:
+    """The kernel takes [N, K] at this setting (and its shared memory fits)."""
+    groups = k // 128
+    if len(setting) == 2:
+        return n % 32 == 0 and groups % setting[0] == 0
+    warps, _, ik = setting
+    return (n % 32 == 0 and groups % ik == 0 and ik % warps == 0
+            and bulk_shared(setting, k) + 2048 <= max_shared)
+
+
+def bulk_shared(setting: tuple[int, ...], k: int) -> int:
+    """Dynamic shared memory of int4_lean_bulk: the ring and x."""
+    _, slots, ik = setting
+    return slots * 2 * ik * (1024 + 64) + 2 * k
+
+
+class Lean:
+    """The probe kernels compiled for `settings` ((KS, STAGES): int4_lean; (WARPS, S, IK):
+    int4_lean_bulk), launched on torch's current stream."""
+
+    def __init__(self, settings: list[tuple[int, ...]]):
         import cupy
 
         from kernels import KERNEL_DIR
 
         self.cupy, self.streams = cupy, {}
-        self.names = {st: f"int4_lean<{st[0]}, {st[1]}, true>" for st in settings}
+        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
+        self.names = {st: (f"int4_lean<{st[0]}, {st[1]}, true>" if len(st) == 2
+                           else f"int4_lean_bulk<{st[0]}, {st[1]}, {st[2]}>") for st in settings}
         code = (ROOT / "bench" / "int4_lean_probe.cu").read_text()
         self.module = cupy.RawModule(code=code, options=("-std=c++17", f"-I{KERNEL_DIR}"),
                                      name_expressions=list(self.names.values()))
         self.module.compile()
+        self.ready: set = set()
 
-    def __call__(self, words, meta, x, y, setting: tuple[int, int]) -> None:
-        from kestrel_rt.cuda.module import current_stream, i32, ptr
+    def __call__(self, words, meta, x, y, setting: tuple[int, ...]) -> None:
+        from kestrel_rt.cuda.module import current_stream, i32, ptr, set_max_dynamic_shared
 
         n, k = words.shape[0] * 16, words.shape[1] * 64
-        ks = setting[0]
-        if (k // 128) % ks or n % 32:
-            raise ValueError(f"setting {setting} does not fit {n} x {k}")
+        if not fits(setting, n, k):
+            raise ValueError(f"setting {label(setting)} does not fit {n} x {k}")
         fn = self.module.get_function(self.names[setting])
+        if len(setting) == 2:
+            grid, block, shared = (n // 32,), (32 * setting[0],), 2 * k
+        else:
+            grid, block = (min(self.sms, n // 32),), (32 * (setting[0] + 1),)
+            shared = bulk_shared(setting, k)
+            if setting not in self.ready:
+                set_max_dynamic_shared(fn, 227 * 1024 - 2048)
+                self.ready.add(setting)
         stream = current_stream(self.cupy, torch.cuda.current_device(), self.streams)
-        fn((n // 32,), (32 * ks,), (ptr(words), ptr(meta), ptr(x), ptr(y), i32(n), i32(k)),
-           shared_mem=2 * k, stream=stream)
+        fn(grid, block, (ptr(words), ptr(meta), ptr(x), ptr(y), i32(n), i32(k)),
+           shared_mem=shared, stream=stream)
 
 
 def random_int4(n: int, k: int, gen: torch.Generator, dev: str = "cuda"):
@@ -116,12 +157,12 @@ def check(lean: Lean, n: int, k: int, settings, gen) -> dict:
     ref = lean_reference(q, z, s, x)
     errors = {}
     for st in settings:
-        if (k // 128) % st[0]:
+        if not fits(st, n, k):
             continue
         y = torch.full((n,), float("nan"), device="cuda", dtype=torch.bfloat16)
         lean(words, meta, x, y, st)
         torch.cuda.synchronize()
-        errors[f"{st[0]}.{st[1]}"] = float((y.float() - ref).norm() / ref.norm())
+        errors[label(st)] = float((y.float() - ref).norm() / ref.norm())
     return errors
 
 
@@ -203,8 +244,9 @@ def time_layers(lean: Lean, gemv, best: dict, layers: int, gen) -> tuple[float, 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/int4_lean"))
-    ap.add_argument("--settings", default="4.2,4.3,8.2,8.3,8.4,16.2",
-                    help="KS.STAGES pairs, comma separated")
+    ap.add_argument("--settings", default="8.2,16.2,b8.8.8,b8.10.8,b8.12.8,b16.4.16,b16.5.16",
+                    help="KS.STAGES (int4_lean) or bWARPS.S.IK (int4_lean_bulk), comma "
+                         "separated")
     ap.add_argument("--layers", type=int, default=36)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -214,7 +256,7 @@ def main(argv=None) -> int:
 
     from kestrel_rt.cuda.linear import Gemv
 
-    settings = [tuple(int(v) for v in s.split(".")) for s in args.settings.split(",")]
+    settings = [parse_setting(s) for s in args.settings.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     copy_bw = copy_bandwidth()
     lean, gemv = Lean(settings), Gemv("cuda")
@@ -226,12 +268,10 @@ def main(argv=None) -> int:
                "tuned_us": tuned_s * 1e6, "tuned_of_copy": tuned_b / tuned_s / copy_bw,
                "lean_us": {}}
         for st in settings:
-            if (k // 128) % st[0]:
-                continue
-            t = time_lean(lean, n, k, st, gen)
-            row["lean_us"][f"{st[0]}.{st[1]}"] = t * 1e6
+            if fits(st, n, k):
+                row["lean_us"][label(st)] = time_lean(lean, n, k, st, gen) * 1e6
         key = min(row["lean_us"], key=row["lean_us"].get)
-        best[name] = tuple(int(v) for v in key.split("."))
+        best[name] = parse_setting(key)
         row["best"] = key
         row["lean_of_copy"] = lean_bytes(n, k) / (row["lean_us"][key] / 1e6) / copy_bw
         rows.append(row)

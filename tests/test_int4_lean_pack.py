@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from int4_lean_probe import lean_pack, lean_reference
+from int4_lean_probe import fits, lean_pack, lean_reference, parse_setting
 
 
 def test_lean_pack_puts_each_value_in_its_fragment_slot():
@@ -69,10 +69,20 @@ def test_probe_kernel_compiles_for_sm90(tmp_path):
 
     probe = Path(__file__).resolve().parents[1] / "bench" / "int4_lean_probe.cu"
     src = tmp_path / "probe.cu"
-    src.write_text(probe.read_text() + "\ntemplate __global__ void int4_lean<8, 2, true>("
-                   "const uint4*, const uint2*, const u32*, u16*, int, int);\n")
+    args = "(const uint4*, const uint2*, const u32*, u16*, int, int);\n"
+    src.write_text(probe.read_text() + "\ntemplate __global__ void int4_lean<8, 2, true>" + args
+                   + "template __global__ void int4_lean_bulk<8, 8, 8>" + args)
     result = subprocess.run(
         ["nvcc", "-std=c++17", "-arch=sm_90", "-ptx", f"-I{KERNEL_DIR}", str(src), "-o",
          str(tmp_path / "probe.ptx")], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert ".entry" in (tmp_path / "probe.ptx").read_text()
+
+
+def test_settings_parse_and_fit_where_the_kernels_take_them():
+    assert parse_setting("8.2") == (8, 2) and parse_setting("b8.10.8") == (8, 10, 8)
+    with pytest.raises(ValueError, match="KS.STAGES or bWARPS.S.IK"):
+        parse_setting("b8.2")
+    assert fits((8, 2), 4096, 4096) and not fits((64, 2), 4096, 4096)  # 32 groups
+    assert fits((8, 12, 8), 4096, 4096) and not fits((8, 12, 8), 4096, 12288)  # shared memory
+    assert not fits((16, 4, 8), 4096, 4096)  # a consumer warp per group of the item at least
