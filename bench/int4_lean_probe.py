@@ -119,7 +119,7 @@ class Lean:
         self.module = cupy.RawModule(code=code, options=("-std=c++17", f"-I{KERNEL_DIR}"),
                                      name_expressions=list(self.names.values()))
         self.module.compile()
-        self.ready: set = set()
+        self.ready: dict = {}  # setting -> dynamic shared bytes allowed
 
     def __call__(self, words, meta, x, y, setting: tuple[int, ...]) -> None:
         from kestrel_rt.cuda.module import current_stream, i32, ptr, set_max_dynamic_shared
@@ -133,9 +133,9 @@ class Lean:
         else:
             grid, block = (min(self.sms, n // 32),), (32 * (setting[0] + 1),)
             shared = bulk_shared(setting, k)
-            if setting not in self.ready:
-                set_max_dynamic_shared(fn, 227 * 1024 - 2048)
-                self.ready.add(setting)
+            if self.ready.get(setting, 0) < shared:
+                set_max_dynamic_shared(fn, shared)
+                self.ready[setting] = shared
         stream = current_stream(self.cupy, torch.cuda.current_device(), self.streams)
         fn(grid, block, (ptr(words), ptr(meta), ptr(x), ptr(y), i32(n), i32(k)),
            shared_mem=shared, stream=stream)
