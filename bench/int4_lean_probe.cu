@@ -230,3 +230,153 @@ int4_lean_bulk(const uint4* __restrict__ q, const uint2* __restrict__ meta,
   __trap();
 #endif
 }
+
+// -- int4_lean16: the arithmetic in fp16, four logic ops per 32-bit word and no shift on the
+// integer pipe. fp16 has 10 mantissa bits, so a nibble at bits 4..7 (and 20..23) ORed into the
+// pattern of 1024 gives 1024 + 16 q exactly: and_or(w, 0x000F000F, 0x64006400) and
+// and_or(w, 0x00F000F0, 0x64006400) are two registers, and the same of w >> 8 (one IMAD.HI,
+// the FMA pipe) two more. Word s of lane (g, t) (lean_pack16): nibbles 0 / 4 = row g, k 2t /
+// 2t + 1 (1024 + q: a0), nibbles 1 / 5 = row g, k 2t + 8 / 2t + 9 (1024 + 16 q: a2), nibbles 2 /
+// 6 = row g + 8 (a1), 3 / 7 = row g + 8 (a3). x is staged as fp16 B fragments, b1 (the k of a2,
+// a3) divided by 16, all of it by 2^-e where the row's largest |x| needs it (fp16's range; the
+// result is scaled back). The zero point comes off in the same fp32 chain through an mma with
+// A = -(1024 + z) at a0 / a1's k and -(1024 + 16 z) at a2 / a3's (exact in fp16); the group's
+// scale multiplies the chain once. meta u32 [N / 16][K / 128][8][2]: (fp16 scales of rows g,
+// g + 8), (fp16 -(1024 + z) of rows g, g + 8).
+__device__ __forceinline__ void mma_f16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                        u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 sel) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %1, %2;" : "=r"(d) : "r"(a), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ u32 fma_f16x2(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
+  u16 a, b;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(a) : "f"(lo));
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(hi));
+  return (u32)a | ((u32)b << 16);
+}
+
+__device__ __forceinline__ void lean16_math(float (&acc)[2][4], const LeanStage& st,
+                                            const uint4* xs, u32 grp, int t) {
+  u32 za[2][4];  // the zero chain's A registers of both tiles
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const u32 nz = st.m[i].y, nz16 = fma_f16x2(nz, 0x4C004C00u, 0x73807380u);  // *16 + 15360
+    za[i][0] = prmt(nz, 0x1010);
+    za[i][1] = prmt(nz, 0x3232);
+    za[i][2] = prmt(nz16, 0x1010);
+    za[i][3] = prmt(nz16, 0x3232);
+  }
+  float cq[2][4] = {};
+#pragma unroll
+  for (int ch = 0; ch < 2; ++ch) {
+    const uint4* xp = xs + ((2 * grp + ch) * 4 + t) * 2;
+    const uint4 xa = xp[0], xb = xp[1];
+    const u32 b[4][2] = {{xa.x, xa.y}, {xa.z, xa.w}, {xb.x, xb.y}, {xb.z, xb.w}};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const u32 ws[4] = {st.w[i][ch].x, st.w[i][ch].y, st.w[i][ch].z, st.w[i][ch].w};
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const u32 w = ws[s], w8 = __umulhi(w, 1u << 24);  // w >> 8 on the FMA pipe
+        mma_f16(cq[i], and_or(w, 0x000F000Fu, 0x64006400u), and_or(w8, 0x000F000Fu, 0x64006400u),
+                and_or(w, 0x00F000F0u, 0x64006400u), and_or(w8, 0x00F000F0u, 0x64006400u),
+                b[s][0], b[s][1]);
+        mma_f16(cq[i], za[i][0], za[i][1], za[i][2], za[i][3], b[s][0], b[s][1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    acc[i][0] = fmaf(f16_to_f32((u16)st.m[i].x), cq[i][0], acc[i][0]);
+    acc[i][2] = fmaf(f16_to_f32((u16)(st.m[i].x >> 16)), cq[i][2], acc[i][2]);
+  }
+}
+
+// As int4_lean (grid N / 32 blocks of KS warps, 2 K bytes of dynamic shared memory), fp16.
+template <int KS, int STAGES>
+__global__ void __launch_bounds__(32 * KS) int4_lean16(const uint4* __restrict__ q,
+                                                       const uint2* __restrict__ meta,
+                                                       const u32* __restrict__ x,
+                                                       u16* __restrict__ y, int N, int K) {
+  extern __shared__ uint4 xs[];
+  __shared__ float red[KS * 32];
+  __shared__ float most[KS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const u32 chunks = (u32)K >> 6, groups = (u32)K >> 7, per = groups / KS;
+  const u32 g0 = warp * per;
+  const uint4* qa = q + ((size_t)(2 * blockIdx.x) * chunks) * 32 + lane;
+  const uint2* ma = meta + (size_t)(2 * blockIdx.x) * groups * 8 + g;
+  LeanStage st[STAGES];
+#pragma unroll
+  for (int i = 0; i < STAGES; ++i)
+    if (i < (int)per) lean_load<true>(st[i], qa, ma, g0 + i, chunks, groups);
+  // the row's largest |x| (a NaN stays: fmaxf would drop it, so the comparison keeps it)
+  float m = 0.f;
+  for (int i = threadIdx.x; i < (K >> 1); i += 32 * KS) {
+    const u32 v = __ldg(x + i);
+    const float a = fabsf(bf16_lo(v)), b = fabsf(bf16_hi(v));
+    m = (a > m || a != a) ? a : m;
+    m = (b > m || b != b) ? b : m;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, m, off);
+    m = (o > m || o != o) ? o : m;
+  }
+  if (lane == 0) most[warp] = m;
+  __syncthreads();
+  m = most[0];
+#pragma unroll
+  for (int w = 1; w < KS; ++w) m = (most[w] > m || most[w] != most[w]) ? most[w] : m;
+  // 2^-e keeps the staged x under 2^15 (fp16's largest is 65504); the result gets 2^e back
+  int e = 0;
+  if (m >= 32768.f && m <= 3.0e38f) e = (int)((__float_as_uint(m) >> 23) & 0xFF) - 127 - 14;
+  const float down = __uint_as_float((u32)(127 - e) << 23);
+  u32* xw = reinterpret_cast<u32*>(xs);
+  for (int i = threadIdx.x; i < (K >> 1); i += 32 * KS) {
+    const int hi = i & 1, s = (i >> 1) & 3, tt = (i >> 3) & 3, c = i >> 5;
+    const u32 v = __ldg(x + 32 * c + 8 * s + tt + 4 * hi);
+    const float f = hi ? down * 0.0625f : down;
+    xw[i] = pack_f16(bf16_lo(v) * f, bf16_hi(v) * f);
+  }
+  __syncthreads();
+  float acc[2][4] = {};
+  for (u32 base = 0; base < per; base += STAGES) {
+#pragma unroll
+    for (int i = 0; i < STAGES; ++i) {
+      const u32 j = base + i;
+      if (j < per) {
+        lean16_math(acc, st[i], xs, g0 + j, t);
+        if (j + STAGES < per) lean_load<true>(st[i], qa, ma, g0 + j + STAGES, chunks, groups);
+      }
+    }
+  }
+  if (t == 0) {
+    red[warp * 32 + g] = acc[0][0];
+    red[warp * 32 + g + 8] = acc[0][2];
+    red[warp * 32 + 16 + g] = acc[1][0];
+    red[warp * 32 + 24 + g] = acc[1][2];
+  }
+  __syncthreads();
+  if (warp == 0) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < KS; ++w) v += red[w * 32 + lane];
+    y[32 * blockIdx.x + lane] = f32_to_bf16(v * __uint_as_float((u32)(127 + e) << 23));
+  }
+}

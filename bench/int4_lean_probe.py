@@ -41,11 +41,18 @@ def _i32(words: torch.Tensor) -> torch.Tensor:
     return ((words + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
-def lean_pack(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor
+# Where the nibbles of a word go: nibble p (p = 0..3) holds (row g + dr, k 2t + dk) of the
+# step and nibble 4 + p the next k. int4_lean: a_p's element pairs (a0, a1, a2, a3); int4_lean16:
+# a0, a2 (from w), a1, a3 (from w >> 8).
+NIBBLES = {False: ((0, 0), (8, 0), (0, 8), (8, 8)), True: ((0, 0), (0, 8), (8, 0), (8, 8))}
+
+
+def lean_pack(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, f16: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [N, K] (values 0..15), z [N, K / 128] (0..15), s [N, K / 128] fp16 -> (words int32
-    [N / 16, K / 64, 32, 4], meta int32 [N / 16, K / 128, 8, 2]) in the probe kernel's layout
-    (bench/int4_lean_probe.cu's header). N % 32 == 0, K % 128 == 0."""
+    [N / 16, K / 64, 32, 4], meta int32 [N / 16, K / 128, 8, 2]) in the probe kernels' layout
+    (bench/int4_lean_probe.cu: int4_lean's header, or int4_lean16's with f16). N % 32 == 0,
+    K % 128 == 0."""
     n, k = q.shape
     if n % 32 or k % 128:
         raise ValueError(f"lean_pack needs N % 32 == 0 and K % 128 == 0, got {n} x {k}")
@@ -54,15 +61,21 @@ def lean_pack(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor
     g = torch.arange(8, device=q.device).view(8, 1)
     t = torch.arange(4, device=q.device).view(1, 4)
     words = torch.zeros(tiles, chunks, 8, 4, 4, dtype=torch.int64, device=q.device)
-    for p in range(4):  # register a_p: rows g (p even) or g + 8, k 2t (+ 8 for p >= 2) and + 1
-        row, klo = g + 8 * (p & 1), 2 * t + 8 * (p >> 1)
+    for p, (dr, dk) in enumerate(NIBBLES[f16]):
+        row, klo = g + dr, 2 * t + dk
         lo = q5[:, row, :, :, klo].permute(2, 3, 0, 1, 4)  # [tile, chunk, g, t, step]
         hi = q5[:, row, :, :, klo + 1].permute(2, 3, 0, 1, 4)
         words |= (lo << (4 * p)) | (hi << (16 + 4 * p))
     words = words.reshape(tiles, chunks, 32, 4)  # lane = 4 g + t
     s_bits = s.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
-    z_bits = (z.float() + 128).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
-    meta = (s_bits | (z_bits << 16)).view(tiles, 2, 8, groups).permute(0, 3, 2, 1)
+    if f16:  # (scales of rows g, g + 8), (-(1024 + z) of rows g, g + 8), fp16
+        z_bits = (-(z.float() + 1024)).half().view(torch.int16).to(torch.int64) & 0xFFFF
+        pairs = [b.view(tiles, 2, 8, groups) for b in (s_bits, z_bits)]  # [tile, h, g, group]
+        meta = torch.stack([p[:, 0] | (p[:, 1] << 16) for p in pairs], -1)  # [tile, g, grp, 2]
+        meta = meta.permute(0, 2, 1, 3)
+    else:  # (scale) | (bf16 of 128 + z) << 16, rows g and g + 8
+        z_bits = (z.float() + 128).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+        meta = (s_bits | (z_bits << 16)).view(tiles, 2, 8, groups).permute(0, 3, 2, 1)
     return _i32(words), _i32(meta.contiguous())
 
 
@@ -73,22 +86,34 @@ def lean_reference(q, z, s, x) -> torch.Tensor:
     return w.view(n, k) @ x.float()
 
 
-def parse_setting(text: str) -> tuple[int, ...]:
-    """"KS.STAGES" (the register kernel) or "bWARPS.S.IK" (the bulk-copy kernel)."""
-    bulk = text.startswith("b")
-    values = tuple(int(v) for v in text.lstrip("b").split("."))
-    if len(values) != (3 if bulk else 2):
-        raise ValueError(f"setting {text!r}: KS.STAGES or bWARPS.S.IK expected")
-    return values
+def parse_setting(text: str) -> tuple:
+    """"KS.STAGES" (int4_lean), "hKS.STAGES" (int4_lean16) or "bWARPS.S.IK" (int4_lean_bulk)
+    -> (KS, STAGES), ("h", KS, STAGES) or (WARPS, S, IK)."""
+    kind = text[0] if text[:1] in ("b", "h") else ""
+    try:
+        values = tuple(int(v) for v in text[len(kind):].split("."))
+    except ValueError:
+        values = ()
+    if len(values) != (3 if kind == "b" else 2):
+        raise ValueError(f"setting {text!r}: KS.STAGES, hKS.STAGES or bWARPS.S.IK expected")
+    return ("h", *values) if kind == "h" else values
 
 
-def label(setting: tuple[int, ...]) -> str:
+def label(setting: tuple) -> str:
+    if setting[0] == "h":
+        return "h" + ".".join(map(str, setting[1:]))
     return ("b" if len(setting) == 3 else "") + ".".join(map(str, setting))
+
+
+def is_f16(setting: tuple) -> bool:
+    return setting[0] == "h"
 
 
 def fits(setting: tuple[int, ...], n: int, k: int, max_shared: int = 227 * 1024) -> bool:
     """The kernel takes [N, K] at this setting (and its shared memory fits)."""
     groups = k // 128
+    if is_f16(setting):
+        setting = setting[1:]
     if len(setting) == 2:
         return n % 32 == 0 and groups % setting[0] == 0
     warps, _, ik = setting
@@ -113,7 +138,8 @@ class Lean:
 
         self.cupy, self.streams = cupy, {}
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
-        self.names = {st: (f"int4_lean<{st[0]}, {st[1]}, true>" if len(st) == 2
+        self.names = {st: (f"int4_lean16<{st[1]}, {st[2]}>" if is_f16(st)
+                           else f"int4_lean<{st[0]}, {st[1]}, true>" if len(st) == 2
                            else f"int4_lean_bulk<{st[0]}, {st[1]}, {st[2]}>") for st in settings}
         code = (ROOT / "bench" / "int4_lean_probe.cu").read_text()
         self.module = cupy.RawModule(code=code, options=("-std=c++17", f"-I{KERNEL_DIR}"),
@@ -128,7 +154,9 @@ class Lean:
         if not fits(setting, n, k):
             raise ValueError(f"setting {label(setting)} does not fit {n} x {k}")
         fn = self.module.get_function(self.names[setting])
-        if len(setting) == 2:
+        if is_f16(setting):
+            grid, block, shared = (n // 32,), (32 * setting[1],), 2 * k
+        elif len(setting) == 2:
             grid, block, shared = (n // 32,), (32 * setting[0],), 2 * k
         else:
             grid, block = (min(self.sms, n // 32),), (32 * (setting[0] + 1),)
@@ -150,19 +178,23 @@ def random_int4(n: int, k: int, gen: torch.Generator, dev: str = "cuda"):
 
 
 def check(lean: Lean, n: int, k: int, settings, gen) -> dict:
-    """Relative error of every setting against lean_reference on one random weight."""
+    """Relative error of every setting against lean_reference on one random weight (NaN
+    where any output was left unwritten)."""
     q, z, s = random_int4(n, k, gen)
-    words, meta = lean_pack(q, z, s)
+    packed = {f16: lean_pack(q, z, s, f16) for f16 in (False, True)}
     x = torch.randn(k, device="cuda", generator=gen).bfloat16()
     ref = lean_reference(q, z, s, x)
     errors = {}
     for st in settings:
         if not fits(st, n, k):
             continue
-        y = torch.full((n,), float("nan"), device="cuda", dtype=torch.bfloat16)
-        lean(words, meta, x, y, st)
-        torch.cuda.synchronize()
-        errors[label(st)] = float((y.float() - ref).norm() / ref.norm())
+        # fp16 x: also at 2^17 times the size (beyond fp16's range: the kernel's 2^-e scale)
+        for scale in (1.0, 2.0**17) if is_f16(st) else (1.0,):
+            y = torch.full((n,), float("nan"), device="cuda", dtype=torch.bfloat16)
+            lean(*packed[is_f16(st)], x * scale, y, st)
+            torch.cuda.synchronize()
+            err = float((y.float() / scale - ref).norm() / ref.norm())
+            errors[label(st)] = err if math.isnan(err) else max(errors.get(label(st), 0.0), err)
     return errors
 
 
@@ -177,7 +209,7 @@ def time_lean(lean: Lean, n: int, k: int, setting, gen) -> float:
     copies = max(2, min(64, math.ceil(STREAM_BYTES / per)))
     ws = [(torch.randint(-2**31, 2**31 - 1, (n // 16, k // 64, 32, 4), device="cuda",
                          dtype=torch.int32, generator=gen),
-           lean_pack(*random_int4(32, k, gen))[1].repeat(n // 32, 1, 1, 1))
+           lean_pack(*random_int4(32, k, gen), is_f16(setting))[1].repeat(n // 32, 1, 1, 1))
           for _ in range(copies)]
     x = torch.randn(k, device="cuda", generator=gen).bfloat16()
     ys = [torch.empty(n, device="cuda", dtype=torch.bfloat16) for _ in ws]
@@ -221,7 +253,8 @@ def time_layers(lean: Lean, gemv, best: dict, layers: int, gen) -> tuple[float, 
         for name, (n, k) in SHAPES.items():
             words = torch.randint(-2**31, 2**31 - 1, (n // 16, k // 64, 32, 4), device="cuda",
                                   dtype=torch.int32, generator=gen)
-            meta = lean_pack(*random_int4(32, k, gen))[1].repeat(n // 32, 1, 1, 1)
+            meta = lean_pack(*random_int4(32, k, gen), is_f16(best[name]))[1].repeat(
+                n // 32, 1, 1, 1)
             lw.append((words, meta, torch.empty(n, device="cuda", dtype=torch.bfloat16),
                        best[name]))
             tw.append((random_weight("int4", n, k, gen),
@@ -244,9 +277,9 @@ def time_layers(lean: Lean, gemv, best: dict, layers: int, gen) -> tuple[float, 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/int4_lean"))
-    ap.add_argument("--settings", default="8.2,16.2,b8.8.8,b8.10.8,b8.12.8,b16.4.16,b16.5.16",
-                    help="KS.STAGES (int4_lean) or bWARPS.S.IK (int4_lean_bulk), comma "
-                         "separated")
+    ap.add_argument("--settings", default="8.2,16.2,h8.2,h16.2,h8.3,h4.2,b16.4.16",
+                    help="KS.STAGES (int4_lean), hKS.STAGES (int4_lean16) or bWARPS.S.IK "
+                         "(int4_lean_bulk), comma separated")
     ap.add_argument("--layers", type=int, default=36)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

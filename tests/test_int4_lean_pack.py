@@ -16,12 +16,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from int4_lean_probe import fits, lean_pack, lean_reference, parse_setting
 
 
-def test_lean_pack_puts_each_value_in_its_fragment_slot():
+def _int4(n: int, k: int):
     gen = torch.Generator().manual_seed(0)
-    n, k = 32, 256
     q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen)
     z = torch.randint(0, 16, (n, k // 128), dtype=torch.uint8, generator=gen)
     s = (torch.rand(n, k // 128, generator=gen) + 0.5).half()
+    return q, z, s
+
+
+def _f16(bits: int) -> float:
+    return torch.tensor([bits & 0xFFFF], dtype=torch.int32).to(torch.int16).view(
+        torch.float16).item()
+
+
+def test_lean_pack_puts_each_value_in_its_fragment_slot():
+    n, k = 32, 256
+    q, z, s = _int4(n, k)
     words, meta = lean_pack(q, z, s)
     assert words.shape == (n // 16, k // 64, 32, 4) and words.dtype == torch.int32
     assert meta.shape == (n // 16, k // 128, 8, 2) and meta.dtype == torch.int32
@@ -43,10 +53,37 @@ def test_lean_pack_puts_each_value_in_its_fragment_slot():
             for g in range(8):
                 for h in range(2):
                     row, v = 16 * tile + g + 8 * h, int(m[tile, grp, g, h])
-                    scale = torch.tensor([v & 0xFFFF], dtype=torch.int16).view(torch.float16)
                     zero = torch.tensor([v >> 16], dtype=torch.int32).to(torch.int16)
-                    assert scale.item() == s[row, grp].item()
+                    assert _f16(v) == s[row, grp].item()
                     assert zero.view(torch.bfloat16).item() == 128 + int(z[row, grp])
+
+
+def test_lean_pack16_puts_each_value_where_the_fp16_kernel_reads_it():
+    """int4_lean16: nibbles 0 / 4 row g (k 2t, 2t + 1), 1 / 5 row g (k 2t + 8, 2t + 9), 2 / 6
+    row g + 8 (k 2t, ...), 3 / 7 row g + 8 (k 2t + 8, ...); meta (scales of g, g + 8), (-(1024 +
+    z) of g, g + 8) in fp16."""
+    n, k = 32, 128
+    q, z, s = _int4(n, k)
+    words, meta = lean_pack(q, z, s, f16=True)
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    slot = ((0, 0), (0, 8), (8, 0), (8, 8))
+    for tile in range(n // 16):
+        for c in range(k // 64):
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                for step in range(4):
+                    word = int(w[tile, c, lane, step])
+                    for p, (dr, dk) in enumerate(slot):
+                        row, col = 16 * tile + g + dr, 64 * c + 16 * step + 2 * t + dk
+                        assert (word >> (4 * p)) & 15 == q[row, col]
+                        assert (word >> (16 + 4 * p)) & 15 == q[row, col + 1]
+    m = meta.to(torch.int64) & 0xFFFFFFFF
+    for tile in range(n // 16):
+        for g in range(8):
+            rows = (16 * tile + g, 16 * tile + g + 8)
+            scales, zeros = int(m[tile, 0, g, 0]), int(m[tile, 0, g, 1])
+            assert (_f16(scales), _f16(scales >> 16)) == tuple(s[r, 0].item() for r in rows)
+            assert (_f16(zeros), _f16(zeros >> 16)) == tuple(-1024.0 - int(z[r, 0]) for r in rows)
 
 
 def test_lean_pack_rejects_shapes_the_kernel_does_not_take():
@@ -71,7 +108,8 @@ def test_probe_kernel_compiles_for_sm90(tmp_path):
     src = tmp_path / "probe.cu"
     args = "(const uint4*, const uint2*, const u32*, u16*, int, int);\n"
     src.write_text(probe.read_text() + "\ntemplate __global__ void int4_lean<8, 2, true>" + args
-                   + "template __global__ void int4_lean_bulk<8, 8, 8>" + args)
+                   + "template __global__ void int4_lean_bulk<8, 8, 8>" + args
+                   + "template __global__ void int4_lean16<8, 2>" + args)
     result = subprocess.run(
         ["nvcc", "-std=c++17", "-arch=sm_90", "-ptx", f"-I{KERNEL_DIR}", str(src), "-o",
          str(tmp_path / "probe.ptx")], capture_output=True, text=True, check=False)
@@ -81,8 +119,10 @@ def test_probe_kernel_compiles_for_sm90(tmp_path):
 
 def test_settings_parse_and_fit_where_the_kernels_take_them():
     assert parse_setting("8.2") == (8, 2) and parse_setting("b8.10.8") == (8, 10, 8)
-    with pytest.raises(ValueError, match="KS.STAGES or bWARPS.S.IK"):
-        parse_setting("b8.2")
+    assert parse_setting("h16.2") == ("h", 16, 2) and fits(("h", 16, 2), 4096, 4096)
+    for bad in ("b8.2", "h8", "x8.2"):
+        with pytest.raises(ValueError, match="KS.STAGES, hKS.STAGES or bWARPS.S.IK"):
+            parse_setting(bad)
     assert fits((8, 2), 4096, 4096) and not fits((64, 2), 4096, 4096)  # 32 groups
     assert fits((8, 12, 8), 4096, 4096) and not fits((8, 12, 8), 4096, 12288)  # shared memory
     assert not fits((16, 4, 8), 4096, 4096)  # a consumer warp per group of the item at least
