@@ -13,10 +13,11 @@
 // for rows g and g + 8 of each tile and group.
 // x is staged in shared memory as the B fragments (xs: chunk, t, step, (b0, b1)), so a lane
 // reads a chunk's four steps with two 16-byte loads (the 8 lanes of one t: a broadcast).
-// A warp takes a pair of tiles (32 rows) over K / KS (KS warps per block, one tile pair per
-// block); the sum of x over each k16 step comes from one mma with A = ones, shared by both
-// tiles, and at each group's end acc += s * (sum (128 + q) x - (128 + z) * sum x).
-// STAGES groups of loads are in flight per warp (registers, rotated by unrolling: no moves).
+// A warp takes a pair of tiles (32 rows) over K / KS (KS warps per block; a block takes one
+// tile pair, or several in turn: persistent); the sum of x over each k16 step comes from one
+// mma with A = ones, shared by both tiles, and at each group's end acc += s * (sum (128 + q) x
+// - (128 + z) * sum x). STAGES groups of loads are in flight per warp (registers, rotated by
+// unrolling: no moves), across the block's tile pairs.
 // int4_lean_bulk: the same arithmetic fed by the SM's bulk-copy engine (gemv_bulk.cu's ring):
 // one block per SM, an item is IK groups of a tile pair (both tiles' weights and meta: four
 // bulk copies, the layout keeps each contiguous), S items in flight per block.
@@ -71,57 +72,6 @@ __device__ __forceinline__ void lean_math(float (&acc)[2][4], const LeanStage& s
     const float sg = f16_to_f32((u16)st.m[i].x), s8 = f16_to_f32((u16)st.m[i].y);
     acc[i][0] = fmaf(sg, fmaf(-bf16_hi(st.m[i].x), cs[0], cq[i][0]), acc[i][0]);
     acc[i][2] = fmaf(s8, fmaf(-bf16_hi(st.m[i].y), cs[2], cq[i][2]), acc[i][2]);
-  }
-}
-
-// grid: N / 32 blocks (tile pairs), KS warps each; dynamic shared memory 2 K bytes (xs).
-// N % 32 == 0, K % (128 KS) == 0. y [N] bf16.
-template <int KS, int STAGES, bool PF>
-__global__ void __launch_bounds__(32 * KS) int4_lean(const uint4* __restrict__ q,
-                                                     const uint2* __restrict__ meta,
-                                                     const u32* __restrict__ x,
-                                                     u16* __restrict__ y, int N, int K) {
-  extern __shared__ uint4 xs[];  // [K / 64][4 t][2]: a chunk's b0, b1 of 4 steps per t
-  __shared__ float red[KS * 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const u32 chunks = (u32)K >> 6, groups = (u32)K >> 7, per = groups / KS;
-  const u32 g0 = warp * per;
-  const uint4* qa = q + ((size_t)(2 * blockIdx.x) * chunks) * 32 + lane;
-  const uint2* ma = meta + (size_t)(2 * blockIdx.x) * groups * 8 + g;
-  LeanStage st[STAGES];
-#pragma unroll
-  for (int i = 0; i < STAGES; ++i)
-    if (i < (int)per) lean_load<PF>(st[i], qa, ma, g0 + i, chunks, groups);
-  u32* xw = reinterpret_cast<u32*>(xs);
-  for (int i = threadIdx.x; i < (K >> 1); i += 32 * KS) {
-    // slot i: e = i & 1 (b0 / b1), s = (i >> 1) & 3, t = (i >> 3) & 3, chunk c = i >> 5
-    const int e = i & 1, s = (i >> 1) & 3, tt = (i >> 3) & 3, c = i >> 5;
-    xw[i] = __ldg(x + 32 * c + 8 * s + tt + 4 * e);
-  }
-  __syncthreads();
-  float acc[2][4] = {};
-  for (u32 base = 0; base < per; base += STAGES) {
-#pragma unroll
-    for (int i = 0; i < STAGES; ++i) {
-      const u32 j = base + i;
-      if (j < per) {
-        lean_math(acc, st[i], xs, g0 + j, t);
-        if (j + STAGES < per) lean_load<PF>(st[i], qa, ma, g0 + j + STAGES, chunks, groups);
-      }
-    }
-  }
-  if (t == 0) {
-    red[warp * 32 + g] = acc[0][0];
-    red[warp * 32 + g + 8] = acc[0][2];
-    red[warp * 32 + 16 + g] = acc[1][0];
-    red[warp * 32 + 24 + g] = acc[1][2];
-  }
-  __syncthreads();
-  if (warp == 0) {
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < KS; ++w) v += red[w * 32 + lane];
-    y[32 * blockIdx.x + lane] = f32_to_bf16(v);
   }
 }
 
@@ -307,76 +257,114 @@ __device__ __forceinline__ void lean16_math(float (&acc)[2][4], const LeanStage&
   }
 }
 
-// As int4_lean (grid N / 32 blocks of KS warps, 2 K bytes of dynamic shared memory), fp16.
-template <int KS, int STAGES>
-__global__ void __launch_bounds__(32 * KS) int4_lean16(const uint4* __restrict__ q,
-                                                       const uint2* __restrict__ meta,
-                                                       const u32* __restrict__ x,
-                                                       u16* __restrict__ y, int N, int K) {
+// x staged as the B fragments (xs: chunk, t, step, (b0, b1)). bf16: as it is. F16: as fp16,
+// b1 (a2 / a3's k) divided by 16, all of it by 2^-e where the row's largest |x| needs it
+// (fp16's largest is 65504; a NaN stays a NaN); returns e (0 for bf16).
+template <bool F16, int THREADS>
+__device__ __forceinline__ int lean_stage_x(uint4* xs, const u32* __restrict__ x, int K,
+                                            float* most) {
+  u32* xw = reinterpret_cast<u32*>(xs);
+  int e = 0;
+  float down = 1.f;
+  if constexpr (F16) {
+    float m = 0.f;
+    for (int i = threadIdx.x; i < (K >> 1); i += THREADS) {
+      const u32 v = __ldg(x + i);
+      const float a = fabsf(bf16_lo(v)), b = fabsf(bf16_hi(v));
+      m = (a > m || a != a) ? a : m;
+      m = (b > m || b != b) ? b : m;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float o = __shfl_xor_sync(0xffffffffu, m, off);
+      m = (o > m || o != o) ? o : m;
+    }
+    if ((threadIdx.x & 31) == 0) most[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = most[0];
+#pragma unroll
+    for (int w = 1; w < THREADS / 32; ++w) m = (most[w] > m || most[w] != most[w]) ? most[w] : m;
+    if (m >= 32768.f && m <= 3.0e38f) e = (int)((__float_as_uint(m) >> 23) & 0xFF) - 127 - 14;
+    down = __uint_as_float((u32)(127 - e) << 23);
+  }
+  for (int i = threadIdx.x; i < (K >> 1); i += THREADS) {
+    // slot i: hi = i & 1 (b0 / b1), s = (i >> 1) & 3, t = (i >> 3) & 3, chunk c = i >> 5
+    const int hi = i & 1, s = (i >> 1) & 3, tt = (i >> 3) & 3, c = i >> 5;
+    const u32 v = __ldg(x + 32 * c + 8 * s + tt + 4 * hi);
+    if constexpr (F16) {
+      const float f = hi ? down * 0.0625f : down;
+      xw[i] = pack_f16(bf16_lo(v) * f, bf16_hi(v) * f);
+    } else {
+      xw[i] = v;
+    }
+  }
+  __syncthreads();
+  return e;
+}
+
+// Register-fed, persistent: block b takes tile pairs b, b + gridDim.x, ... (grid N / 32: one
+// each), its KS warps K / KS each; a warp's loads run STAGES groups ahead across its pairs.
+// 2 K bytes of dynamic shared memory (xs). N % 32 == 0, K % (128 KS) == 0. F16: int4_lean16's
+// layout and arithmetic, else int4_lean's.
+template <int KS, int STAGES, bool F16>
+__global__ void __launch_bounds__(32 * KS) int4_lean(const uint4* __restrict__ q,
+                                                     const uint2* __restrict__ meta,
+                                                     const u32* __restrict__ x,
+                                                     u16* __restrict__ y, int N, int K) {
   extern __shared__ uint4 xs[];
-  __shared__ float red[KS * 32];
+  __shared__ float red[2][KS * 32];
   __shared__ float most[KS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const u32 chunks = (u32)K >> 6, groups = (u32)K >> 7, per = groups / KS;
-  const u32 g0 = warp * per;
-  const uint4* qa = q + ((size_t)(2 * blockIdx.x) * chunks) * 32 + lane;
-  const uint2* ma = meta + (size_t)(2 * blockIdx.x) * groups * 8 + g;
+  const u32 g0 = warp * per, pairs = (u32)N >> 5;
+  const u32 mine = blockIdx.x < pairs ? (pairs - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const u32 total = mine * per;
+  // item j of this warp: pair blockIdx.x + (j / per) gridDim.x, group g0 + j % per
+  auto load = [&](LeanStage& st, u32 j) {
+    const u32 pair = blockIdx.x + (j / per) * gridDim.x, grp = g0 + j % per;
+    lean_load<true>(st, q + ((size_t)(2 * pair) * chunks) * 32 + lane,
+                    meta + (size_t)(2 * pair) * groups * 8 + g, grp, chunks, groups);
+  };
   LeanStage st[STAGES];
 #pragma unroll
   for (int i = 0; i < STAGES; ++i)
-    if (i < (int)per) lean_load<true>(st[i], qa, ma, g0 + i, chunks, groups);
-  // the row's largest |x| (a NaN stays: fmaxf would drop it, so the comparison keeps it)
-  float m = 0.f;
-  for (int i = threadIdx.x; i < (K >> 1); i += 32 * KS) {
-    const u32 v = __ldg(x + i);
-    const float a = fabsf(bf16_lo(v)), b = fabsf(bf16_hi(v));
-    m = (a > m || a != a) ? a : m;
-    m = (b > m || b != b) ? b : m;
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float o = __shfl_xor_sync(0xffffffffu, m, off);
-    m = (o > m || o != o) ? o : m;
-  }
-  if (lane == 0) most[warp] = m;
-  __syncthreads();
-  m = most[0];
-#pragma unroll
-  for (int w = 1; w < KS; ++w) m = (most[w] > m || most[w] != most[w]) ? most[w] : m;
-  // 2^-e keeps the staged x under 2^15 (fp16's largest is 65504); the result gets 2^e back
-  int e = 0;
-  if (m >= 32768.f && m <= 3.0e38f) e = (int)((__float_as_uint(m) >> 23) & 0xFF) - 127 - 14;
-  const float down = __uint_as_float((u32)(127 - e) << 23);
-  u32* xw = reinterpret_cast<u32*>(xs);
-  for (int i = threadIdx.x; i < (K >> 1); i += 32 * KS) {
-    const int hi = i & 1, s = (i >> 1) & 3, tt = (i >> 3) & 3, c = i >> 5;
-    const u32 v = __ldg(x + 32 * c + 8 * s + tt + 4 * hi);
-    const float f = hi ? down * 0.0625f : down;
-    xw[i] = pack_f16(bf16_lo(v) * f, bf16_hi(v) * f);
-  }
-  __syncthreads();
+    if (i < (int)total) load(st[i], i);
+  const int e = lean_stage_x<F16, 32 * KS>(xs, x, K, most);
+  const float up = __uint_as_float((u32)(127 + e) << 23);
   float acc[2][4] = {};
-  for (u32 base = 0; base < per; base += STAGES) {
+  for (u32 base = 0; base < total; base += STAGES) {
 #pragma unroll
     for (int i = 0; i < STAGES; ++i) {
       const u32 j = base + i;
-      if (j < per) {
-        lean16_math(acc, st[i], xs, g0 + j, t);
-        if (j + STAGES < per) lean_load<true>(st[i], qa, ma, g0 + j + STAGES, chunks, groups);
+      if (j < total) {
+        const u32 grp = g0 + j % per;
+        if constexpr (F16)
+          lean16_math(acc, st[i], xs, grp, t);
+        else
+          lean_math(acc, st[i], xs, grp, t);
+        if (j + STAGES < total) load(st[i], j + STAGES);
+        if (j % per == per - 1) {  // the pair's last group: the warps' sums meet, warp 0 stores
+          const u32 pair = blockIdx.x + (j / per) * gridDim.x;
+          float* r = red[(j / per) & 1];
+          if (t == 0) {
+            r[warp * 32 + g] = acc[0][0];
+            r[warp * 32 + g + 8] = acc[0][2];
+            r[warp * 32 + 16 + g] = acc[1][0];
+            r[warp * 32 + 24 + g] = acc[1][2];
+          }
+          __syncthreads();
+          if (warp == 0) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < KS; ++w) v += r[w * 32 + lane];
+            y[32 * pair + lane] = f32_to_bf16(v * up);
+          }
+#pragma unroll
+          for (int a = 0; a < 2; ++a)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[a][c] = 0.f;
+        }
       }
     }
-  }
-  if (t == 0) {
-    red[warp * 32 + g] = acc[0][0];
-    red[warp * 32 + g + 8] = acc[0][2];
-    red[warp * 32 + 16 + g] = acc[1][0];
-    red[warp * 32 + 24 + g] = acc[1][2];
-  }
-  __syncthreads();
-  if (warp == 0) {
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < KS; ++w) v += red[w * 32 + lane];
-    y[32 * blockIdx.x + lane] = f32_to_bf16(v * __uint_as_float((u32)(127 + e) << 23));
   }
 }

@@ -87,83 +87,91 @@ def lean_reference(q, z, s, x) -> torch.Tensor:
 
 
 def parse_setting(text: str) -> tuple:
-    """"KS.STAGES" (int4_lean), "hKS.STAGES" (int4_lean16) or "bWARPS.S.IK" (int4_lean_bulk)
-    -> (KS, STAGES), ("h", KS, STAGES) or (WARPS, S, IK)."""
-    kind = text[0] if text[:1] in ("b", "h") else ""
+    """"KS.STAGES[.BPS]" (int4_lean, bf16 arithmetic), "hKS.STAGES[.BPS]" (int4_lean, fp16) or
+    "bWARPS.S.IK" (int4_lean_bulk) -> ("r" | "h", KS, STAGES, BPS) or ("b", WARPS, S, IK).
+    BPS: blocks per SM (persistent); 0 or absent: a block per tile pair."""
+    kind = text[0] if text[:1] in ("b", "h") else "r"
     try:
-        values = tuple(int(v) for v in text[len(kind):].split("."))
+        values = tuple(int(v) for v in text[kind != "r":].split("."))
     except ValueError:
         values = ()
-    if len(values) != (3 if kind == "b" else 2):
-        raise ValueError(f"setting {text!r}: KS.STAGES, hKS.STAGES or bWARPS.S.IK expected")
-    return ("h", *values) if kind == "h" else values
+    if kind != "b" and len(values) == 2:
+        values += (0,)
+    if len(values) != 3:
+        raise ValueError(f"setting {text!r}: KS.STAGES[.BPS], hKS.STAGES[.BPS] or bWARPS.S.IK "
+                         "expected")
+    return (kind, *values)
 
 
 def label(setting: tuple) -> str:
-    if setting[0] == "h":
-        return "h" + ".".join(map(str, setting[1:]))
-    return ("b" if len(setting) == 3 else "") + ".".join(map(str, setting))
+    kind, *values = setting
+    if kind != "b" and values[2] == 0:
+        values = values[:2]
+    return ("" if kind == "r" else kind) + ".".join(map(str, values))
 
 
 def is_f16(setting: tuple) -> bool:
     return setting[0] == "h"
 
 
-def fits(setting: tuple[int, ...], n: int, k: int, max_shared: int = 227 * 1024) -> bool:
+def fits(setting: tuple, n: int, k: int, max_shared: int = 227 * 1024) -> bool:
     """The kernel takes [N, K] at this setting (and its shared memory fits)."""
+    kind, a, _, c = setting
     groups = k // 128
-    if is_f16(setting):
-        setting = setting[1:]
-    if len(setting) == 2:
-        return n % 32 == 0 and groups % setting[0] == 0
-    warps, _, ik = setting
-    return (n % 32 == 0 and groups % ik == 0 and ik % warps == 0
+    if kind != "b":
+        return n % 32 == 0 and groups % a == 0
+    return (n % 32 == 0 and groups % c == 0 and c % a == 0
             and bulk_shared(setting, k) + 2048 <= max_shared)
 
 
-def bulk_shared(setting: tuple[int, ...], k: int) -> int:
+def bulk_shared(setting: tuple, k: int) -> int:
     """Dynamic shared memory of int4_lean_bulk: the ring and x."""
-    _, slots, ik = setting
+    _, _, slots, ik = setting
     return slots * 2 * ik * (1024 + 64) + 2 * k
 
 
 class Lean:
-    """The probe kernels compiled for `settings` ((KS, STAGES): int4_lean; (WARPS, S, IK):
-    int4_lean_bulk), launched on torch's current stream."""
+    """The probe kernels compiled for `settings` (parse_setting's tuples), launched on torch's
+    current stream."""
 
-    def __init__(self, settings: list[tuple[int, ...]]):
+    def __init__(self, settings: list[tuple]):
         import cupy
 
         from kernels import KERNEL_DIR
 
         self.cupy, self.streams = cupy, {}
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
-        self.names = {st: (f"int4_lean16<{st[1]}, {st[2]}>" if is_f16(st)
-                           else f"int4_lean<{st[0]}, {st[1]}, true>" if len(st) == 2
-                           else f"int4_lean_bulk<{st[0]}, {st[1]}, {st[2]}>") for st in settings}
+        self.names = {st: self.kernel(st) for st in settings}
         code = (ROOT / "bench" / "int4_lean_probe.cu").read_text()
         self.module = cupy.RawModule(code=code, options=("-std=c++17", f"-I{KERNEL_DIR}"),
-                                     name_expressions=list(self.names.values()))
+                                     name_expressions=sorted(set(self.names.values())))
         self.module.compile()
-        self.ready: dict = {}  # setting -> dynamic shared bytes allowed
+        self.ready: dict = {}  # kernel -> dynamic shared bytes allowed
 
-    def __call__(self, words, meta, x, y, setting: tuple[int, ...]) -> None:
+    @staticmethod
+    def kernel(setting: tuple) -> str:
+        kind, a, b, c = setting
+        if kind == "b":
+            return f"int4_lean_bulk<{a}, {b}, {c}>"
+        return f"int4_lean<{a}, {b}, {'true' if kind == 'h' else 'false'}>"
+
+    def __call__(self, words, meta, x, y, setting: tuple) -> None:
         from kestrel_rt.cuda.module import current_stream, i32, ptr, set_max_dynamic_shared
 
         n, k = words.shape[0] * 16, words.shape[1] * 64
         if not fits(setting, n, k):
             raise ValueError(f"setting {label(setting)} does not fit {n} x {k}")
-        fn = self.module.get_function(self.names[setting])
-        if is_f16(setting):
-            grid, block, shared = (n // 32,), (32 * setting[1],), 2 * k
-        elif len(setting) == 2:
-            grid, block, shared = (n // 32,), (32 * setting[0],), 2 * k
+        kind, a, _, c = setting
+        name = self.names[setting]
+        fn = self.module.get_function(name)
+        if kind == "b":
+            grid, block, shared = (min(self.sms, n // 32),), (32 * (a + 1),), bulk_shared(setting, k)
         else:
-            grid, block = (min(self.sms, n // 32),), (32 * (setting[0] + 1),)
-            shared = bulk_shared(setting, k)
-            if self.ready.get(setting, 0) < shared:
-                set_max_dynamic_shared(fn, shared)
-                self.ready[setting] = shared
+            grid = (n // 32 if c == 0 else min(n // 32, c * self.sms),)
+            block, shared = (32 * a,), 2 * k
+        if self.ready.get(name, 0) < shared:
+            set_max_dynamic_shared(fn, shared)
+            self.ready[name] = shared
         stream = current_stream(self.cupy, torch.cuda.current_device(), self.streams)
         fn(grid, block, (ptr(words), ptr(meta), ptr(x), ptr(y), i32(n), i32(k)),
            shared_mem=shared, stream=stream)
@@ -277,9 +285,10 @@ def time_layers(lean: Lean, gemv, best: dict, layers: int, gen) -> tuple[float, 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/int4_lean"))
-    ap.add_argument("--settings", default="8.2,16.2,h8.2,h16.2,h8.3,h4.2,b16.4.16",
-                    help="KS.STAGES (int4_lean), hKS.STAGES (int4_lean16) or bWARPS.S.IK "
-                         "(int4_lean_bulk), comma separated")
+    ap.add_argument("--settings",
+                    default="8.2,16.2,8.2.2,8.3.2,h8.2,h16.2,h8.2.2,h8.3.2,h16.2.1,h4.3.4,b16.4.16",
+                    help="KS.STAGES[.BPS] (int4_lean), hKS.STAGES[.BPS] (its fp16 arithmetic) or "
+                         "bWARPS.S.IK (int4_lean_bulk), comma separated")
     ap.add_argument("--layers", type=int, default=36)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

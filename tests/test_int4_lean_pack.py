@@ -108,8 +108,8 @@ def test_probe_kernel_compiles_for_sm90(tmp_path):
     src = tmp_path / "probe.cu"
     args = "(const uint4*, const uint2*, const u32*, u16*, int, int);\n"
     src.write_text(probe.read_text() + "\ntemplate __global__ void int4_lean<8, 2, true>" + args
-                   + "template __global__ void int4_lean_bulk<8, 8, 8>" + args
-                   + "template __global__ void int4_lean16<8, 2>" + args)
+                   + "template __global__ void int4_lean<8, 2, false>" + args
+                   + "template __global__ void int4_lean_bulk<8, 8, 8>" + args)
     result = subprocess.run(
         ["nvcc", "-std=c++17", "-arch=sm_90", "-ptx", f"-I{KERNEL_DIR}", str(src), "-o",
          str(tmp_path / "probe.ptx")], capture_output=True, text=True, check=False)
@@ -118,11 +118,12 @@ def test_probe_kernel_compiles_for_sm90(tmp_path):
 
 
 def test_settings_parse_and_fit_where_the_kernels_take_them():
-    assert parse_setting("8.2") == (8, 2) and parse_setting("b8.10.8") == (8, 10, 8)
-    assert parse_setting("h16.2") == ("h", 16, 2) and fits(("h", 16, 2), 4096, 4096)
-    for bad in ("b8.2", "h8", "x8.2"):
-        with pytest.raises(ValueError, match="KS.STAGES, hKS.STAGES or bWARPS.S.IK"):
+    assert parse_setting("8.2") == ("r", 8, 2, 0) and parse_setting("h8.3.2") == ("h", 8, 3, 2)
+    assert parse_setting("b8.10.8") == ("b", 8, 10, 8)
+    assert fits(("h", 16, 2, 0), 4096, 4096) and not fits(("r", 64, 2, 0), 4096, 4096)
+    assert fits(("b", 8, 12, 8), 4096, 4096)
+    assert not fits(("b", 8, 12, 8), 4096, 12288)  # shared memory
+    assert not fits(("b", 16, 4, 8), 4096, 4096)  # a consumer warp per group of the item at least
+    for bad in ("b8.2", "h8", "x8.2", "8.2.1.1"):
+        with pytest.raises(ValueError, match=r"KS.STAGES\[.BPS\], hKS.STAGES"):
             parse_setting(bad)
-    assert fits((8, 2), 4096, 4096) and not fits((64, 2), 4096, 4096)  # 32 groups
-    assert fits((8, 12, 8), 4096, 4096) and not fits((8, 12, 8), 4096, 12288)  # shared memory
-    assert not fits((16, 4, 8), 4096, 4096)  # a consumer warp per group of the item at least
