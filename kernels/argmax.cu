@@ -1,61 +1,46 @@
 // Greedy token choice: the index of each row's maximum, as torch.argmax (the first index of
 // the maximum; a NaN counts as larger than any number, so the first NaN wins).
 //
-// x [rows, n] (dense) -> out [rows] int64. Grid (chunks, rows): block (c, r) scans chunk c of
-// row r and writes its (value, index) to partial[r * chunks + c]; the row's last block to
-// finish (a counter per row, reset by that block so that a replayed CUDA graph finds it at
-// zero) reduces the row's partials in chunk order. vec != 0: n % 8 == 0 and x is 16-byte
-// aligned, so bf16 rows are read as 16-byte vectors. host_out (or null): pinned host memory
+// x [rows, n] (dense) -> out [rows] int64. Candidates are 64-bit keys (argmax_key.cuh: the
+// largest is the choice, ties and NaNs included). Grid (chunks, rows): block (c, r) scans chunk
+// c of row r and writes its largest key to part[r * chunks + c]; the row's last block to finish
+// (a counter per row, reset by that block so that a replayed CUDA graph finds it at zero)
+// takes the largest of the row's. vec != 0: n % 8 == 0 and x is 16-byte aligned, so bf16 rows
+// are read as 16-byte vectors. host_out (or null): pinned host memory
 // [2, rows] that the chosen ids are also written to, in half *parity (0 or 1, on the device):
 // the host reads them after the launch without a device-to-host copy on the stream, and two
 // halves let it read one launch's ids while the next launch writes the other.
+#include "argmax_key.cuh"
 #include "common.cuh"
 #include "pdl.cuh"
 
-// (value, index) pairs: is a better than b?
-__device__ __forceinline__ bool argmax_better(float a, long long ia, float b, long long ib) {
-  const bool na = a != a, nb = b != b;
-  if (na != nb) return na;
-  if (na || a == b) return ia < ib;
-  return a > b;
-}
-
+// The largest of the block's keys, in thread 0.
 template <int THREADS>
-__device__ __forceinline__ void argmax_block(float& v, long long& i) {
-  __shared__ float sv[THREADS / 32];
-  __shared__ long long si[THREADS / 32];
+__device__ __forceinline__ unsigned long long block_max_key(unsigned long long k) {
+  __shared__ unsigned long long sk[THREADS / 32];
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_down_sync(0xffffffffu, v, off);
-    const long long oi = __shfl_down_sync(0xffffffffu, i, off);
-    if (argmax_better(ov, oi, v, i)) v = ov, i = oi;
-  }
+  for (int off = 16; off > 0; off >>= 1) k = key_max(k, __shfl_down_sync(0xffffffffu, k, off));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) sv[warp] = v, si[warp] = i;
+  if (lane == 0) sk[warp] = k;
   __syncthreads();
   if (warp == 0) {
-    v = lane < THREADS / 32 ? sv[lane] : -inf_f();
-    i = lane < THREADS / 32 ? si[lane] : 0x7fffffffffffffffll;
+    k = lane < THREADS / 32 ? sk[lane] : 0ull;
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_down_sync(0xffffffffu, v, off);
-      const long long oi = __shfl_down_sync(0xffffffffu, i, off);
-      if (argmax_better(ov, oi, v, i)) v = ov, i = oi;
-    }
+    for (int off = 16; off > 0; off >>= 1) k = key_max(k, __shfl_down_sync(0xffffffffu, k, off));
   }
+  return k;
 }
 
 template <typename T, int THREADS>
 __device__ void argmax_impl(const T* __restrict__ x, long long* __restrict__ out,
-                            float* __restrict__ part_v, long long* __restrict__ part_i,
-                            unsigned int* __restrict__ counter, long long* __restrict__ host_out,
-                            const long long* __restrict__ parity, int n, int chunk, int vec) {
+                            unsigned long long* __restrict__ part, unsigned int* __restrict__ counter,
+                            long long* __restrict__ host_out, const long long* __restrict__ parity,
+                            int n, int chunk, int vec) {
   constexpr int V = Vec<T>::N;
   const int c = blockIdx.x, r = blockIdx.y, chunks = gridDim.x;
   const T* row = x + (long long)r * n;
   const int lo = c * chunk, hi = min(n, lo + chunk);
-  float v = -inf_f();
-  long long i = 0x7fffffffffffffffll;
+  unsigned long long key = 0ull;  // below every candidate's
   pdl_trigger();
   pdl_wait();
   if (vec) {  // chunk % V == 0 (the wrapper's choice), so vectors never straddle chunks
@@ -63,36 +48,29 @@ __device__ void argmax_impl(const T* __restrict__ x, long long* __restrict__ out
       float e[V];
       load_vec(row + j, e);
 #pragma unroll
-      for (int k = 0; k < V; ++k)
-        if (argmax_better(e[k], j + k, v, i)) v = e[k], i = j + k;
+      for (int k = 0; k < V; ++k) key = key_max(key, argmax_key(e[k], j + k));
     }
   } else {
-    for (int j = lo + threadIdx.x; j < hi; j += THREADS) {
-      const float e = Num<T>::load(row[j]);
-      if (argmax_better(e, j, v, i)) v = e, i = j;
-    }
+    for (int j = lo + threadIdx.x; j < hi; j += THREADS)
+      key = key_max(key, argmax_key(Num<T>::load(row[j]), j));
   }
-  argmax_block<THREADS>(v, i);
+  key = block_max_key<THREADS>(key);
   __shared__ bool last;
   if (threadIdx.x == 0) {
-    part_v[(long long)r * chunks + c] = v;
-    part_i[(long long)r * chunks + c] = i;
+    part[(long long)r * chunks + c] = key;
     __threadfence();
     last = atomicAdd(counter + r, 1u) == (unsigned int)chunks - 1;
   }
   __syncthreads();
   if (!last) return;
   __threadfence();
-  v = -inf_f();
-  i = 0x7fffffffffffffffll;
-  for (int k = threadIdx.x; k < chunks; k += THREADS) {
-    const float pv = __ldcg(part_v + (long long)r * chunks + k);
-    const long long pi = __ldcg(part_i + (long long)r * chunks + k);
-    if (argmax_better(pv, pi, v, i)) v = pv, i = pi;
-  }
-  __syncthreads();  // argmax_block's shared memory is reused
-  argmax_block<THREADS>(v, i);
+  key = 0ull;
+  for (int k = threadIdx.x; k < chunks; k += THREADS)
+    key = key_max(key, __ldcg(part + (long long)r * chunks + k));
+  __syncthreads();  // block_max_key's shared memory is reused
+  key = block_max_key<THREADS>(key);
   if (threadIdx.x == 0) {
+    const long long i = argmax_index(key);
     out[r] = i;
     if (host_out) host_out[*parity * gridDim.y + r] = i;  // seen by the host after the launch
     counter[r] = 0;
@@ -100,13 +78,13 @@ __device__ void argmax_impl(const T* __restrict__ x, long long* __restrict__ out
 }
 
 extern "C" __global__ void __launch_bounds__(256) argmax_bf16(
-    const bf16_t* x, long long* out, float* part_v, long long* part_i, unsigned int* counter,
+    const bf16_t* x, long long* out, unsigned long long* part, unsigned int* counter,
     long long* host_out, const long long* parity, int n, int chunk, int vec) {
-  argmax_impl<bf16_t, 256>(x, out, part_v, part_i, counter, host_out, parity, n, chunk, vec);
+  argmax_impl<bf16_t, 256>(x, out, part, counter, host_out, parity, n, chunk, vec);
 }
 
 extern "C" __global__ void __launch_bounds__(256) argmax_f32(
-    const float* x, long long* out, float* part_v, long long* part_i, unsigned int* counter,
+    const float* x, long long* out, unsigned long long* part, unsigned int* counter,
     long long* host_out, const long long* parity, int n, int chunk, int vec) {
-  argmax_impl<float, 256>(x, out, part_v, part_i, counter, host_out, parity, n, chunk, vec);
+  argmax_impl<float, 256>(x, out, part, counter, host_out, parity, n, chunk, vec);
 }

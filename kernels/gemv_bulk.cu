@@ -20,6 +20,7 @@
 // also refills slots waits on `empty` beside its own warp's waits on `full` (streams at 42-81%
 // of copy that way, 84-86% now), and one lane issues all 16 copies (a bulk copy takes
 // warp-uniform operands: 16 lanes issuing one each are serialized by the compiler).
+#include "argmax_key.cuh"
 #include "ring_stage.cuh"
 
 // -- mbarrier and bulk-copy (TMA, 1-D) primitives; shared-window addresses -----------------
@@ -136,9 +137,8 @@ struct BulkRing {
 
 // ARGMAX (greedy decoding): the index of the largest bf16-rounded result of each row of x
 // over the N weight rows (torch.argmax of the bf16 logits: the first index of the maximum, a
-// NaN above every number), with no y. A candidate is one 64-bit key, so that the largest key
-// is the choice: the value's bits made orderable as unsigned (a NaN above +inf, -0 as +0) over
-// the index's complement (ties: the smaller index). Consumer warp 0 keeps each lane's best key
+// NaN above every number), with no y. A candidate is one 64-bit key (argmax_key.cuh: the
+// largest key is the choice), as in kernels/argmax.cu. Consumer warp 0 keeps each lane's best key
 // per result column over the block's tiles; at the block's end they meet in one atomicMax per
 // row of x (keys [M], zero before the launch) and the block that arrives last on `count`
 // writes the indices (out [M], and host[*parity][M] in pinned host memory when host is not
@@ -152,14 +152,6 @@ struct ArgmaxOut {
   unsigned int* count;
 };
 
-__device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
-  u32 b = __float_as_uint(v);
-  if (v != v) b = 0xffffffffu;
-  else if (v == 0.f) b = 0x80000000u;  // -0 == +0
-  else b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-  return ((unsigned long long)b << 32) | (u32)~n;
-}
-
 // Lane (g, t) of consumer warp 0 after a tile's sums (store_tile's order: acc[c] is row
 // 16 tile + g + 8 (c >> 1) of W, result column 2t + (c & 1)): its best keys per column.
 __device__ __forceinline__ void argmax_take(unsigned long long* best, const float (&acc)[4],
@@ -169,7 +161,7 @@ __device__ __forceinline__ void argmax_take(unsigned long long* best, const floa
     const int m = 2 * t + (c & 1), n = tile * GEMV_TILE + g + (c >> 1) * 8;
     if (m < M && n < N) {
       const unsigned long long k = argmax_key(bf16_to_f32(f32_to_bf16(acc[c])), n);
-      best[c & 1] = k > best[c & 1] ? k : best[c & 1];
+      best[c & 1] = key_max(best[c & 1], k);
     }
   }
 }
@@ -182,7 +174,7 @@ __device__ __forceinline__ void argmax_finish(unsigned long long (&best)[2], con
 #pragma unroll
     for (int off = 4; off < 32; off <<= 1) {  // over g: lanes of the same t
       const unsigned long long o = __shfl_xor_sync(0xffffffffu, best[h], off);
-      best[h] = o > best[h] ? o : best[h];
+      best[h] = key_max(best[h], o);
     }
   const int t = lane & 3;
 #pragma unroll
@@ -197,7 +189,7 @@ __device__ __forceinline__ void argmax_finish(unsigned long long (&best)[2], con
   if (!__shfl_sync(0xffffffffu, last, 0)) return;
   __threadfence();
   if (lane < M) {
-    const long long n = (long long)(u32)~(u32)atomicExch(am.keys + lane, 0ull);
+    const long long n = argmax_index(atomicExch(am.keys + lane, 0ull));
     am.out[lane] = n;
     if (am.host) am.host[*am.parity * M + lane] = n;
   }

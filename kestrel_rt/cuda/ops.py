@@ -303,11 +303,11 @@ ARGMAX_CHUNK = 4096  # elements of a row per block (a multiple of every dtype's 
 
 
 def argmax_scratch(rows: int, n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """What `argmax` of [rows, n] needs between its blocks: per-chunk values and indices, and
-    one counter per row (zeroed here; the kernel leaves it at zero)."""
+    """What `argmax` of [rows, n] needs between its blocks: each chunk's best candidate (a
+    64-bit key, kernels/argmax_key.cuh) and one counter per row (zeroed here; the kernel
+    leaves it at zero)."""
     chunks = max(1, math.ceil(n / ARGMAX_CHUNK))
-    return (torch.empty(rows, chunks, dtype=torch.float32, device=device),
-            torch.empty(rows, chunks, dtype=torch.long, device=device),
+    return (torch.empty(rows, chunks, dtype=torch.long, device=device),
             torch.zeros(rows, dtype=torch.int32, device=device))
 
 
@@ -345,14 +345,15 @@ def argmax(km: KernelModules, x: torch.Tensor, scratch: tuple[torch.Tensor, ...]
         return out
     chunks = max(1, math.ceil(n / ARGMAX_CHUNK))
     scratch = scratch or argmax_scratch(rows, n, x.device)
-    part_v, part_i, counter = scratch
-    if part_v.shape != (rows, chunks) or part_i.shape != (rows, chunks) or counter.numel() < rows:
-        raise ValueError(f"argmax scratch {[tuple(t.shape) for t in scratch]}: expected "
-                         f"argmax_scratch({rows}, {n})")
+    part, counter = scratch
+    if (part.shape != (rows, chunks) or part.dtype != torch.long or counter.numel() < rows
+            or counter.dtype != torch.int32):
+        raise ValueError(f"argmax scratch {[(tuple(t.shape), t.dtype) for t in scratch]}: "
+                         f"expected argmax_scratch({rows}, {n})")
     check_host_out(host, rows, x.device)
     vec = n % _vec(x.dtype) == 0 and _aligned(x)
     km.launch("argmax", f"argmax_{sfx}", (chunks, rows), (256,),
-              (ptr(x), ptr(out), ptr(part_v), ptr(part_i), ptr(counter),
+              (ptr(x), ptr(out), ptr(part), ptr(counter),
                ptr(None if host is None else host[0]), ptr(None if host is None else host[1]),
                i32(n), i32(ARGMAX_CHUNK), i32(int(vec))))
     return out
