@@ -4,17 +4,19 @@
 
 bench/int4_lean_probe.cu reads int4 weights in a layout made for the tensor-core fragments
 (`lean_pack`: each lane's 16-byte load is its A registers for four k16 steps; per row and
-group one u32 of scale and zero point) and spends ~10 instructions per 32-bit word of
-weights where the runtime's tuned int4 kernel (kernels/gemv_int4.cu) spends ~17, its loads
-in registers (int4_lean) or through a bulk-copy ring of shared memory (int4_lean_bulk, one
-block per SM, as kernels/gemv_bulk.cu feeds the bf16 gemvs). For each
-qwen3-8b decode shape at one row of x: the result against the fp32 product of the same
-int4 weights (output poisoned with NaN first; relative error <= 1e-2), then the time per
-launch of each setting against the tuned
-kernel on weights of the same shape, both in CUDA graphs over enough distinct weights to
-stream past the L2; last the `--layers` qwen3-8b layers' four int4 matmuls in one graph,
-each shape at its best setting, against the tuned kernel. Prints a table last; writes
-int4_lean_probe.json to --out.
+group one u32 of scale and zero point); its inner loop spends ~10 instructions per 32-bit
+word of weights where the runtime's tuned int4 kernel (kernels/gemv_int4.cu) spends ~17. The
+loads go to registers (int4_lean: bf16 arithmetic, or fp16 with `h`; a block per tile pair, or
+persistent blocks) or through a bulk-copy ring of shared memory (int4_lean_bulk, one block per
+SM, as kernels/gemv_bulk.cu feeds the bf16 gemvs). NOTES_decode.md (session 14) has what it
+measured.
+
+For each qwen3-8b decode shape at one row of x: the result against the fp32 product of the
+same int4 weights (output poisoned with NaN first; relative error <= 1e-2; fp16 settings also
+at x * 2^17), then the time per launch of each setting against the tuned kernel on weights of
+the same shape, both in CUDA graphs over enough distinct weights to stream past the L2; last
+the `--layers` qwen3-8b layers' four int4 matmuls in one graph, each shape at its best
+setting, against the tuned kernel. Prints a table last; writes int4_lean_probe.json to --out.
 """
 
 from __future__ import annotations
