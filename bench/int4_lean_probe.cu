@@ -28,15 +28,14 @@ struct LeanStage {
   uint2 m[2];     // [tile]: meta of rows g, g + 8
 };
 
-template <bool PF>
 __device__ __forceinline__ void lean_load(LeanStage& st, const uint4* q, const uint2* meta,
                                           u32 grp, u32 chunks, u32 groups) {
   // tile A at q, tile B one tile on (chunks * 32 vectors); group grp = chunks 2 grp, 2 grp + 1
   const uint4* p = q + 64 * grp;
-  st.w[0][0] = ld_stream<PF>(p);
-  st.w[0][1] = ld_stream<PF>(p + 32);
-  st.w[1][0] = ld_stream<PF>(p + 32 * chunks);
-  st.w[1][1] = ld_stream<PF>(p + 32 * chunks + 32);
+  st.w[0][0] = ld_stream<true>(p);
+  st.w[0][1] = ld_stream<true>(p + 32);
+  st.w[1][0] = ld_stream<true>(p + 32 * chunks);
+  st.w[1][1] = ld_stream<true>(p + 32 * chunks + 32);
   st.m[0] = __ldg(meta + 8 * grp);
   st.m[1] = __ldg(meta + 8 * (grp + groups));
 }
@@ -75,117 +74,11 @@ __device__ __forceinline__ void lean_math(float (&acc)[2][4], const LeanStage& s
   }
 }
 
-// Persistent: grid = min(SMs, N / 32); WARPS consumer warps and a producer warp (the last).
-// Item it of the block: tile pair blockIdx.x + (it / items) gridDim.x, groups (it % items) IK ..
-// + IK - 1; consumer warp w takes groups w, w + WARPS, ... of each item. Dynamic shared memory:
-// ring [S][ITEM] (tile A's weights, tile B's, A's meta, B's meta), then xs (2 K bytes).
-// N % 32 == 0, K % (128 IK) == 0, IK % WARPS == 0.
-template <int WARPS, int S, int IK>
-__global__ void __launch_bounds__(32 * (WARPS + 1), 1)
-int4_lean_bulk(const uint4* __restrict__ q, const uint2* __restrict__ meta,
-               const u32* __restrict__ x, u16* __restrict__ y, int N, int K) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int WB = IK * 1024, MB = IK * 64, ITEM = 2 * (WB + MB);
-  extern __shared__ uint4 smem[];
-  __shared__ __align__(8) unsigned long long full[S], empty[S];
-  __shared__ float red[WARPS * 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const u32 chunks = (u32)K >> 6, groups = (u32)K >> 7, items = groups / IK;
-  const int pairs = N >> 5;
-  const int mine = (int)blockIdx.x < pairs ? (pairs - 1 - (int)blockIdx.x) / gridDim.x + 1 : 0;
-  const int total = mine * (int)items;
-  const u32 ring = (u32)__cvta_generic_to_shared(smem);
-  const u32 full0 = (u32)__cvta_generic_to_shared(full), empty0 = (u32)__cvta_generic_to_shared(empty);
-  if (threadIdx.x < S) {
-    mbar_init(full0 + 8 * threadIdx.x, 1);
-    mbar_init(empty0 + 8 * threadIdx.x, WARPS);
-  }
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  __syncthreads();
-  auto issue = [&](int it) {
-    const int slot = it % S;
-    const u32 pair = blockIdx.x + (it / items) * gridDim.x, ik = it % items;
-    const u32 bar = full0 + 8 * slot, dst = ring + slot * ITEM;
-    const uint4* wa = q + ((size_t)(2 * pair) * chunks + 2 * ik * IK) * 32;
-    const uint2* ma = meta + ((size_t)(2 * pair) * groups + ik * IK) * 8;
-    mbar_expect(bar, ITEM);
-    bulk_copy(dst, wa, WB, bar);
-    bulk_copy(dst + WB, wa + (size_t)chunks * 32, WB, bar);
-    bulk_copy(dst + 2 * WB, ma, MB, bar);
-    bulk_copy(dst + 2 * WB + MB, ma + (size_t)groups * 8, MB, bar);
-  };
-  if (threadIdx.x == 32 * WARPS)
-    for (int it = 0; it < S && it < total; ++it) issue(it);
-  uint4* xs = smem + S * ITEM / 16;
-  u32* xw = reinterpret_cast<u32*>(xs);
-  for (int i = threadIdx.x; i < (K >> 1); i += 32 * (WARPS + 1)) {
-    const int e = i & 1, s = (i >> 1) & 3, tt = (i >> 3) & 3, c = i >> 5;
-    xw[i] = __ldg(x + 32 * c + 8 * s + tt + 4 * e);
-  }
-  __syncthreads();
-  if (warp == WARPS) {  // the producer: each later item once its slot is free
-    if (lane == 0)
-      for (int it = S; it < total; ++it) {
-        mbar_wait(empty0 + 8 * (it % S), (u32)(it / S - 1) & 1u);
-        issue(it);
-      }
-    return;
-  }
-  float acc[2][4] = {};
-  for (int it = 0; it < total; ++it) {
-    const int slot = it % S;
-    mbar_wait(full0 + 8 * slot, (u32)(it / S) & 1u);
-    const char* item = reinterpret_cast<const char*>(smem) + slot * ITEM;
-    const u32 ik = it % items;
-#pragma unroll
-    for (int j = 0; j < IK / WARPS; ++j) {
-      const int loc = warp + j * WARPS;
-      LeanStage st;
-      const uint4* wa = reinterpret_cast<const uint4*>(item + loc * 1024) + lane;
-      st.w[0][0] = wa[0];
-      st.w[0][1] = wa[32];
-      st.w[1][0] = wa[WB / 16];
-      st.w[1][1] = wa[WB / 16 + 32];
-      const uint2* mp = reinterpret_cast<const uint2*>(item + 2 * WB + loc * 64) + g;
-      st.m[0] = mp[0];
-      st.m[1] = mp[MB / 8];
-      lean_math(acc, st, xs, ik * IK + loc, t);
-    }
-    __syncwarp();
-    if (lane == 0)
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty0 + 8 * slot)
-                   : "memory");
-    if (ik == items - 1) {  // the tile pair's last item: the warps' sums meet, warp 0 stores
-      if (t == 0) {
-        red[warp * 32 + g] = acc[0][0];
-        red[warp * 32 + g + 8] = acc[0][2];
-        red[warp * 32 + 16 + g] = acc[1][0];
-        red[warp * 32 + 24 + g] = acc[1][2];
-      }
-      asm volatile("bar.sync 1, %0;" ::"r"(32 * WARPS) : "memory");
-      if (warp == 0) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) v += red[w * 32 + lane];
-        y[32 * (blockIdx.x + (it / items) * gridDim.x) + lane] = f32_to_bf16(v);
-      }
-      asm volatile("bar.sync 1, %0;" ::"r"(32 * WARPS) : "memory");
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
-    }
-  }
-#else
-  __trap();
-#endif
-}
-
-// -- int4_lean16: the arithmetic in fp16, four logic ops per 32-bit word and no shift on the
+// -- The fp16 arithmetic (int4_lean's F16), four logic ops per 32-bit word and no shift on the
 // integer pipe. fp16 has 10 mantissa bits, so a nibble at bits 4..7 (and 20..23) ORed into the
 // pattern of 1024 gives 1024 + 16 q exactly: and_or(w, 0x000F000F, 0x64006400) and
 // and_or(w, 0x00F000F0, 0x64006400) are two registers, and the same of w >> 8 (one IMAD.HI,
-// the FMA pipe) two more. Word s of lane (g, t) (lean_pack16): nibbles 0 / 4 = row g, k 2t /
+// the FMA pipe) two more. Word s of lane (g, t) (lean_pack with f16): nibbles 0 / 4 = row g, k 2t /
 // 2t + 1 (1024 + q: a0), nibbles 1 / 5 = row g, k 2t + 8 / 2t + 9 (1024 + 16 q: a2), nibbles 2 /
 // 6 = row g + 8 (a1), 3 / 7 = row g + 8 (a3). x is staged as fp16 B fragments, b1 (the k of a2,
 // a3) divided by 16, all of it by 2^-e where the row's largest |x| needs it (fp16's range; the
@@ -304,8 +197,8 @@ __device__ __forceinline__ int lean_stage_x(uint4* xs, const u32* __restrict__ x
 
 // Register-fed, persistent: block b takes tile pairs b, b + gridDim.x, ... (grid N / 32: one
 // each), its KS warps K / KS each; a warp's loads run STAGES groups ahead across its pairs.
-// 2 K bytes of dynamic shared memory (xs). N % 32 == 0, K % (128 KS) == 0. F16: int4_lean16's
-// layout and arithmetic, else int4_lean's.
+// 2 K bytes of dynamic shared memory (xs). N % 32 == 0, K % (128 KS) == 0. F16: the fp16
+// layout and arithmetic (lean16_math), else the bf16 ones (lean_math).
 template <int KS, int STAGES, bool F16>
 __global__ void __launch_bounds__(32 * KS) int4_lean(const uint4* __restrict__ q,
                                                      const uint2* __restrict__ meta,
@@ -322,7 +215,7 @@ __global__ void __launch_bounds__(32 * KS) int4_lean(const uint4* __restrict__ q
   // item j of this warp: pair blockIdx.x + (j / per) gridDim.x, group g0 + j % per
   auto load = [&](LeanStage& st, u32 j) {
     const u32 pair = blockIdx.x + (j / per) * gridDim.x, grp = g0 + j % per;
-    lean_load<true>(st, q + ((size_t)(2 * pair) * chunks) * 32 + lane,
+    lean_load(st, q + ((size_t)(2 * pair) * chunks) * 32 + lane,
                     meta + (size_t)(2 * pair) * groups * 8 + g, grp, chunks, groups);
   };
   LeanStage st[STAGES];
@@ -367,4 +260,106 @@ __global__ void __launch_bounds__(32 * KS) int4_lean(const uint4* __restrict__ q
       }
     }
   }
+}
+
+// Persistent: grid = min(SMs, N / 32); WARPS consumer warps and a producer warp (the last).
+// Item it of the block: tile pair blockIdx.x + (it / items) gridDim.x, groups (it % items) IK ..
+// + IK - 1; consumer warp w takes groups w, w + WARPS, ... of each item. Dynamic shared memory:
+// ring [S][ITEM] (tile A's weights, tile B's, A's meta, B's meta), then xs (2 K bytes).
+// N % 32 == 0, K % (128 IK) == 0, IK % WARPS == 0.
+template <int WARPS, int S, int IK>
+__global__ void __launch_bounds__(32 * (WARPS + 1), 1)
+int4_lean_bulk(const uint4* __restrict__ q, const uint2* __restrict__ meta,
+               const u32* __restrict__ x, u16* __restrict__ y, int N, int K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int WB = IK * 1024, MB = IK * 64, ITEM = 2 * (WB + MB);
+  extern __shared__ uint4 smem[];
+  __shared__ __align__(8) unsigned long long full[S], empty[S];
+  __shared__ float red[WARPS * 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const u32 chunks = (u32)K >> 6, groups = (u32)K >> 7, items = groups / IK;
+  const int pairs = N >> 5;
+  const int mine = (int)blockIdx.x < pairs ? (pairs - 1 - (int)blockIdx.x) / gridDim.x + 1 : 0;
+  const int total = mine * (int)items;
+  const u32 ring = (u32)__cvta_generic_to_shared(smem);
+  const u32 full0 = (u32)__cvta_generic_to_shared(full);
+  const u32 empty0 = (u32)__cvta_generic_to_shared(empty);
+  if (threadIdx.x < S) {
+    mbar_init(full0 + 8 * threadIdx.x, 1);
+    mbar_init(empty0 + 8 * threadIdx.x, WARPS);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+  auto issue = [&](int it) {
+    const int slot = it % S;
+    const u32 pair = blockIdx.x + (it / items) * gridDim.x, ik = it % items;
+    const u32 bar = full0 + 8 * slot, dst = ring + slot * ITEM;
+    const uint4* wa = q + ((size_t)(2 * pair) * chunks + 2 * ik * IK) * 32;
+    const uint2* ma = meta + ((size_t)(2 * pair) * groups + ik * IK) * 8;
+    mbar_expect(bar, ITEM);
+    bulk_copy(dst, wa, WB, bar);
+    bulk_copy(dst + WB, wa + (size_t)chunks * 32, WB, bar);
+    bulk_copy(dst + 2 * WB, ma, MB, bar);
+    bulk_copy(dst + 2 * WB + MB, ma + (size_t)groups * 8, MB, bar);
+  };
+  if (threadIdx.x == 32 * WARPS)
+    for (int it = 0; it < S && it < total; ++it) issue(it);
+  uint4* xs = smem + S * ITEM / 16;
+  lean_stage_x<false, 32 * (WARPS + 1)>(xs, x, K, nullptr);
+  if (warp == WARPS) {  // the producer: each later item once its slot is free
+    if (lane == 0)
+      for (int it = S; it < total; ++it) {
+        mbar_wait(empty0 + 8 * (it % S), (u32)(it / S - 1) & 1u);
+        issue(it);
+      }
+    return;
+  }
+  float acc[2][4] = {};
+  for (int it = 0; it < total; ++it) {
+    const int slot = it % S;
+    mbar_wait(full0 + 8 * slot, (u32)(it / S) & 1u);
+    const char* item = reinterpret_cast<const char*>(smem) + slot * ITEM;
+    const u32 ik = it % items;
+#pragma unroll
+    for (int j = 0; j < IK / WARPS; ++j) {
+      const int loc = warp + j * WARPS;
+      LeanStage st;
+      const uint4* wa = reinterpret_cast<const uint4*>(item + loc * 1024) + lane;
+      st.w[0][0] = wa[0];
+      st.w[0][1] = wa[32];
+      st.w[1][0] = wa[WB / 16];
+      st.w[1][1] = wa[WB / 16 + 32];
+      const uint2* mp = reinterpret_cast<const uint2*>(item + 2 * WB + loc * 64) + g;
+      st.m[0] = mp[0];
+      st.m[1] = mp[MB / 8];
+      lean_math(acc, st, xs, ik * IK + loc, t);
+    }
+    __syncwarp();
+    if (lane == 0)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty0 + 8 * slot)
+                   : "memory");
+    if (ik == items - 1) {  // the tile pair's last item: the warps' sums meet, warp 0 stores
+      if (t == 0) {
+        red[warp * 32 + g] = acc[0][0];
+        red[warp * 32 + g + 8] = acc[0][2];
+        red[warp * 32 + 16 + g] = acc[1][0];
+        red[warp * 32 + 24 + g] = acc[1][2];
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(32 * WARPS) : "memory");
+      if (warp == 0) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) v += red[w * 32 + lane];
+        y[32 * (blockIdx.x + (it / items) * gridDim.x) + lane] = f32_to_bf16(v);
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(32 * WARPS) : "memory");
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
+    }
+  }
+#else
+  __trap();
+#endif
 }

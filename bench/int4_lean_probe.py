@@ -44,8 +44,8 @@ def _i32(words: torch.Tensor) -> torch.Tensor:
 
 
 # Where the nibbles of a word go: nibble p (p = 0..3) holds (row g + dr, k 2t + dk) of the
-# step and nibble 4 + p the next k. int4_lean: a_p's element pairs (a0, a1, a2, a3); int4_lean16:
-# a0, a2 (from w), a1, a3 (from w >> 8).
+# step and nibble 4 + p the next k. bf16 arithmetic: a_p's element pairs (a0, a1, a2, a3);
+# fp16: a0, a2 (from w), a1, a3 (from w >> 8).
 NIBBLES = {False: ((0, 0), (8, 0), (0, 8), (8, 8)), True: ((0, 0), (0, 8), (8, 0), (8, 8))}
 
 
@@ -53,7 +53,7 @@ def lean_pack(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, f16: bool = Fal
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [N, K] (values 0..15), z [N, K / 128] (0..15), s [N, K / 128] fp16 -> (words int32
     [N / 16, K / 64, 32, 4], meta int32 [N / 16, K / 128, 8, 2]) in the probe kernels' layout
-    (bench/int4_lean_probe.cu: int4_lean's header, or int4_lean16's with f16). N % 32 == 0,
+    (bench/int4_lean_probe.cu: its header, or its fp16 section's with f16). N % 32 == 0,
     K % 128 == 0."""
     n, k = q.shape
     if n % 32 or k % 128:

@@ -33,9 +33,9 @@ __device__ __forceinline__ unsigned long long block_max_key(unsigned long long k
 
 template <typename T, int THREADS>
 __device__ void argmax_impl(const T* __restrict__ x, long long* __restrict__ out,
-                            unsigned long long* __restrict__ part, unsigned int* __restrict__ counter,
-                            long long* __restrict__ host_out, const long long* __restrict__ parity,
-                            int n, int chunk, int vec) {
+                            unsigned long long* __restrict__ part,
+                            unsigned int* __restrict__ counter, long long* __restrict__ host_out,
+                            const long long* __restrict__ parity, int n, int chunk, int vec) {
   constexpr int V = Vec<T>::N;
   const int c = blockIdx.x, r = blockIdx.y, chunks = gridDim.x;
   const T* row = x + (long long)r * n;

@@ -163,7 +163,7 @@ __device__ __forceinline__ u32 swiglu2(u32 g, u32 u) {
 // RMSNorm (RSTD: below; bf16 kernel), bit 5 (+32) the sums of squares of the stored tile
 // (SSQ: store_tile, with the residual epilogue), bit 6 (+64) the row-scale RMSNorm from those
 // sums (RSTD_IN: ssq_rows, plain x), bit 7 (+128) the greedy choice instead of y (ARGMAX: the
-// bulk bf16 kernel's gemv_bulk_bf16_argmax, kernels/gemv_bulk.cu). Helpers take the parts.
+// bulk bf16 kernel's epilogue, kernels/gemv_bulk.cu). Helpers take the parts.
 #define GEMV_ACT(PRO) ((PRO) & 3)
 #define GEMV_RES(PRO) (((PRO) & 4) != 0)
 #define GEMV_GLU(PRO) (((PRO) & 8) != 0)

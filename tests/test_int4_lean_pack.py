@@ -29,24 +29,31 @@ def _f16(bits: int) -> float:
         torch.float16).item()
 
 
+def _assert_nibbles(words: torch.Tensor, q: torch.Tensor, slots) -> None:
+    """Word `step` of lane (g, t) in chunk c of tile T holds, at nibble p, q at (row 16 T + g +
+    dr, k 64 c + 16 step + 2 t + dk) for slots[p] = (dr, dk), and at nibble 4 + p the next k."""
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    tiles, chunks = words.shape[:2]
+    for tile in range(tiles):
+        for c in range(chunks):
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                for step in range(4):
+                    word = int(w[tile, c, lane, step])
+                    for p, (dr, dk) in enumerate(slots):
+                        row, col = 16 * tile + g + dr, 64 * c + 16 * step + 2 * t + dk
+                        assert (word >> (4 * p)) & 15 == q[row, col]
+                        assert (word >> (16 + 4 * p)) & 15 == q[row, col + 1]
+
+
 def test_lean_pack_puts_each_value_in_its_fragment_slot():
     n, k = 32, 256
     q, z, s = _int4(n, k)
     words, meta = lean_pack(q, z, s)
     assert words.shape == (n // 16, k // 64, 32, 4) and words.dtype == torch.int32
     assert meta.shape == (n // 16, k // 128, 8, 2) and meta.dtype == torch.int32
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    for tile in range(n // 16):
-        for c in range(k // 64):
-            for lane in range(32):
-                g, t = divmod(lane, 4)
-                for step in range(4):
-                    word = int(w[tile, c, lane, step])
-                    for p in range(4):
-                        row = 16 * tile + g + 8 * (p & 1)
-                        col = 64 * c + 16 * step + 2 * t + 8 * (p >> 1)
-                        assert (word >> (4 * p)) & 15 == q[row, col]
-                        assert (word >> (16 + 4 * p)) & 15 == q[row, col + 1]
+    # nibble p (row g + dr, k 2t + dk of the step) and 4 + p (the next k): a0, a1, a2, a3
+    _assert_nibbles(words, q, ((0, 0), (8, 0), (0, 8), (8, 8)))
     m = meta.to(torch.int64) & 0xFFFFFFFF
     for tile in range(n // 16):
         for grp in range(k // 128):
@@ -59,24 +66,13 @@ def test_lean_pack_puts_each_value_in_its_fragment_slot():
 
 
 def test_lean_pack16_puts_each_value_where_the_fp16_kernel_reads_it():
-    """int4_lean16: nibbles 0 / 4 row g (k 2t, 2t + 1), 1 / 5 row g (k 2t + 8, 2t + 9), 2 / 6
+    """The fp16 layout: nibbles 0 / 4 row g (k 2t, 2t + 1), 1 / 5 row g (k 2t + 8, 2t + 9), 2 / 6
     row g + 8 (k 2t, ...), 3 / 7 row g + 8 (k 2t + 8, ...); meta (scales of g, g + 8), (-(1024 +
     z) of g, g + 8) in fp16."""
     n, k = 32, 128
     q, z, s = _int4(n, k)
     words, meta = lean_pack(q, z, s, f16=True)
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    slot = ((0, 0), (0, 8), (8, 0), (8, 8))
-    for tile in range(n // 16):
-        for c in range(k // 64):
-            for lane in range(32):
-                g, t = divmod(lane, 4)
-                for step in range(4):
-                    word = int(w[tile, c, lane, step])
-                    for p, (dr, dk) in enumerate(slot):
-                        row, col = 16 * tile + g + dr, 64 * c + 16 * step + 2 * t + dk
-                        assert (word >> (4 * p)) & 15 == q[row, col]
-                        assert (word >> (16 + 4 * p)) & 15 == q[row, col + 1]
+    _assert_nibbles(words, q, ((0, 0), (0, 8), (8, 0), (8, 8)))  # a0, a2 from w; a1, a3 from w >> 8
     m = meta.to(torch.int64) & 0xFFFFFFFF
     for tile in range(n // 16):
         for g in range(8):

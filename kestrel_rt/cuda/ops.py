@@ -302,12 +302,16 @@ def moe_experts_routed(km: KernelModules, x: torch.Tensor, logits: torch.Tensor,
 ARGMAX_CHUNK = 4096  # elements of a row per block (a multiple of every dtype's vector)
 
 
+def _argmax_chunks(n: int) -> int:
+    """Blocks (chunks of ARGMAX_CHUNK elements) per row of n."""
+    return max(1, math.ceil(n / ARGMAX_CHUNK))
+
+
 def argmax_scratch(rows: int, n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """What `argmax` of [rows, n] needs between its blocks: each chunk's best candidate (a
     64-bit key, kernels/argmax_key.cuh) and one counter per row (zeroed here; the kernel
     leaves it at zero)."""
-    chunks = max(1, math.ceil(n / ARGMAX_CHUNK))
-    return (torch.empty(rows, chunks, dtype=torch.long, device=device),
+    return (torch.empty(rows, _argmax_chunks(n), dtype=torch.long, device=device),
             torch.zeros(rows, dtype=torch.int32, device=device))
 
 
@@ -343,7 +347,7 @@ def argmax(km: KernelModules, x: torch.Tensor, scratch: tuple[torch.Tensor, ...]
     out = _dest(out, x.shape[:-1], torch.long, x.device)
     if rows == 0:
         return out
-    chunks = max(1, math.ceil(n / ARGMAX_CHUNK))
+    chunks = _argmax_chunks(n)
     scratch = scratch or argmax_scratch(rows, n, x.device)
     part, counter = scratch
     if (part.shape != (rows, chunks) or part.dtype != torch.long or counter.numel() < rows
