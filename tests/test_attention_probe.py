@@ -1,4 +1,4 @@
-"""bench/attention_probe.py's reading of the decode attention's probe records (the kernel's
+"""bench/probes/attention_probe.py's reading of the decode attention's probe records (the kernel's
 DECODE_PROBE build writes them on the GPU; here synthetic ones)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "probes"))
 
 from attention_probe import MARKS, WORDS, phases
 

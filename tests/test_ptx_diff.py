@@ -1,11 +1,11 @@
-"""bench/ptx_diff.py: entries compared up to the names nvcc derives from elsewhere."""
+"""bench/probes/ptx_diff.py: entries compared up to the names nvcc derives from elsewhere."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "probes"))
 
 from ptx_diff import entries, verdict
 

@@ -2,7 +2,7 @@
 existing entry points alone).
 
     nvcc -arch=sm_90 -ptx -std=c++17 -I kernels kernels/moe.cu -o /tmp/after.ptx  (and before)
-    python bench/ptx_diff.py /tmp/before.ptx /tmp/after.ptx
+    python bench/probes/ptx_diff.py /tmp/before.ptx /tmp/after.ptx
 
 Per entry: "identical" (the text, with two names that change when nothing else does: the
 shared arrays nvcc demotes into the entry, whose mangled names carry the template arguments

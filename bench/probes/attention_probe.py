@@ -1,7 +1,7 @@
 """Where a batch-1 decode attention launch spends its time: per-phase clocks from inside the
 kernel (H200 diagnosis).
 
-    python bench/attention_probe.py [--ctx 128] [--models qwen3-8b,qwen3-30b-a3b]
+    python bench/probes/attention_probe.py [--ctx 128] [--models qwen3-8b,qwen3-30b-a3b]
 
 Compiles kernels/decode_attention.cu with -DDECODE_PROBE (a diagnostic build: thread 0 of each
 block that holds keys appends a record of clock64 marks, see the kernel's header) and replays
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ (measure)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
 
 import measure
 
