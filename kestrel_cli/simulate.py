@@ -21,8 +21,8 @@ from rich.table import Table
 
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.metrics import Metrics, compute_metrics
+from kestrel_sim.scenario import load_scenario
 from kestrel_sim.timeseries import compute_timeseries
-from kestrel_sim.yamlio import load_scenario
 
 SET_HELP = "override a scenario key, e.g. --set spec.k=8 (repeatable; the value is YAML)"
 

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from kestrel_cli.simulate import check_out, progress_bar, write_outputs
 from kestrel_sim.errors import ConfigError
-from kestrel_sim.yamlio import load_scenario
+from kestrel_sim.scenario import load_scenario
 
 
 def split_values(text: str) -> list[str]:

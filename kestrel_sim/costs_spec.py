@@ -9,10 +9,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from kestrel_sim.workload_spec import _Strict, resolve_file
+from kestrel_sim.errors import ConfigError
+from kestrel_sim.profile import Profile
+from kestrel_sim.schema_base import StrictModel, resolve_file
 
 
-class RooflineCosts(_Strict):
+class RooflineCosts(StrictModel):
     """The analytic model from the hardware description; fields override it."""
 
     launch_us: float | None = Field(default=None, ge=0, description="per kernel launch")
@@ -22,7 +24,7 @@ class RooflineCosts(_Strict):
 StageTime = Annotated[float, Field(ge=0)] | dict[int, Annotated[float, Field(ge=0)]]
 
 
-class TableCosts(_Strict):
+class TableCosts(StrictModel):
     """Fixed milliseconds per step, per stage; a mapping {batch size: ms} is interpolated
     linearly in batch size (clamped). `service: exponential` draws each step's time from an
     exponential distribution with the table's value as mean (for queueing checks)."""
@@ -49,7 +51,7 @@ class TableCosts(_Strict):
         return v
 
 
-class Costs(_Strict):
+class Costs(StrictModel):
     """Exactly one of roofline (the default), table or profile (a Profile JSON)."""
 
     roofline: RooflineCosts | None = None
@@ -59,7 +61,14 @@ class Costs(_Strict):
     @field_validator("profile")
     @classmethod
     def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return None if v is None else resolve_file(v, info, "profile")
+        if v is None:
+            return None
+        path = resolve_file(v, info, "profile")
+        try:
+            Profile.load(path)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return path
 
     @model_validator(mode="after")
     def _exactly_one(self):

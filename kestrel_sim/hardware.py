@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kestrel_sim.errors import ConfigError
+from kestrel_sim.yamlio import load_model  # FILE:LINE: key: problem messages
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "hardware"
 
@@ -84,8 +85,6 @@ def load_hardware(name_or_path: str) -> Hardware:
             f"unknown hardware '{name_or_path}': expected one of {', '.join(bundled_names())} "
             "or a path to a hardware YAML file"
         )
-    from kestrel_sim.yamlio import load_model  # FILE:LINE: key: problem messages
-
     return load_model(path, Hardware)
 
 

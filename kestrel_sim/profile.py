@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kestrel_sim.errors import ConfigError
+from kestrel_sim.yamlio import count_problems, describe_errors, key_name
 
 ProfileStage = Literal["prefill", "decode", "verify", "draft", "correction"]
 
@@ -65,14 +66,24 @@ class Profile(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        """Read and validate a Profile JSON, or raise ConfigError naming the file."""
+        """Read and validate a Profile JSON, or raise ConfigError naming the file, and the
+        line (bad JSON) or key path (a value that does not validate) of each problem."""
         path = Path(path)
         try:
-            return cls.model_validate_json(path.read_bytes())
+            data = json.loads(path.read_text())
         except OSError as err:
-            raise ConfigError(f"cannot read profile {path}: {err.strerror}") from None
+            raise ConfigError(f"cannot read profile {path}: {err.strerror or err}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"profile {path} is not a text (JSON) file") from None
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"profile {path}:{err.lineno}: invalid JSON ({err.msg})") from None
+        try:
+            return cls.model_validate(data)
         except ValidationError as err:
-            raise ConfigError(f"profile {path} is invalid: {err}") from None
+            problems = describe_errors(err, data, cls)
+            lines = [f"{key_name(key)}: {what}" for key, what in problems]
+            raise ConfigError(f"profile {path} does not validate "
+                              f"({count_problems(len(lines))}):\n" + "\n".join(lines)) from None
 
     def save(self, path: str | Path) -> None:
         path = Path(path)

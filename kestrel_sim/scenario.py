@@ -15,10 +15,10 @@ as their names say; rates are per second.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import (
     AfterValidator,
     Field,
@@ -28,9 +28,13 @@ from pydantic import (
 )
 
 from kestrel_sim.costs_spec import Costs, RooflineCosts, StageTime, TableCosts  # noqa: F401
-from kestrel_sim.datafiles import read_numbers
+from kestrel_sim.datafiles import read_counts
 from kestrel_sim.errors import ConfigError
+from kestrel_sim.hardware import bundled_names, load_hardware
 from kestrel_sim.models import PRESETS
+from kestrel_sim.profile import Profile
+from kestrel_sim.schema_base import StrictModel, in_base_dir, resolve_file
+from kestrel_sim.serving_spec import Link, Serving, Slo  # noqa: F401  (re-exported)
 from kestrel_sim.workload_spec import (  # noqa: F401  (re-exported: the Scenario's parts)
     Arrivals,
     ClosedLoopArrivals,
@@ -44,10 +48,8 @@ from kestrel_sim.workload_spec import (  # noqa: F401  (re-exported: the Scenari
     ReplayArrivals,
     UniformDist,
     Workload,
-    _Strict,
-    in_base_dir,
-    resolve_file,
 )
+from kestrel_sim.yamlio import load_model
 
 Stage = Literal["prefill", "draft", "verify", "correction", "decode"]
 
@@ -67,13 +69,16 @@ def resolve_model(value: str, info: ValidationInfo) -> str:
 
 
 def resolve_hardware(value: str, info: ValidationInfo) -> str:
-    """A bundled hardware name, or the absolute path of a hardware YAML or Profile JSON."""
-    from kestrel_sim.hardware import bundled_names
-
+    """A bundled hardware name, or the absolute path of a hardware YAML or Profile JSON
+    (read and validated here, so its problems show at this key)."""
     if value.lower() in bundled_names():
         return value.lower()
     path = in_base_dir(value, info)
     if path.is_file():
+        try:
+            Profile.load(path) if path.suffix == ".json" else load_hardware(str(path))
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
         return str(path.resolve())
     raise ValueError(
         f"'{value}' is neither bundled hardware ({', '.join(bundled_names())}) nor a "
@@ -89,15 +94,21 @@ HardwareName = Annotated[str, AfterValidator(resolve_hardware)]
 # ---------------------------------------------------------------- speculative decoding
 
 
-class Acceptance(_Strict):
+class Acceptance(StrictModel):
     """Exactly one of: `alpha` (each draft token accepted with probability alpha, independent),
     `per_position` (probability that draft position i is accepted given 0..i-1 were; at
-    least k entries), `trace` (a file of measured accepted lengths per round, integers
-    0..k, sampled with replacement; lengths above the scenario's k count as k)."""
+    least k entries), `trace` (a file of measured accepted lengths per round, whole numbers
+    0..k, sampled with replacement). A trace measured at a larger k than the scenario's
+    says so in `measured_k`; a length L then counts as min(L, k), which is exact: whether
+    the first k drafts are accepted does not depend on the ones after them."""
 
     alpha: float | None = Field(default=None, ge=0, le=1)
     per_position: list[Annotated[float, Field(ge=0, le=1)]] | None = None
     trace: str | None = None
+    measured_k: int | None = Field(
+        default=None, ge=1, le=64,
+        description="trace only: the k the trace was measured at (its lengths are 0..measured_k)",
+    )
 
     @field_validator("trace")
     @classmethod
@@ -106,11 +117,9 @@ class Acceptance(_Strict):
             return None
         path = resolve_file(v, info, "acceptance trace")
         try:
-            values = read_numbers(path, "acceptance trace")
+            read_counts(path, "acceptance trace", low=0)  # the bound on lengths: see Spec
         except ConfigError as err:
             raise ValueError(str(err)) from None
-        if (values < 0).any() or (values != np.rint(values)).any():
-            raise ValueError(f"acceptance trace {path}: accepted lengths must be integers >= 0")
         return path
 
     @model_validator(mode="after")
@@ -121,25 +130,44 @@ class Acceptance(_Strict):
                 "give exactly one of alpha, per_position or trace"
                 + (f" (got {', '.join(given)})" if given else "")
             )
+        if self.measured_k is not None and self.trace is None:
+            raise ValueError("measured_k only applies to an acceptance trace")
         return self
 
 
-class Spec(_Strict):
+class Spec(StrictModel):
     k: int = Field(ge=1, le=64, description="draft tokens proposed per round")
     correction: Literal["separate", "fused"] = "fused"
     acceptance: Acceptance
 
-    @model_validator(mode="after")
-    def _enough_positions(self):
-        pp = self.acceptance.per_position
-        if pp is not None and len(pp) < self.k:
-            raise ValueError(
-                f"acceptance.per_position has {len(pp)} rates but k is {self.k}: give at least k"
-            )
-        return self
+    @field_validator("acceptance")
+    @classmethod
+    def _fits_k(cls, acc: Acceptance, info: ValidationInfo) -> Acceptance:
+        k = info.data.get("k")
+        if k is None:
+            return acc  # k itself is invalid, and says so
+        pp = acc.per_position
+        if pp is not None and len(pp) < k:
+            raise ValueError(f"per_position has {len(pp)} rates but k is {k}: give at least k")
+        if acc.trace is not None:
+            measured = acc.measured_k
+            if measured is not None and measured < k:
+                raise ValueError(
+                    f"k is {k} but the acceptance trace was measured at k = {measured} "
+                    "(measured_k): it cannot say how often the drafts after position "
+                    f"{measured} would be accepted; lower k or measure at k = {k}")
+            hint = (f" (measured_k = {measured})" if measured else
+                    f" (k = {k}); if the trace was measured at a larger k, say which in "
+                    "acceptance.measured_k (lengths then count as min(length, k))")
+            try:
+                read_counts(acc.trace, "acceptance trace", low=0, high=measured or k,
+                            high_hint=hint)
+            except ConfigError as err:
+                raise ValueError(str(err)) from None
+        return acc
 
 
-class Draft(_Strict):
+class Draft(StrictModel):
     model: ModelName = Field(description="preset name or Hugging Face model folder")
     device: Literal["gpu", "cpu"] = "gpu"
     hardware: HardwareName | None = Field(
@@ -147,82 +175,10 @@ class Draft(_Strict):
     )
 
 
-# ---------------------------------------------------------------- serving
-
-
-class Link(_Strict):
-    """A KV-transfer link: transfers are serialised on it (one at a time, FIFO)."""
-
-    bandwidth_gb_s: float = Field(gt=0, description="GB/s, 1e9 bytes per second")
-    latency_us: float = Field(default=0.0, ge=0)
-
-
-class Serving(_Strict):
-    mode: Literal["colocated", "disaggregated"] = "colocated"
-    workers: int = Field(default=1, ge=1, description="colocated: GPUs doing both phases")
-    prefill_workers: int = Field(default=1, ge=1, description="disaggregated only")
-    decode_workers: int = Field(default=1, ge=1, description="disaggregated only")
-    max_batch: int = Field(default=64, ge=1, description="sequences per decode batch")
-    max_batched_tokens: int = Field(default=8192, ge=1, description="new tokens per step")
-    prefill_chunk: int = Field(default=2048, ge=1, description="prompt tokens per request per step")
-    prefill_schedule: Literal["mixed", "alternate"] = Field(
-        default="mixed",
-        description="colocated only. mixed (as vLLM's chunked prefill, Sarathi-Serve): every "
-        "step is one forward that carries the running requests' decode tokens (k+1 each for "
-        "a speculative verify) and fills the rest of max_batched_tokens with chunks of "
-        "waiting prompts (at most prefill_chunk tokens per prompt); the k draft steps and a "
-        "separate correction stay their own forwards. alternate: while prompts wait, a "
-        "prefill-only step alternates with a decode or speculative round",
-    )
-    decode_queue: Literal["fifo"] = "fifo"
-    kv_capacity_tokens: int | None = Field(
-        default=None, ge=1,
-        description="KV slots per worker; default: free memory after weights x kv_memory_fraction",
-    )
-    kv_memory_fraction: float = Field(default=0.9, gt=0, le=1)
-    on_kv_full: Literal["preempt", "wait"] = Field(
-        default="preempt",
-        description="preempt: evict the newest running request and recompute it later; "
-        "wait: reserve prompt+output at admission so nothing is ever evicted",
-    )
-    link: str | Link | None = Field(
-        default=None, description="KV transfer link: a name from the hardware's links or "
-        "{bandwidth_gb_s, latency_us}; default the hardware's default link",
-    )
-
-    @model_validator(mode="after")
-    def _mode_fields(self):
-        # by value (not by "was it given"), so a dumped scenario validates again
-        if self.mode == "colocated":
-            odd = [f for f in ("prefill_workers", "decode_workers") if getattr(self, f) != 1]
-            if odd:
-                raise ValueError(
-                    f"{', '.join(odd)} only apply to mode: disaggregated; "
-                    "colocated mode uses `workers`"
-                )
-        elif self.workers != 1:
-            raise ValueError(
-                "`workers` only applies to mode: colocated; disaggregated mode uses "
-                "prefill_workers and decode_workers"
-            )
-        elif self.prefill_schedule != "mixed":
-            raise ValueError(
-                "prefill_schedule only applies to mode: colocated; disaggregated workers "
-                "never mix prefill and decode"
-            )
-        return self
-
-
-class Slo(_Strict):
-    ttft_ms: float | None = Field(default=None, gt=0)
-    tpot_ms: float | None = Field(default=None, gt=0)
-    e2el_ms: float | None = Field(default=None, gt=0)
-
-
 # ---------------------------------------------------------------- the scenario
 
 
-class Scenario(_Strict):
+class Scenario(StrictModel):
     name: str = "scenario"
     hardware: HardwareName = Field(
         default="h200", description="bundled name, or a hardware YAML or Profile JSON path"
@@ -234,6 +190,39 @@ class Scenario(_Strict):
     workload: Workload
     slo: Slo = Field(default_factory=Slo)
     costs: Costs | None = None
+
+    @field_validator("serving")
+    @classmethod
+    def _budget_holds_a_batch(cls, serving: Serving, info: ValidationInfo) -> Serving:
+        spec = info.data.get("spec")
+        k = spec.k if spec is not None else 0
+        need = serving.max_batch * (k + 1)
+        if serving.max_batched_tokens < need:
+            per_seq = f"{k + 1} tokens (a verify of k+1)" if k else "1 token"
+            raise ValueError(
+                f"max_batched_tokens is {serving.max_batched_tokens} but a full decode batch "
+                f"is max_batch = {serving.max_batch} sequences of {per_seq}, {need} tokens in "
+                f"one step: raise max_batched_tokens to at least {need} or lower max_batch "
+                "(vLLM likewise needs max_num_batched_tokens >= max_num_seqs)")
+        return serving
+
+    @field_validator("workload")
+    @classmethod
+    def _fits_context(cls, workload: Workload, info: ValidationInfo) -> Workload:
+        models = [m for m in (info.data.get("model"),
+                              getattr(info.data.get("draft"), "model", None)) if m]
+        limits = [(m, model_context(m)) for m in models]
+        limits = [(m, c) for m, c in limits if c is not None]
+        if not limits:
+            return workload
+        name, context = min(limits, key=lambda mc: mc[1])
+        prompt, output = workload.longest()
+        if prompt is not None and output is not None and prompt + output > context:
+            raise ValueError(
+                f"a request can have a {prompt}-token prompt and {output} output tokens, "
+                f"{prompt + output} in all, but {name}'s context holds {context} tokens: "
+                "shorten prompt_tokens or output_tokens (give normal/lognormal a max)")
+        return workload
 
     @model_validator(mode="after")
     def _spec_needs_draft(self):
@@ -258,6 +247,22 @@ class Scenario(_Strict):
     def load_from_dict(cls, data: dict[str, Any], base_dir: str | Path = ".") -> Scenario:
         """Validate `data`, resolving file names against `base_dir`."""
         return cls.model_validate(data, context={"base_dir": Path(base_dir)})
+
+
+def model_context(model: str) -> int | None:
+    """A model's context length (max_position_embeddings): its preset's, or its folder's
+    config.json's; None where the config does not say."""
+    if model in PRESETS:
+        return PRESETS[model].max_position_embeddings
+    config = json.loads((Path(model) / "config.json").read_text())
+    value = config.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def load_scenario(path: str | Path, overrides=()) -> Scenario:
+    """A validated Scenario from a YAML file and `--set KEY=VALUE` overrides; any problem
+    is one ConfigError naming the file, line and key of each."""
+    return load_model(path, Scenario, overrides)
 
 
 def json_schema() -> dict[str, Any]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kestrel_sim.datafiles import read_numbers, read_replay
+from kestrel_sim.datafiles import read_counts, read_replay
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.workload_spec import (
     ClosedLoopArrivals,
@@ -56,14 +56,16 @@ def _lengths(d, n: int, rng: np.random.Generator, where: str) -> np.ndarray:
         x = np.rint(x)
         return np.clip(x, d.min, d.max if d.max is not None else None).astype(np.int64)
     if isinstance(d, EmpiricalDist):
-        values = np.rint(read_numbers(d.file, f"{where} empirical distribution"))
-        if (values < 1).any():
-            raise ConfigError(f"{where}: empirical file {d.file} holds lengths below 1")
-        return rng.choice(values.astype(np.int64), size=n, replace=True)
+        values = read_counts(d.file, f"{where} empirical distribution", low=1)
+        return rng.choice(values, size=n, replace=True)
     raise TypeError(d)  # unreachable: the schema admits only the above
 
 
-def draw_workload(w: Workload, rng: np.random.Generator) -> DrawnWorkload:
+def draw_workload(w: Workload, rng: np.random.Generator,
+                  context: int | None = None) -> DrawnWorkload:
+    """Draw every request. `context` (the model's context length): a drawn request whose
+    prompt + output exceed it is an error (validation already refuses bounded lengths
+    that can; this catches the tail of a normal or lognormal without `max`)."""
     a = w.arrivals
     replay = read_replay(a.file) if isinstance(a, ReplayArrivals) else None
     if replay is not None:
@@ -97,8 +99,14 @@ def draw_workload(w: Workload, rng: np.random.Generator) -> DrawnWorkload:
     output = _lengths(w.output_tokens, n, rng, "workload.output_tokens")
     if replay is not None:
         for key, arr in (("prompt_tokens", prompt), ("output_tokens", output)):
-            if key in replay:
-                if (replay[key] < 1).any():
-                    raise ConfigError(f"arrival trace {a.file}: {key} must be >= 1")
+            if key in replay:  # whole numbers >= 1 (read_replay checks)
                 arr[:] = replay[key]
+    if context is not None:
+        over = prompt + output > context
+        if over.any():
+            i = int(np.argmax(over))
+            raise ConfigError(
+                f"workload: request {i} drew a {prompt[i]}-token prompt and {output[i]} output "
+                f"tokens, more than the model's context of {context} tokens: give "
+                "workload.prompt_tokens / output_tokens a max")
     return DrawnWorkload(arrivals, prompt, output, *closed)

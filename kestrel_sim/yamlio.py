@@ -254,13 +254,15 @@ def _describe(err: dict, path: Key, data, model, tags) -> str:
     if base in _EXPECTED and kind != base:
         return f"expected {_EXPECTED[base]} (got {_got(value)})"
     msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    if isinstance(value, (dict, list)) or value is None or repr(value) in msg:
+    # a validator's own message says what it got; so does one about a mapping or list
+    if kind == "value_error" or isinstance(value, (dict, list)) or value is None:
         return msg
     return f"{msg} (got {_got(value)})"
 
 
-def format_errors(error: ValidationError, data, model, located: _Located) -> str:
-    """One line per problem: `WHERE: key.path: what is wrong`."""
+def describe_errors(error: ValidationError, data, model: type[BaseModel]) -> list[tuple[Key, str]]:
+    """(key path, what is wrong) per problem, without repeats: a failed plain union reports
+    only the member with the fewest problems."""
     errors = error.errors(include_url=False)
     parsed = []
     for e in errors:
@@ -274,21 +276,27 @@ def format_errors(error: ValidationError, data, model, located: _Located) -> str
         if tags:
             counts = groups.setdefault(path[:depth], {})
             counts[tags[0]] = counts.get(tags[0], 0) + 1
-    lines = []
+    problems: list[tuple[Key, str]] = []
     for err, path, tags, depth in parsed:
         counts = groups.get(path[:depth]) if tags else None
         if counts and len(counts) > 1 and tags[0] != min(counts, key=counts.get):
             continue
-        name = ".".join(map(str, path)) or "(top level)"
-        line = f"{located.where(path)}: {name}: {_describe(err, path, data, model, tags)}"
-        if line not in lines:
-            lines.append(line)
-    count = f"{len(lines)} problems" if len(lines) > 1 else "1 problem"
-    return f"{located.file} does not validate ({count}):\n" + "\n".join(lines)
+        problem = (path, _describe(err, path, data, model, tags))
+        if problem not in problems:
+            problems.append(problem)
+    return problems
 
 
-def load_scenario(path: str | Path, overrides=()):
-    """A validated `Scenario` from a YAML file and `--set` overrides."""
-    from kestrel_sim.scenario import Scenario
+def key_name(path: Key) -> str:
+    return ".".join(map(str, path)) or "(top level)"
 
-    return load_model(path, Scenario, overrides)
+
+def count_problems(n: int) -> str:
+    return f"{n} problems" if n > 1 else "1 problem"
+
+
+def format_errors(error: ValidationError, data, model, located: _Located) -> str:
+    """One line per problem: `WHERE: key.path: what is wrong`."""
+    problems = describe_errors(error, data, model)
+    lines = [f"{located.where(path)}: {key_name(path)}: {what}" for path, what in problems]
+    return f"{located.file} does not validate ({count_problems(len(lines))}):\n" + "\n".join(lines)

@@ -113,7 +113,8 @@ def test_bad_acceptance_trace_names_key_and_line(tmp_path, monkeypatch, capsys):
         "workload: {arrivals: {process: poisson, rate: 1}, requests: 3}\n")
     code, _, err = _main(monkeypatch, capsys, "run", str(tmp_path / "s.yaml"),
                          "--out", str(tmp_path / "out"))
-    assert code == 2 and "s.yaml:5: spec.acceptance.trace" in err and "integers >= 0" in err
+    assert code == 2 and "s.yaml:5: spec.acceptance.trace" in err
+    assert "acc.txt:1: 2.5 is not a whole number" in err
 
 
 def test_sweep_grid_in_two_processes(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kestrel_cli.sweep import grid_points, parse_axes
-from kestrel_sim.yamlio import load_scenario
+from kestrel_sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))

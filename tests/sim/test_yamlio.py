@@ -7,7 +7,8 @@ import textwrap
 import pytest
 
 from kestrel_sim.errors import ConfigError
-from kestrel_sim.yamlio import load_scenario, parse_override, read_yaml
+from kestrel_sim.scenario import load_scenario
+from kestrel_sim.yamlio import parse_override, read_yaml
 
 GOOD = """\
 name: t
