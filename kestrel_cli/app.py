@@ -7,6 +7,8 @@ Heavy imports (torch) happen inside the commands that need them.
 from __future__ import annotations
 
 import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -16,15 +18,40 @@ from kestrel_cli import generate, simulate, sweep
 from kestrel_sim.errors import KestrelError
 
 app = typer.Typer(
-    help="Kestrel: predict (simulator) and measure (runtime) LLM inference with "
-    "speculative decoding and prefill/decode queues.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-app.command("run")(simulate.run)
-app.command("sweep")(sweep.sweep)
-app.command("schema")(simulate.schema)
+
+
+def package_version() -> str:
+    try:
+        return version("kestrel")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def show_version(value: bool) -> None:
+    if value:
+        print(f"kestrel {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    version_: Annotated[bool, typer.Option(
+        "--version", callback=show_version, is_eager=True,
+        help="print the installed version and exit")] = False,
+) -> None:
+    """Kestrel: predict (simulator) and measure (runtime) LLM inference with speculative
+    decoding and prefill/decode queues."""
+
+
+app.command("run", short_help="Run a scenario on the simulator: metrics, trace, report.")(
+    simulate.run)
+app.command("sweep", short_help="Run a scenario over a grid of --set values in parallel.")(
+    sweep.sweep)
+app.command("schema", short_help="Print the scenario JSON Schema.")(simulate.schema)
 app.command("generate")(generate.generate)
 
 

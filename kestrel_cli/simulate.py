@@ -2,61 +2,51 @@
 report.html. `kestrel sweep` lives in kestrel_cli.sweep; `kestrel schema` prints the
 scenario's JSON Schema.
 
-Nothing is written until the scenario validated and the run finished; each file is written
-to a temporary name and renamed into place.
+The scenario and the output folder are checked before anything runs; the outputs are
+rendered in full and put in place at once (kestrel_cli.outdir), so a failure leaves
+nothing half-written.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-from kestrel_sim.errors import ConfigError
+from kestrel_cli.outdir import output_folder
+from kestrel_cli.table import metrics_table, run_title
 from kestrel_sim.metrics import Metrics, compute_metrics
-from kestrel_sim.scenario import load_scenario
+from kestrel_sim.scenario import Scenario, load_scenario
 from kestrel_sim.timeseries import compute_timeseries
 
 SET_HELP = "override a scenario key, e.g. --set spec.k=8 (repeatable; the value is YAML)"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder, then rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def check_out(out: Path) -> None:
-    """Refuse an --out that cannot become a folder, before any work is done."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a folder; give a folder path")
-
-
-def write_outputs(out: Path, files: dict[str, str]) -> None:
-    """Create `out` and write every file atomically (contents are all rendered first)."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        write_atomic(out / name, text)
+OVERWRITE_HELP = "replace an existing --out folder that holds anything else"
+# every file a run may write: an earlier run's folder holding only these is replaced
+RUN_FILES = frozenset({"metrics.json", "timeseries.json", "scenario.json", "trace.json",
+                       "report.html", "kestrel_trace.json"})
 
 
 def progress_bar(console: Console) -> Progress:
+    """Shown on a terminal only, and cleared when done."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console, transient=True)
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                    console=console, transient=True)
 
 
-def simulate_with_progress(scenario, console: Console):
+def simulate_with_progress(scenario: Scenario, console: Console):
     """Run the simulator, showing finished requests on a progress bar."""
     from kestrel_sim import simulate
 
@@ -69,45 +59,11 @@ def simulate_with_progress(scenario, console: Console):
         return simulate(scenario, progress=report)
 
 
-def _ms(value: float) -> str:
-    return f"{value:.2f}"
+def costs_label(scenario: Scenario) -> str:
+    """Where the run's step times come from ('uncalibrated roofline (h200)', ...)."""
+    from kestrel_sim.costs.build import build_costs, describe_costs
 
-
-def metrics_table(metrics: Metrics, title: str) -> Table:
-    """A rich table: throughputs, then latencies as mean / median / p99."""
-    table = Table(title=title, show_header=True, header_style="bold")
-    table.add_column("metric")
-    for column in ("value", "median", "p99"):
-        table.add_column(column, justify="right")
-    m = metrics
-    rows = [
-        ("completed requests", str(m.completed)),
-        ("duration (s)", f"{m.duration:.3f}"),
-        ("request throughput (req/s)", f"{m.request_throughput:.3f}"),
-        ("output throughput (tok/s)", f"{m.output_throughput:.1f}"),
-        ("total token throughput (tok/s)", f"{m.total_token_throughput:.1f}"),
-    ]
-    if m.request_goodput is not None:
-        rows.append(("goodput (req/s within SLO)", f"{m.request_goodput:.3f}"))
-    for name, value in rows:
-        table.add_row(name, value, "", "")
-    for label, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E latency", "e2el")):
-        table.add_row(f"{label} (ms), mean", _ms(getattr(m, f"mean_{key}_ms")),
-                      _ms(getattr(m, f"median_{key}_ms")), _ms(getattr(m, f"p99_{key}_ms")))
-    if m.acceptance_rate is not None:
-        table.add_row("acceptance rate", f"{m.acceptance_rate:.3f}", "", "")
-        table.add_row("mean acceptance length (tok/round)", f"{m.mean_acceptance_length:.3f}",
-                      "", "")
-        per_pos = " ".join(f"{p:.2f}" for p in m.per_position_acceptance)
-        table.add_row("per-position acceptance", per_pos, "", "")
-    for worker, busy in m.worker_utilization.items():
-        table.add_row(f"utilization {worker}", f"{busy:.1%}", "", "")
-    if m.stage_share:
-        share = "  ".join(f"{k} {v:.0%}" for k, v in m.stage_share.items())
-        table.add_row("stage share of busy time", share, "", "")
-    if m.preemptions:
-        table.add_row("preemptions", str(m.preemptions), "", "")
-    return table
+    return describe_costs(build_costs(scenario, np.random.default_rng(0)))
 
 
 def render_run(scenario, trace, include_raw: bool = False) -> tuple[Metrics, dict[str, str]]:
@@ -134,23 +90,28 @@ def render_run(scenario, trace, include_raw: bool = False) -> tuple[Metrics, dic
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file", show_default=False)],
     out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="output folder [default: runs/NAME]")] = None,
+        "--out", "-o", show_default="runs/NAME",
+        help="output folder (NAME: the scenario's name); an earlier run's folder is "
+        "replaced")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help=SET_HELP)] = None,
     raw_trace: Annotated[bool, typer.Option(
         "--raw-trace", help="also write the Trace itself (kestrel_trace.json)")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help=OVERWRITE_HELP)] = False,
 ) -> None:
     """Run a scenario on the simulator: print metrics, write metrics.json, trace.json
     (open in ui.perfetto.dev) and report.html."""
     console = Console(stderr=True)
-    sc = load_scenario(scenario, set_ or ())
+    overrides = list(set_ or ())
+    sc = load_scenario(scenario, overrides)
     out = out or Path("runs") / sc.name
-    check_out(out)
-    started = time.perf_counter()
-    trace = simulate_with_progress(sc, console)
-    sim_wall = time.perf_counter() - started
-    metrics, files = render_run(sc, trace, include_raw=raw_trace)
-    write_outputs(out, files)
-    Console().print(metrics_table(metrics, f"{sc.name} (simulated)"))
+    with output_folder(out, overwrite, RUN_FILES, inputs=(scenario,)) as folder:
+        costs = costs_label(sc)
+        started = time.perf_counter()
+        trace = simulate_with_progress(sc, console)
+        sim_wall = time.perf_counter() - started
+        metrics, files = render_run(sc, trace, include_raw=raw_trace)
+        folder.commit(files)
+    Console().print(metrics_table(metrics, run_title(sc.name, costs, overrides)))
     speed = f", {metrics.duration / sim_wall:.0f}x real time" if sim_wall > 0 else ""
     console.print(f"simulated {metrics.duration:.2f} s in {sim_wall:.2f} s wall{speed}; "
                   f"wrote {', '.join(files)} to {out}", highlight=False)

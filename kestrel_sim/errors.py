@@ -7,3 +7,7 @@ class KestrelError(Exception):
 
 class ConfigError(KestrelError):
     """A scenario, hardware, profile or model description that does not validate."""
+
+
+class OutputError(KestrelError):
+    """An output folder that cannot be written, or that holds work not to be overwritten."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -110,3 +111,17 @@ def build_costs(sc: Scenario, rng: np.random.Generator) -> SimCosts:
     if sc.draft is not None:
         draft = RooflineCost(draft_hw, draft_shape, **(kw if sc.draft.device == "gpu" else {}))
     return SimCosts(target, draft, hw, draft_hw, "roofline")
+
+
+def describe_costs(costs: SimCosts) -> str:
+    """Where a run's step times come from, for a table title: 'measured profile FILE',
+    'uncalibrated roofline (HARDWARE)' or 'fixed cost table'; the draft's where it differs
+    (a profile without the draft's steps, or a CPU draft, prices the draft by roofline)."""
+    if costs.source == "table":
+        return "fixed cost table"
+    if costs.source == "roofline":
+        return f"uncalibrated roofline ({costs.hardware.name})"
+    text = f"measured profile {Path(costs.target.path).name}"
+    if isinstance(costs.draft, RooflineCost):
+        text += f"; draft: uncalibrated roofline ({costs.draft.hw.name})"
+    return text

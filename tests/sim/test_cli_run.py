@@ -157,3 +157,58 @@ def test_schema_is_json_schema():
     assert result.exit_code == 0
     schema = json.loads(result.output)
     assert {"workload", "spec", "serving"} <= set(schema["properties"])
+
+
+def test_table_shows_units_overrides_and_the_cost_source(monkeypatch, capsys, tmp_path):
+    code, out, err = _main(monkeypatch, capsys, "run", str(DEFAULT), "-o", str(tmp_path / "r"),
+                           *SMALL, "--set", "spec.k=2")
+    assert code == 0, err
+    assert "default: simulated, measured profile qwen3-8b_h200.json" in out
+    assert "--set workload.requests=40 --set spec.k=2" in out
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in out.splitlines() if line.count("│") == 6}
+    assert rows["TTFT"] == rows["TPOT"] == "ms"
+    assert rows["output throughput"] == "tok/s" and rows["duration"] == "s"
+    assert rows["draft acceptance rate"] == "%" and rows["acceptance length"] == "tok/round"
+
+
+def test_a_roofline_result_says_it_is_uncalibrated(monkeypatch, capsys, tmp_path):
+    code, out, err = _main(monkeypatch, capsys, "run", str(DEFAULT), "-o", str(tmp_path / "r"),
+                           *SMALL, "--set", "costs={roofline: {}}")
+    assert code == 0, err
+    assert "default: simulated, uncalibrated roofline (h200)" in out
+
+
+def test_bundled_scenarios_use_the_measured_profile_where_one_exists():
+    from kestrel_sim.profile import Profile
+    from kestrel_sim.scenario import load_scenario
+
+    measured = {}
+    for path in (ROOT / "calibration" / "profiles").glob("*.json"):
+        fp = Profile.load(path).fingerprint
+        measured[(fp.device.split()[-1].lower(), fp.model)] = path.resolve()
+    uncalibrated = []
+    for path in sorted((ROOT / "scenarios").glob("*.yaml")):
+        sc = load_scenario(path)
+        profile = measured.get((sc.hardware, sc.model))
+        if profile is None:
+            uncalibrated.append(sc.name)
+        else:
+            assert sc.costs is not None and sc.costs.profile == str(profile), path.name
+    assert uncalibrated == ["qwen3-30b-a3b"]  # no profile of that model yet
+
+
+def test_progress_bar_with_an_eta_on_a_terminal():
+    import io
+
+    from rich.console import Console
+
+    from kestrel_cli.simulate import simulate_with_progress
+    from kestrel_sim.scenario import load_scenario
+
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=120)
+    trace = simulate_with_progress(load_scenario(DEFAULT, ["workload.requests=200"]), console)
+    assert len(trace.requests) == 200
+    text = screen.getvalue()
+    assert "simulating default" in text and "ETA" in text and "/200" in text

@@ -142,3 +142,31 @@ def test_acceptance_trace_replay(tmp_path):
     acc = Acceptance.model_validate({"trace": "acc.txt"}, context={"base_dir": tmp_path})
     model = build_acceptance(acc, k=4)
     assert model.pmf.tolist() == pytest.approx([0.2, 0.4, 0.2, 0.0, 0.2])  # 6 counts as k=4
+
+
+def test_a_drawn_request_longer_than_the_context_is_refused():
+    from kestrel_sim.errors import ConfigError
+
+    w = workload(arrivals={"process": "poisson", "rate": 1}, requests=2000,
+                 prompt_tokens={"dist": "lognormal", "mean": 2000, "std": 3000})
+    d = draw_workload(w, np.random.default_rng(0), context=100_000)  # the tail fits
+    longest = int((d.prompt + d.output).max())
+    with pytest.raises(ConfigError, match=f"more than the model's context of {longest - 1}"):
+        draw_workload(w, np.random.default_rng(0), context=longest - 1)
+
+
+def test_longest_request_a_workload_can_draw(tmp_path):
+    (tmp_path / "lens.txt").write_text("[100,\n 700]\n")
+    (tmp_path / "t.csv").write_text("arrival,output_tokens\n0,5\n1,50\n")
+    w = workload(tmp_path, arrivals={"process": "poisson", "rate": 1},
+                 prompt_tokens={"dist": "empirical", "file": "lens.txt"},
+                 output_tokens={"dist": "normal", "mean": 50, "std": 9})
+    assert w.longest() == (700, None)  # a normal without max is unbounded
+    w = workload(tmp_path, arrivals={"process": "replay", "file": "t.csv"},
+                 prompt_tokens={"dist": "uniform", "low": 3, "high": 9})
+    assert w.longest() == (9, 50)  # the file's column overrides output_tokens
+
+
+def test_requests_are_capped_with_a_reason():
+    with pytest.raises(ValidationError, match="more than one run holds"):
+        workload(arrivals={"process": "poisson", "rate": 1}, requests=10_000_001)
