@@ -1,73 +1,103 @@
-"""Metrics of one run, computed from a Trace only (simulated or measured alike).
+"""Metrics of one run, computed from a Recorder only (a simulated run's, or a measured Trace
+replayed through one): the same code for both sides.
 
-Names and definitions follow vLLM's serving benchmark (`benchmark_serving`):
-- TTFT: first emission minus arrival.
+Names and definitions follow vLLM's `vllm bench serve` result (vllm/benchmarks/serve.py):
+- TTFT: first emission minus arrival. E2EL (`latencies`): finish minus arrival.
 - TPOT: (e2el - ttft) / (output_tokens - 1), per request with more than one output token.
 - ITL: gaps between successive emissions of one request (an emission may carry several
   tokens under speculative decoding), pooled over all requests.
-- E2EL: finish minus arrival.
-- duration: last finish minus first arrival; throughputs divide by it.
-- request_goodput: completed requests per second meeting every SLO given (TTFT, TPOT, E2EL), as
-  vLLM's --goodput; a request with one output token has TPOT 0.
-Speculative decoding metrics come from `verify` spans: each (request, round) pair proposes
-`proposed` draft tokens and accepts `accepted[i]` of them, then gains one bonus/correction
-token, so a round yields accepted + 1 tokens.
+- duration: first arrival to last finish; throughputs divide by it.
+- request_goodput: completed requests per second meeting every SLO given (TTFT, TPOT, E2EL),
+  as vLLM's --goodput; a request with one output token has TPOT 0.
+- max_output_tokens_per_s: the most output tokens in one whole second of the run (vLLM
+  counts its buckets from the first request's send time, Kestrel from the run's t = 0);
+  max_concurrent_requests: the most requests between arrival and finish at one instant.
+- spec_decode_*: a draft is one request in one verify; accepted tokens are the draft tokens
+  kept (a request near its end keeps fewer than the target accepted);
+  acceptance_rate = accepted / draft tokens in percent, acceptance_length = 1 + accepted /
+  drafts, per_position_acceptance_rates[i] = drafts keeping more than i / drafts.
+- per-request arrays, one entry per request in order (seconds, as vLLM's; a failed request
+  has 0): input_lens, output_lens, ttfts, itls, latencies, start_times (arrival). `itls`
+  holds each request's gaps while the run has at most ITL_EXACT_LIMIT of them and is empty
+  past that; `itl_source` says whether the ITL statistics came from every gap ("exact") or
+  from a histogram with 0.1% wide bins ("histogram").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from itertools import chain
-
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from kestrel_sim.recorder import Recorder, replay
 from kestrel_sim.trace import Trace
 
-BUSY_EXCLUDED = ("queue_wait",)  # span kinds that do not occupy a worker
+STAGES = ("prefill", "draft", "verify", "correction", "decode", "kv_transfer")
+PER_REQUEST_ARRAYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times")
 
 
 class Metrics(BaseModel):
-    """Scalar results of a run (times in ms, rates per second)."""
+    """Results of a run (times in ms, rates per second; per-request arrays in s)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    completed: int
     duration: float  # s
+    completed: int
+    failed: int  # requests that never finished
     total_input_tokens: int
     total_output_tokens: int
     request_throughput: float  # requests/s
+    request_goodput: float | None  # requests/s meeting the SLO; None without an SLO
     output_throughput: float  # output tokens/s
     total_token_throughput: float  # (input + output) tokens/s
-    request_goodput: float | None  # requests/s meeting the SLO; None without an SLO
+    max_output_tokens_per_s: float
+    max_concurrent_requests: int
     mean_ttft_ms: float
     median_ttft_ms: float
+    std_ttft_ms: float
     p99_ttft_ms: float
     mean_tpot_ms: float
     median_tpot_ms: float
+    std_tpot_ms: float
     p99_tpot_ms: float
     mean_itl_ms: float
     median_itl_ms: float
+    std_itl_ms: float
     p99_itl_ms: float
     mean_e2el_ms: float
     median_e2el_ms: float
+    std_e2el_ms: float
     p99_e2el_ms: float
-    acceptance_rate: float | None  # accepted / proposed draft tokens
-    mean_acceptance_length: float | None  # tokens per round incl. the bonus token
-    per_position_acceptance: list[float]  # [i]: fraction of rounds accepting > i drafts
+    spec_decode_acceptance_rate: float | None  # percent of draft tokens accepted
+    spec_decode_acceptance_length: float | None  # tokens per round, bonus token included
+    spec_decode_num_drafts: int | None
+    spec_decode_draft_tokens: int | None
+    spec_decode_accepted_tokens: int | None
+    spec_decode_per_position_acceptance_rates: list[float]
+    itl_source: str  # "exact" | "histogram"
     worker_utilization: dict[str, float]  # worker -> busy fraction of duration
     stage_share: dict[str, float]  # span kind -> share of all worker-busy seconds
+    stage_seconds: dict[str, dict[str, float]]  # worker -> span kind -> busy seconds
     preemptions: int
+    input_lens: list[int]
+    output_lens: list[int]
+    ttfts: list[float]
+    itls: list[list[float]]
+    latencies: list[float]
+    start_times: list[float]
 
+    # the names before vLLM's, read by code not yet moved to the new ones
+    @property
+    def acceptance_rate(self) -> float | None:
+        rate = self.spec_decode_acceptance_rate
+        return None if rate is None else rate / 100.0
 
-@dataclass
-class RequestLatencies:
-    """Per-request latency arrays of completed requests (ms), for CDFs."""
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return self.spec_decode_acceptance_length
 
-    ttft_ms: np.ndarray
-    tpot_ms: np.ndarray  # only requests with more than one output token
-    e2el_ms: np.ndarray
-    itl_ms: np.ndarray  # pooled gaps between emissions
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return self.spec_decode_per_position_acceptance_rates
 
 
 def _slo_value(slo, name: str) -> float | None:
@@ -77,180 +107,158 @@ def _slo_value(slo, name: str) -> float | None:
     return None if value is None else float(value)
 
 
-def _stats(values: np.ndarray) -> tuple[float, float, float]:
-    """(mean, median, p99) of `values`, zeros for an empty array (as vLLM reports)."""
+def _stats(values: np.ndarray) -> tuple[float, float, float, float]:
+    """(mean, median, std, p99) of `values`, zeros for an empty array (as vLLM reports)."""
     if values.size == 0:
-        return 0.0, 0.0, 0.0
-    return (
-        float(values.mean()),
-        float(np.median(values)),
-        float(np.percentile(values, 99)),
+        return 0.0, 0.0, 0.0, 0.0
+    return (float(values.mean()), float(np.median(values)), float(values.std()),
+            float(np.percentile(values, 99)))
+
+
+def _itl(rec: Recorder, done: np.ndarray) -> tuple[tuple, list[list[float]], str]:
+    """ITL (mean, median, std, p99) in ms over completed requests, per-request gap lists in
+    s (all requests), and where the statistics came from."""
+    n = rec.count
+    exact = rec.itl.exact()
+    if exact is None:  # past the bound: histogram quantiles, running sums
+        gaps = rec.itl
+        if gaps.count == 0:
+            return (0.0, 0.0, 0.0, 0.0), [[] for _ in range(n)], "histogram"
+        mean = gaps.sum / gaps.count
+        std = max(gaps.sumsq / gaps.count - mean * mean, 0.0) ** 0.5
+        stats = (mean * 1e3, gaps.hist_quantile(0.5) * 1e3, std * 1e3,
+                 gaps.hist_quantile(0.99) * 1e3)
+        return stats, [], "histogram"
+    index, gaps = exact
+    bounds = np.searchsorted(index, np.arange(n + 1))
+    values = gaps.tolist()
+    per_request = [values[bounds[i]:bounds[i + 1]] for i in range(n)]
+    return _stats(gaps[done[index]] * 1e3), per_request, "exact"
+
+
+def _max_concurrent(arrival: np.ndarray, finish: np.ndarray) -> int:
+    """The most intervals [arrival, finish) open at one instant (a finish before an arrival
+    at the same time)."""
+    if arrival.size == 0:
+        return 0
+    t = np.concatenate((arrival, finish))
+    step = np.concatenate((np.ones(arrival.size, np.int64), -np.ones(finish.size, np.int64)))
+    order = np.lexsort((step, t))
+    return int(np.cumsum(step[order]).max())
+
+
+def _spec_decode(rec: Recorder) -> dict:
+    keys = ("spec_decode_acceptance_rate", "spec_decode_acceptance_length",
+            "spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens")
+    if rec.drafts == 0:
+        return dict.fromkeys(keys) | {"spec_decode_per_position_acceptance_rates": []}
+    hist = np.zeros(max(rec.k + 1, rec.accepted_hist.size), dtype=np.int64)
+    hist[: rec.accepted_hist.size] = rec.accepted_hist
+    accepted = int(np.dot(np.arange(hist.size), hist))
+    beyond = hist[::-1].cumsum()[::-1]  # [n]: rounds keeping n or more
+    rate = 100.0 * accepted / rec.draft_tokens if rec.draft_tokens else 0.0
+    return dict(zip(keys, (rate, 1.0 + accepted / rec.drafts, rec.drafts, rec.draft_tokens,
+                           accepted))) | {
+        "spec_decode_per_position_acceptance_rates":
+            [float(beyond[i + 1] / rec.drafts) for i in range(rec.k)]}
+
+
+def _stage_seconds(rec: Recorder) -> dict[str, dict[str, float]]:
+    order = {kind: i for i, kind in enumerate(STAGES)}
+    return {w: dict(sorted(rec.workers[w].seconds.items(), key=lambda kv: order.get(kv[0], len(order))))
+            for w in sorted(rec.workers)}
+
+
+def metrics_from(rec: Recorder, slo=None) -> Metrics:
+    """Metrics of a recorded run; `slo` has optional ttft_ms / tpot_ms / e2el_ms (object or
+    dict)."""
+    done = rec.completed()
+    arrival = rec.view("arrival")
+    first, finish = rec.view("first_emit")[done], rec.view("finish_time")[done]
+    out = rec.view("output")[done].astype(float)
+    start = float(np.nanmin(arrival)) if done.any() else 0.0
+    end = float(finish.max()) if done.any() else 0.0
+    duration = end - start
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
+
+    ttft = (first - arrival[done]) * 1e3
+    e2el = (finish - arrival[done]) * 1e3
+    multi = out > 1
+    tpot_all = np.zeros(out.size)  # single-token requests have TPOT 0 (vLLM, for goodput)
+    tpot_all[multi] = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
+    n_in = int(rec.view("prompt")[done].sum())
+    n_out = int(out.sum())
+
+    goodput = None
+    limits = [(_slo_value(slo, f"{name}_ms"), values)
+              for name, values in (("ttft", ttft), ("tpot", tpot_all), ("e2el", e2el))]
+    if any(limit is not None for limit, _ in limits):
+        ok = np.ones(out.size, dtype=bool)
+        for limit, values in limits:
+            if limit is not None:
+                ok &= values <= limit
+        goodput = per_s(int(ok.sum()))
+
+    itl, itls, itl_source = _itl(rec, done)
+    seconds = _stage_seconds(rec)
+    by_kind = {kind: sum(s.get(kind, 0.0) for s in seconds.values()) for kind in STAGES}
+    by_kind = {k: v for k, v in by_kind.items() if any(k in s for s in seconds.values())}
+    total = sum(by_kind.values())
+    stats = {name: _stats(values) for name, values in
+             (("ttft", ttft), ("tpot", tpot_all[multi]), ("e2el", e2el))} | {"itl": itl}
+
+    zeros = np.zeros(rec.count)
+    ttfts, latencies = zeros.copy(), zeros.copy()
+    ttfts[done], latencies[done] = ttft / 1e3, e2el / 1e3
+    return Metrics.model_construct(  # built here, plain Python values: no validation pass
+        duration=duration,
+        completed=int(done.sum()),
+        failed=int(rec.count - done.sum()),
+        total_input_tokens=n_in,
+        total_output_tokens=n_out,
+        request_throughput=per_s(int(done.sum())),
+        request_goodput=goodput,
+        output_throughput=per_s(n_out),
+        total_token_throughput=per_s(n_in + n_out),
+        max_output_tokens_per_s=float(rec.tokens.per_second.max(initial=0.0)),
+        max_concurrent_requests=_max_concurrent(arrival[done], finish),
+        **{f"{stat}_{name}_ms": values[i] for name, values in stats.items()
+           for i, stat in enumerate(("mean", "median", "std", "p99"))},
+        **_spec_decode(rec),
+        itl_source=itl_source,
+        worker_utilization={w: per_s(rec.workers[w].busy) for w in sorted(rec.workers)},
+        stage_share={k: (v / total if total > 0 else 0.0) for k, v in by_kind.items()},
+        stage_seconds=seconds,
+        preemptions=int(rec.view("preemptions").sum()),
+        input_lens=rec.view("prompt").tolist(),
+        output_lens=np.where(done, rec.view("output"), 0).tolist(),
+        ttfts=ttfts.tolist(),
+        itls=itls,
+        latencies=latencies.tolist(),
+        start_times=arrival.tolist(),
     )
 
 
-def _completed(trace: Trace) -> list:
-    return [r for r in trace.requests if r.finish is not None and r.emit_times]
+def recorder_of(trace: Trace) -> Recorder:
+    """The Recorder that saw the run: a simulated run's own, or a Trace replayed."""
+    rec = getattr(trace, "recorder", None)
+    return rec if rec is not None else replay(trace)
 
 
-def _itl_ms(done: list) -> np.ndarray:
-    """Gaps between successive emissions within each request, pooled, in ms."""
-    counts = np.fromiter((len(r.emit_times) for r in done), dtype=np.int64, count=len(done))
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0)
-    times = np.fromiter(chain.from_iterable(r.emit_times for r in done), float, count=total)
-    gaps = np.diff(times)
-    # drop the gap from one request's last emission to the next request's first
-    boundaries = np.cumsum(counts)[:-1] - 1
-    keep = np.ones(gaps.size, dtype=bool)
-    keep[boundaries[boundaries < gaps.size]] = False
-    return gaps[keep] * 1e3
+def compute_metrics(trace: Trace, slo=None) -> Metrics:
+    """Metrics of a run: a simulated run (its Recorder) or a whole Trace (replayed)."""
+    return metrics_from(recorder_of(trace), slo)
 
 
-def request_latencies(trace: Trace) -> RequestLatencies:
-    """TTFT, TPOT, E2EL per completed request and the pooled ITL, all in ms."""
-    done = _completed(trace)
-    n = len(done)
-    arrival = np.fromiter((r.arrival for r in done), float, count=n)
-    first = np.fromiter((r.emit_times[0] for r in done), float, count=n)
-    finish = np.fromiter((r.finish for r in done), float, count=n)
-    out = np.fromiter((r.output_tokens for r in done), float, count=n)
-    ttft = (first - arrival) * 1e3
-    e2el = (finish - arrival) * 1e3
-    multi = out > 1
-    tpot = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
-    return RequestLatencies(ttft_ms=ttft, tpot_ms=tpot, e2el_ms=e2el, itl_ms=_itl_ms(done))
-
-
-def acceptance_lengths(trace: Trace) -> tuple[np.ndarray, int]:
-    """Accepted drafts per (request, verify round), and the largest k proposed."""
-    spans = [s for s in trace.spans if s.kind == "verify" and s.accepted]
-    if not spans:
-        return np.zeros(0, dtype=np.int64), 0
-    accepted = np.fromiter(chain.from_iterable(s.accepted for s in spans), dtype=np.int64)
-    return accepted, max(s.proposed for s in spans)
-
-
-def _acceptance(trace: Trace) -> tuple[float | None, float | None, list[float]]:
-    accepted, k = acceptance_lengths(trace)
-    if accepted.size == 0:
-        return None, None, []
-    proposed = sum(s.proposed * len(s.accepted) for s in trace.spans
-                   if s.kind == "verify" and s.accepted)
-    rate = float(accepted.sum() / proposed) if proposed else None
-    per_position = [float((accepted > i).mean()) for i in range(k)]
-    return rate, float(accepted.mean() + 1.0), per_position
-
-
-def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
-    """Total length of the union of intervals [start, end)."""
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    reach = np.maximum.accumulate(ends)
-    # an interval adds only what lies beyond everything before it
-    prev_reach = np.concatenate(([-np.inf], reach[:-1]))
-    lo = np.maximum(starts, prev_reach)
-    return float(np.clip(ends - lo, 0.0, None).sum())
+def stage_seconds(trace: Trace) -> dict[tuple[str, str], float]:
+    """Seconds per (worker, span kind), queue waits excluded, a mixed step's seconds split
+    among its spans by tokens (tallies.WorkerTally)."""
+    rec = recorder_of(trace)
+    return {(w, kind): s for w, tally in sorted(rec.workers.items())
+            for kind, s in tally.seconds.items()}
 
 
 def worker_busy(trace: Trace) -> dict[str, float]:
     """Seconds each worker spent on spans (overlaps counted once), queue waits excluded."""
-    by_worker: dict[str, tuple[list[float], list[float]]] = {}
-    for s in trace.spans:
-        if s.kind in BUSY_EXCLUDED:
-            continue
-        starts, ends = by_worker.setdefault(s.worker, ([], []))
-        starts.append(s.start)
-        ends.append(s.end)
-    return {w: _union_length(np.asarray(a), np.asarray(b))
-            for w, (a, b) in sorted(by_worker.items())}
-
-
-def stage_seconds(trace: Trace) -> dict[tuple[str, str], float]:
-    """Seconds per (worker, span kind), queue waits excluded. Spans of one worker with the
-    same start and end are one forward (a mixed step: a decode or verify step carrying a
-    prefill chunk); its seconds are split among them in proportion to their tokens, so
-    the kinds of a worker add up to its busy time, not more."""
-    forwards: dict[tuple[str, float, float], list] = {}
-    for s in trace.spans:
-        if s.kind not in BUSY_EXCLUDED:
-            forwards.setdefault((s.worker, s.start, s.end), []).append(s)
-    seconds: dict[tuple[str, str], float] = {}
-    for (worker, start, end), group in forwards.items():
-        dur = end - start
-        tokens = sum(s.tokens for s in group) if len(group) > 1 else 0
-        for s in group:
-            share = s.tokens / tokens if tokens else 1.0 / len(group)
-            key = (worker, s.kind)
-            seconds[key] = seconds.get(key, 0.0) + dur * share
-    return seconds
-
-
-def stage_share(trace: Trace) -> dict[str, float]:
-    """Share of worker-busy seconds per stage kind (queue waits excluded; a mixed step's
-    seconds split as in `stage_seconds`)."""
-    seconds: dict[str, float] = {}
-    for (_, kind), value in stage_seconds(trace).items():
-        seconds[kind] = seconds.get(kind, 0.0) + value
-    total = sum(seconds.values())
-    return {k: (v / total if total > 0 else 0.0) for k, v in seconds.items()}
-
-
-def run_window(trace: Trace) -> tuple[float, float]:
-    """(start, end) of the measured run: first arrival to last finish."""
-    done = _completed(trace)
-    if not done:
-        return 0.0, 0.0
-    start = min(r.arrival for r in trace.requests)
-    return start, max(r.finish for r in done)
-
-
-def compute_metrics(trace: Trace, slo=None) -> Metrics:
-    """Metrics of `trace`; `slo` has optional `ttft_ms` / `tpot_ms` / `e2el_ms` (object or dict)."""
-    done = _completed(trace)
-    lat = request_latencies(trace)
-    start, end = run_window(trace)
-    duration = end - start
-    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
-    n_in = sum(r.prompt_tokens for r in done)
-    n_out = sum(r.output_tokens for r in done)
-
-    goodput = None
-    ttft_slo, tpot_slo = _slo_value(slo, "ttft_ms"), _slo_value(slo, "tpot_ms")
-    e2el_slo = _slo_value(slo, "e2el_ms")
-    if ttft_slo is not None or tpot_slo is not None or e2el_slo is not None:
-        ok = np.ones(len(done), dtype=bool)
-        if ttft_slo is not None:
-            ok &= lat.ttft_ms <= ttft_slo
-        if tpot_slo is not None:
-            out = np.fromiter((r.output_tokens for r in done), float, count=len(done))
-            tpot_all = np.zeros(len(done))  # single-token requests have TPOT 0 (vLLM)
-            tpot_all[out > 1] = lat.tpot_ms
-            ok &= tpot_all <= tpot_slo
-        if e2el_slo is not None:
-            ok &= lat.e2el_ms <= e2el_slo
-        goodput = per_s(int(ok.sum()))
-
-    rate, length, per_position = _acceptance(trace)
-    busy = worker_busy(trace)
-    ttft, tpot, itl, e2el = (_stats(a) for a in (lat.ttft_ms, lat.tpot_ms, lat.itl_ms, lat.e2el_ms))
-    return Metrics(
-        completed=len(done),
-        duration=duration,
-        total_input_tokens=n_in,
-        total_output_tokens=n_out,
-        request_throughput=per_s(len(done)),
-        output_throughput=per_s(n_out),
-        total_token_throughput=per_s(n_in + n_out),
-        request_goodput=goodput,
-        mean_ttft_ms=ttft[0], median_ttft_ms=ttft[1], p99_ttft_ms=ttft[2],
-        mean_tpot_ms=tpot[0], median_tpot_ms=tpot[1], p99_tpot_ms=tpot[2],
-        mean_itl_ms=itl[0], median_itl_ms=itl[1], p99_itl_ms=itl[2],
-        mean_e2el_ms=e2el[0], median_e2el_ms=e2el[1], p99_e2el_ms=e2el[2],
-        acceptance_rate=rate,
-        mean_acceptance_length=length,
-        per_position_acceptance=per_position,
-        worker_utilization={w: (b / duration if duration > 0 else 0.0) for w, b in busy.items()},
-        stage_share=stage_share(trace),
-        preemptions=sum(r.preemptions for r in trace.requests),
-    )
+    rec = recorder_of(trace)
+    return {w: rec.workers[w].busy for w in sorted(rec.workers)}

@@ -5,7 +5,8 @@ for "prefill0", ...), one thread per worker, a complete event (ph "X") per span.
 waits are async events (ph "b"/"e") on a "requests" process, one lane per request: the
 trace's queue_wait spans, or, for a trace without them, waits derived from the request
 records: prefill queue (arrival -> prefill start) and decode queue (first token -> decode
-start). Queue lengths are counter events (ph "C"). Times are microseconds.
+start). Requests per state (time series bins) are counter events (ph "C"). Times are
+microseconds.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 
-from kestrel_sim.timeseries import compute_timeseries
+from kestrel_sim.timeseries import TimeSeries, compute_timeseries
 from kestrel_sim.trace import Trace
 
 US = 1e6
@@ -67,8 +68,10 @@ def _derived_waits(r) -> list[dict]:
     return events
 
 
-def dumps_chrome_trace(trace: Trace, counters: bool = True) -> str:
-    """The trace as Chrome trace-event JSON text: {"traceEvents": [...], ...}."""
+def dumps_chrome_trace(trace: Trace, counters: bool = True,
+                       timeseries: TimeSeries | None = None) -> str:
+    """The trace as Chrome trace-event JSON text: {"traceEvents": [...], ...}. Counters come
+    from `timeseries`, or the run's (a simulated run's own, or the whole Trace replayed)."""
     events: list[str] = []  # one JSON object per event
     pids: dict[str, int] = {}
     tids: dict[str, tuple[int, int]] = {}
@@ -109,10 +112,14 @@ def dumps_chrome_trace(trace: Trace, counters: bool = True) -> str:
                  "args": {"output_tokens": r.output_tokens, "preemptions": r.preemptions}})
 
     if counters:
-        ts = compute_timeseries(trace)
-        for t, p, d, run in zip(ts.time, ts.prefill_queue, ts.decode_queue, ts.running):
-            add({"name": "queue length", "ph": "C", "pid": REQUESTS_PID, "ts": round(t * US, 3),
-                 "args": {"prefill": p, "decode": d, "running": run}})
+        ts = timeseries if timeseries is not None else compute_timeseries(trace)
+        starts = [t - ts.bin_seconds / 2 for t in ts.time]  # a counter holds until the next
+        for t, q, p, d, run in zip(starts, ts.prefill_queue, ts.prefilling, ts.decode_queue,
+                                   ts.running):
+            add({"name": "requests (bin mean)", "ph": "C", "pid": REQUESTS_PID,
+                 "ts": round(t * US, 3),
+                 "args": {"prefill queue": q, "prefilling": p, "decode queue": d,
+                          "running": run}})
 
     other = {k: v if isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str)
              for k, v in trace.meta.items()}

@@ -40,7 +40,12 @@ class Serving(StrictModel):
         "separate correction stay their own forwards. alternate: while prompts wait, a "
         "prefill-only step alternates with a decode or speculative round",
     )
-    decode_queue: Literal["fifo"] = "fifo"
+    decode_queue: Literal["fifo", "shortest-first"] = Field(
+        default="fifo",
+        description="the order decode workers take prefilled requests in (disaggregated; a "
+        "colocated worker's prefilled requests join its batch at once): fifo, or "
+        "shortest-first (fewest tokens in the sequence first, a priority queue)",
+    )
     kv_capacity_tokens: int | None = Field(
         default=None, ge=1,
         description="KV slots per worker; default: free memory after weights x kv_memory_fraction",

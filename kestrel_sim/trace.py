@@ -32,7 +32,8 @@ class Span:
     tokens: int = 0  # new tokens processed by the step (all requests)
     context: int = 0  # context tokens read by the step (all requests)
     proposed: int = 0  # verify: draft tokens proposed per request (k)
-    accepted: list[int] | None = None  # verify: draft tokens accepted, per request
+    accepted: list[int] | None = None  # verify: draft tokens accepted and kept, per request
+    # (a request needing fewer tokens than the target accepted keeps only those)
 
 
 @dataclass(slots=True)
@@ -64,7 +65,9 @@ class Trace:
     meta: dict = field(default_factory=dict)  # scenario name, source ("sim"|"hardware"), ...
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """spans, requests and meta as plain data (fields a subclass adds are not part of it)."""
+        return {"spans": [asdict(s) for s in self.spans],
+                "requests": [asdict(r) for r in self.requests], "meta": self.meta}
 
     def save(self, path: str | Path) -> None:
         """Write as JSON atomically (a temp file renamed into place)."""

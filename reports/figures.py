@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kestrel_sim.metrics import acceptance_lengths, request_latencies, stage_seconds
+from kestrel_sim.metrics import Metrics
 from kestrel_sim.timeseries import TimeSeries
 from kestrel_sim.trace import Trace
 
@@ -24,13 +24,22 @@ def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
 
 
 def timeline_window(trace: Trace, max_spans: int = 1000) -> tuple[float, float]:
-    """A window in the middle of the run holding at most `max_spans` worker spans."""
+    """A window in the middle of the run holding at most `max_spans` worker spans (within
+    one of the windows a sampled trace kept, so the chart has no hole)."""
     starts = np.sort([s.start for s in trace.spans if s.kind != "queue_wait"])
     if starts.size == 0:
         return 0.0, 0.0
-    ends_max = max(s.end for s in trace.spans)
-    if starts.size <= max_spans:
-        return float(starts[0]), float(ends_max)
+    kept = trace.meta.get("trace") if isinstance(trace.meta, dict) else None
+    if isinstance(kept, dict) and not kept.get("complete", True) and kept.get("window_s"):
+        window = kept["window_s"]
+        slots = np.floor_divide(starts, window)
+        middle = slots[starts.size // 2]
+        starts = starts[slots == middle]
+        if starts.size <= max_spans:
+            return float(starts[0]), float((middle + 1) * window)
+    else:
+        if starts.size <= max_spans:
+            return float(starts[0]), float(max(s.end for s in trace.spans))
     first = (starts.size - max_spans) // 2
     return float(starts[first]), float(starts[first + max_spans - 1])
 
@@ -79,10 +88,16 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.quantile(values, q), q
 
 
-def latency_cdf_figure(trace: Trace) -> go.Figure:
-    """CDFs of TTFT, TPOT and end-to-end latency over completed requests."""
-    lat = request_latencies(trace)
-    names = [("TTFT", lat.ttft_ms), ("TPOT", lat.tpot_ms), ("E2E latency", lat.e2el_ms)]
+def latency_cdf_figure(metrics: Metrics) -> go.Figure:
+    """CDFs of TTFT, TPOT and end-to-end latency over completed requests (from the metrics'
+    per-request arrays)."""
+    out = np.asarray(metrics.output_lens, dtype=float)
+    done = out > 0
+    ttft = np.asarray(metrics.ttfts)[done] * 1e3
+    e2el = np.asarray(metrics.latencies)[done] * 1e3
+    multi = out[done] > 1
+    tpot = (e2el[multi] - ttft[multi]) / (out[done][multi] - 1)
+    names = [("TTFT", ttft), ("TPOT", tpot), ("E2E latency", e2el)]
     fig = make_subplots(rows=1, cols=3, subplot_titles=[n for n, _ in names])
     for col, (name, values) in enumerate(names, start=1):
         if values.size:
@@ -95,44 +110,49 @@ def latency_cdf_figure(trace: Trace) -> go.Figure:
 
 
 def timeseries_figure(ts: TimeSeries) -> go.Figure:
-    """Output throughput and queue lengths over the run."""
+    """Output throughput and the requests in each state over the run (bin averages)."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=["Throughput", "Queue lengths"])
-    fig.add_trace(go.Scatter(x=ts.time, y=ts.output_throughput, name="output tokens/s",
+                        subplot_titles=["Throughput", "Requests in the system"])
+    starts = [t - ts.bin_seconds / 2 for t in ts.time]  # a step per bin, from its start
+    fig.add_trace(go.Scatter(x=starts, y=ts.output_throughput, name="output tokens/s",
                              line_shape="hv"), row=1, col=1)
-    for name, values in [("prefill queue", ts.prefill_queue),
-                         ("decode queue", ts.decode_queue), ("running", ts.running)]:
-        fig.add_trace(go.Scatter(x=ts.time, y=values, name=name, line_shape="hv"), row=2, col=1)
+    for name, values in [("prefill queue", ts.prefill_queue), ("prefilling", ts.prefilling),
+                         ("decode queue", ts.decode_queue), ("running", ts.running),
+                         ("in system", ts.in_system)]:
+        fig.add_trace(go.Scatter(x=starts, y=values, name=name, line_shape="hv"), row=2, col=1)
     fig.update_yaxes(title_text="tokens/s", row=1, col=1)
-    fig.update_yaxes(title_text="requests", row=2, col=1)
+    fig.update_yaxes(title_text="requests (bin mean)", row=2, col=1)
     fig.update_xaxes(title_text="time (s)", row=2, col=1)
-    return _layout(fig, "Throughput and queues over time", height=560)
+    return _layout(fig, "Throughput and requests over time", height=560)
 
 
-def acceptance_figure(trace: Trace) -> go.Figure | None:
-    """Histogram of tokens gained per speculative round (accepted drafts + 1); None without."""
-    accepted, k = acceptance_lengths(trace)
-    if accepted.size == 0:
+def acceptance_figure(metrics: Metrics) -> go.Figure | None:
+    """Share of speculative rounds per tokens a request gained (accepted drafts kept + 1),
+    from the per-position rates; None without speculation."""
+    rates = metrics.spec_decode_per_position_acceptance_rates
+    if not metrics.spec_decode_num_drafts or not rates:
         return None
-    counts = np.bincount(accepted, minlength=k + 1)
-    fig = go.Figure(go.Bar(x=np.arange(1, k + 2), y=counts / counts.sum(),
+    k = len(rates)
+    beyond = np.concatenate(([1.0], rates, [0.0]))  # [n]: share keeping n or more
+    share = beyond[:-1] - beyond[1:]  # [k+1]: share keeping exactly n
+    fig = go.Figure(go.Bar(x=np.arange(1, k + 2), y=share,
                            hovertemplate="%{x} tokens: %{y:.3f}<extra></extra>"))
-    fig.update_layout(xaxis_title="tokens per round (accepted drafts + 1)",
+    fig.update_layout(xaxis_title="tokens per round (accepted drafts kept + 1)",
                       yaxis_title="fraction of rounds", xaxis={"dtick": 1})
-    return _layout(fig, f"Acceptance length (k = {k}, mean {accepted.mean() + 1:.3f})",
-                   height=360)
+    return _layout(fig, f"Acceptance length (k = {k}, mean "
+                        f"{metrics.spec_decode_acceptance_length:.3f})", height=360)
 
 
-def stage_time_figure(trace: Trace) -> go.Figure | None:
+def stage_time_figure(metrics: Metrics) -> go.Figure | None:
     """Busy seconds per worker, stacked by stage: where the time goes (a mixed step's
-    seconds split between its decode/verify and prefill parts, see stage_seconds)."""
-    seconds = stage_seconds(trace)
+    seconds split between its decode/verify and prefill parts)."""
+    seconds = metrics.stage_seconds
     if not seconds:
         return None
-    workers = sorted({w for w, _ in seconds})
+    workers = sorted(seconds)
     fig = go.Figure()
     for kind, color in KIND_COLORS.items():
-        values = [seconds.get((w, kind), 0.0) for w in workers]
+        values = [seconds[w].get(kind, 0.0) for w in workers]
         if any(values):
             fig.add_trace(go.Bar(name=kind, y=workers, x=values, orientation="h",
                                  marker_color=color,
@@ -146,7 +166,7 @@ def stage_time_figure(trace: Trace) -> go.Figure | None:
 
 SWEEP_METRICS = [
     "output_throughput", "request_throughput", "request_goodput", "mean_ttft_ms", "p99_ttft_ms",
-    "mean_tpot_ms", "p99_tpot_ms", "mean_e2el_ms", "mean_acceptance_length",
+    "mean_tpot_ms", "p99_tpot_ms", "mean_e2el_ms", "spec_decode_acceptance_length",
 ]
 
 

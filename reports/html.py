@@ -7,7 +7,7 @@ import json
 
 import plotly.graph_objects as go
 
-from kestrel_sim.metrics import Metrics
+from kestrel_sim.metrics import PER_REQUEST_ARRAYS, Metrics
 from kestrel_sim.timeseries import TimeSeries
 from kestrel_sim.trace import Trace
 from reports import figures
@@ -39,16 +39,48 @@ def table_html(rows: list[tuple[str, object]]) -> str:
 
 
 def metric_rows(metrics: Metrics) -> list[tuple[str, object]]:
-    """(name, value) rows of a Metrics, flattening lists and dicts."""
+    """(name, value) rows of a Metrics, flattening lists and dicts; the per-request arrays
+    (metrics.json has them) are left out."""
     rows: list[tuple[str, object]] = []
-    for name, value in metrics.model_dump().items():
+
+    def add(name: str, value) -> None:
         if isinstance(value, dict):
-            rows += [(f"{name}[{k}]", v) for k, v in value.items()]
+            for k, v in value.items():
+                add(f"{name}[{k}]", v)
         elif isinstance(value, list):
-            rows += [(f"{name}[{i}]", v) for i, v in enumerate(value)]
+            for i, v in enumerate(value):
+                add(f"{name}[{i}]", v)
         else:
             rows.append((name, value))
+
+    for name, value in metrics.model_dump(exclude=set(PER_REQUEST_ARRAYS)).items():
+        add(name, value)
     return rows
+
+
+def about_run(meta: dict) -> str:
+    """Notes on where the numbers come from: uncalibrated costs, a trace kept in part."""
+    notes = []
+    if meta.get("costs") == "roofline":
+        notes.append(
+            "<b>Uncalibrated.</b> Stage times come from the analytic roofline (bytes over "
+            "bandwidth, flops over peak), not from a profile measured on this hardware; "
+            "measured stage times are usually longer. Give <code>costs: {profile: ...}</code> "
+            "for calibrated numbers.")
+    kept = meta.get("trace")
+    if isinstance(kept, dict) and kept.get("mode") != "full":
+        if kept.get("mode") == "none":
+            what = "no spans and no requests (run with the trace kept to see them)"
+        elif kept.get("complete"):
+            what = f"all {kept['spans_seen']:,} spans (a sample keeps all up to " \
+                   f"{kept['sample_budget_spans']:,})"
+        else:
+            what = (f"a sample: {kept['spans_kept']:,} of {kept['spans_seen']:,} spans, those "
+                    f"starting in {kept['window_s']:g} s windows every "
+                    f"{kept['windows_every_s']:g} s, and the requests arriving in them")
+        notes.append(f"<b>Trace.</b> trace.json and the timeline hold {what}. Metrics and "
+                     "time series count every request and span of the run.")
+    return "".join(f"<p>{n}</p>" for n in notes)
 
 
 def page(title: str, sections: list[tuple[str, object]]) -> str:
@@ -76,19 +108,21 @@ def run_report(trace: Trace, metrics: Metrics, timeseries: TimeSeries,
     name = trace.meta.get("name") or (scenario or {}).get("name") or "run"
     about = [(k, v) for k, v in trace.meta.items()
              if isinstance(v, (str, int, float, bool)) and len(str(v)) <= 80]
+    notes = about_run(trace.meta)
     sections: list[tuple[str, object]] = [
-        ("Run", table_html(about) if about else None),
+        ("Run", (notes + (table_html(about) if about else "")) or None),
         ("Metrics", table_html(metric_rows(metrics))),
-        ("Stage timeline", figures.timeline_figure(trace)),
-        ("Stage time", figures.stage_time_figure(trace)),
-        ("Latency", figures.latency_cdf_figure(trace)),
+        ("Stage timeline", figures.timeline_figure(trace) if trace.spans else None),
+        ("Stage time", figures.stage_time_figure(metrics)),
+        ("Latency", figures.latency_cdf_figure(metrics)),
         ("Over time", figures.timeseries_figure(timeseries)),
-        ("Speculative decoding", figures.acceptance_figure(trace)),
+        ("Speculative decoding", figures.acceptance_figure(metrics)),
     ]
     if scenario is not None:
         text = html.escape(json.dumps(scenario, indent=2, default=str))
         sections.append(("Scenario", f"<pre>{text}</pre>"))
-    return page(f"Kestrel run: {name}", sections)
+    uncalibrated = " (uncalibrated roofline)" if trace.meta.get("costs") == "roofline" else ""
+    return page(f"Kestrel run: {name}{uncalibrated}", sections)
 
 
 def sweep_report(name: str, rows: list[dict], axes: list[str]) -> str:

@@ -1,4 +1,6 @@
-"""simulate(): build the workers, queues and costs of a Scenario, run SimPy, return a Trace.
+"""simulate(): build the workers, queues and costs of a Scenario, run SimPy, return a SimRun:
+the run's Trace (all of it, a bounded sample, or no spans and requests: keep.py) with its
+metrics and time series, computed by a Recorder that saw every event as the run went.
 
 All randomness comes from one numpy Generator seeded with workload.seed, drawn in a
 fixed order (arrivals, prompt lengths, output lengths up front; then acceptance and any
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -17,14 +20,30 @@ from kestrel_sim.acceptance import build_acceptance
 from kestrel_sim.costs.build import build_costs
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec
+from kestrel_sim.metrics import Metrics, metrics_from
+from kestrel_sim.recorder import Recorder
 from kestrel_sim.scenario import Link, Scenario
 from kestrel_sim.sim import processes as proc
+from kestrel_sim.sim.keep import TraceKeeper, TraceMode
 from kestrel_sim.sim.kv import kv_capacity, kv_transfer_bytes_per_token
 from kestrel_sim.sim.state import SimState
 from kestrel_sim.sim.steps import StepConfig
 from kestrel_sim.sim.worker import Worker
-from kestrel_sim.trace import RequestRecord, Trace
+from kestrel_sim.timeseries import TimeSeries, timeseries_from
+from kestrel_sim.trace import Trace
 from kestrel_sim.workload import draw_workload
+
+
+@dataclass(slots=True)
+class SimRun(Trace):
+    """A simulated run: its Trace (spans, requests, meta, as much as `trace=` kept; meta
+    "trace" says what), the Recorder that saw all of it, and the metrics (under the
+    scenario's SLO) and time series computed from that Recorder. compute_metrics(run, slo)
+    recomputes from the Recorder for another SLO."""
+
+    recorder: Recorder | None = None
+    metrics: Metrics | None = None
+    timeseries: TimeSeries | None = None
 
 
 def _link(sc: Scenario, hw) -> LinkSpec:
@@ -40,12 +59,17 @@ def _link(sc: Scenario, hw) -> LinkSpec:
 
 
 def simulate(
-    scenario: Scenario, progress: Callable[[int, int], None] | None = None
-) -> Trace:
+    scenario: Scenario, progress: Callable[[int, int], None] | None = None,
+    trace: TraceMode = "sample",
+) -> SimRun:
     """Run `scenario` on the simulator; progress(done_requests, total) is called as
-    requests finish. Every request finishes (KV pressure waits or preempts, never drops)."""
+    requests finish. Every request finishes (KV pressure waits or preempts, never drops).
+    `trace`: what the returned Trace keeps, "full" (every span and request), "sample"
+    (all up to keep.SAMPLE_SPANS spans, then evenly spaced windows of the run) or "none";
+    the metrics and time series are the same whichever."""
     sc = scenario
     wall0 = time.perf_counter()
+    keeper = TraceKeeper(trace)
     rng = np.random.default_rng(sc.workload.seed)
     drawn = draw_workload(sc.workload, rng)
     costs = build_costs(sc, rng)
@@ -62,11 +86,9 @@ def simulate(
     reserve = (drawn.prompt + drawn.output + k + 1) if wait else None
 
     n = drawn.n
-    prompts, outputs = drawn.prompt.tolist(), drawn.output.tolist()
-    records = [RequestRecord(id=i, arrival=0.0, prompt_tokens=prompts[i],
-                             output_tokens=outputs[i]) for i in range(n)]
     env = simpy.Environment()
-    st = SimState(env, rng, records, k, reserve, progress)
+    st = SimState(env, rng, drawn.prompt.tolist(), drawn.output.tolist(), k, reserve, keeper,
+                  sc.serving.decode_queue, progress)
     cfg = StepConfig(
         costs.target, costs.draft, acceptance,
         separate=bool(sc.spec and sc.spec.correction == "separate"),
@@ -115,7 +137,8 @@ def simulate(
     env.run(until=st.all_done)
     leaked = {w.name: w.kv.used for w in st.prefill_workers + st.decode_workers if w.kv.used}
     assert not leaked, f"KV accounting leaked tokens: {leaked}"  # every request released its KV
-    st.fill_emissions()
+    st.flush()
+    st.rec.close()
 
     meta = {
         "name": sc.name,
@@ -131,15 +154,21 @@ def simulate(
         "draft": sc.draft.model if sc.draft else None,
         "draft_device": sc.draft.device if sc.draft else None,
         "costs": costs.source,
+        "calibrated": costs.source != "roofline",  # roofline: analytic, not measured
         "workers": roles,
         "kv_capacity_tokens": capacity,
         "kv_policy": sc.serving.on_kv_full,
         "max_batch": sc.serving.max_batch,
+        "decode_queue": sc.serving.decode_queue,
         "preemptions": st.preemptions,
         "requests": n,
         "end_time": env.now,
-        "wall_seconds": time.perf_counter() - wall0,
         "slo": sc.slo.model_dump(),
         "scenario_json": sc.model_dump(mode="json"),
+        "trace": keeper.meta(),
     }
-    return Trace(spans=st.spans, requests=records, meta=meta)
+    run = SimRun(spans=keeper.spans, requests=keeper.requests(st.rec), meta=meta,
+                 recorder=st.rec, metrics=metrics_from(st.rec, sc.slo),
+                 timeseries=timeseries_from(st.rec))
+    meta["wall_seconds"] = time.perf_counter() - wall0
+    return run

@@ -6,9 +6,10 @@ decode it runs prefill-only steps. `alternate` schedule: while prompts wait and 
 has room, one chunked prefill step alternates with one round (so a long prompt stalls
 decoding by at most one step); otherwise it runs rounds. Idle, it sleeps until woken.
 Disaggregated: prefill workers only prefill, then send each request's KV over their link
-(FIFO, one transfer at a time) to the shared decode queue; the first token reaches the
-client with the KV, so TTFT includes the transfer; decode workers pull from the queue
-into their batch at round boundaries.
+(FIFO, one transfer at a time: the prompt's KV, priced per token) to the shared decode
+queue; the first token reaches the client with the KV, so TTFT includes the transfer;
+decode workers pull from the queue (fifo or shortest-first: decode_queue.py) into their
+batch at round boundaries.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def open_arrivals(st: SimState, times: np.ndarray):
 
 def closed_loop(st: SimState, concurrency: int, think_s: float) -> None:
     """`concurrency` clients; each finish sends the next request after `think_s`."""
-    n = len(st.records)
+    n = st.n
     state = {"next": min(concurrency, n)}
 
     def on_finish(_rid: int) -> None:
@@ -101,17 +102,18 @@ def prefill_worker(st: SimState, cfg: StepConfig, w: Worker):
     def transferred(rid: int, ctx: int, rem: int, held: int, _ev) -> None:
         w.kv.used -= held
         st.emit(np.array([rid], dtype=np.int64), np.ones(1, dtype=np.int64))  # first token
-        st.decode_queue.append((rid, ctx, rem))
+        st.decode_queue.push(rid, ctx, rem)
         st.ready_at[rid] = env.now
         wake_one(st.decode_workers)
         if w.wake is not None and st.prefill_queue:
             wake_one([w])
 
     def on_prefilled(rid: int, ctx: int, rem: int, held: int) -> None:
+        prefilled = ctx - 1  # the KV that exists: the prompt's (not yet the first token's)
         start = max(env.now, link.free_at)
-        end = start + link.spec.seconds(ctx * link.bytes_per_token)
+        end = start + link.spec.seconds(prefilled * link.bytes_per_token)
         link.free_at = end
-        st.spans.append(Span("kv_transfer", link.name, start, end, [rid], ctx))
+        st.spans.append(Span("kv_transfer", link.name, start, end, [rid], prefilled))
         env.timeout(end - env.now).callbacks.append(partial(transferred, rid, ctx, rem, held))
 
     while True:
@@ -127,16 +129,16 @@ def decode_worker(st: SimState, cfg: StepConfig, w: Worker):
     q = st.decode_queue
     slots = st.k + 1
     while True:
-        while q and len(w.batch) < cfg.max_batch:
-            rid, ctx, rem = q[0]
+        while len(q) and len(w.batch) < cfg.max_batch:
+            rid, ctx, rem = q.head()
             c = charge(st, rid, ctx)
             headroom = (len(w.batch) + 1) * slots if st.reserve is None else 0
             if not w.kv.fits(c + headroom):
                 break
-            q.popleft()
+            q.pop()
             w.kv.used += c
             w.batch.join(rid, ctx, rem)
-            ready = st.ready_at[rid]
+            ready = float(st.ready_at[rid])
             if env.now > ready:
                 st.spans.append(Span("queue_wait", "queue/decode", ready, env.now, [rid]))
         if len(w.batch):

@@ -1,7 +1,10 @@
-"""Shared simulation state: the clock, the queues, the records and the emission log.
+"""Shared simulation state: the clock, the queues, the Recorder and the buffers feeding it.
 
 Workers read and change it; nothing else is global. Per-request work happens only at
 arrival, admission, preemption and finish; per-round work is vectorised over the batch.
+Spans and emissions are buffered and handed to the Recorder (every event, for metrics) and
+the TraceKeeper (what the Trace keeps) in chunks of about FLUSH_EVERY, so memory stays
+bounded however long the run.
 """
 
 from __future__ import annotations
@@ -12,7 +15,12 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from kestrel_sim.trace import RequestRecord, Span
+from kestrel_sim.recorder import Recorder
+from kestrel_sim.sim.decode_queue import DecodeQueue
+from kestrel_sim.sim.keep import TraceKeeper
+from kestrel_sim.trace import Span
+
+FLUSH_EVERY = 1 << 16  # buffered spans, or emissions, before they go to the Recorder
 
 
 class PrefillJob:
@@ -29,41 +37,46 @@ class PrefillJob:
 
 class SimState:
     def __init__(
-        self, env: simpy.Environment, rng: np.random.Generator, records: list[RequestRecord],
-        k: int, reserve: np.ndarray | None, progress: Callable[[int, int], None] | None,
+        self, env: simpy.Environment, rng: np.random.Generator, prompts: list[int],
+        outputs: list[int], k: int, reserve: np.ndarray | None, keeper: TraceKeeper,
+        decode_order: str = "fifo", progress: Callable[[int, int], None] | None = None,
     ):
+        n = len(prompts)
         self.env = env
         self.rng = rng
-        self.records = records
+        self.prompts, self.outputs = prompts, outputs  # [n] drawn lengths
+        self.n = n
         self.k = k  # 0 without speculation
         self.reserve = reserve  # [n] KV charge per request under the `wait` policy, else None
-        self.spans: list[Span] = []
+        self.rec = Recorder(n)
+        self.keeper = keeper
+        self.spans: list[Span] = []  # buffered; flush() hands them on
         self.prefill_queue: deque[PrefillJob] = deque()
-        self.decode_queue: deque[tuple[int, int, int]] = deque()  # (id, ctx, rem)
-        self.ready_at = [0.0] * len(records)  # when each entered the decode queue
+        self.decode_queue = DecodeQueue(decode_order)
+        self.ready_at = np.zeros(n)  # when each entered the decode queue
         self.prefill_workers: list = []  # workers that take from prefill_queue
         self.decode_workers: list = []  # workers that take from decode_queue
         self.em_time: list[float] = []  # one entry per emitting step
         self.em_ids: list[np.ndarray] = []  # [b] ids that gained tokens in that step
         self.em_count: list[np.ndarray] = []  # [b] tokens each gained
+        self.em_buffered = 0
         self.done = 0
         self.preemptions = 0
         self.on_finish: Callable[[int], None] | None = None  # closed-loop clients
         self._progress = progress
-        self._progress_every = max(1, len(records) // 200)
+        self._progress_every = max(1, n // 200)
         self.all_done = env.event()
 
     # ------------------------------------------------------------------ arrivals
 
     def arrive(self, rid: int) -> None:
-        rec = self.records[rid]
-        rec.arrival = self.env.now
-        self.prefill_queue.append(PrefillJob(rid, rec.prompt_tokens, rec.output_tokens))
+        self.rec.arrive(rid, self.env.now, self.prompts[rid])
+        self.prefill_queue.append(PrefillJob(rid, self.prompts[rid], self.outputs[rid]))
         wake_one(self.prefill_workers)
 
     def requeue_preempted(self, rid: int, ctx: int, rem: int) -> None:
         """A preempted request goes to the front of the prefill queue to be recomputed."""
-        self.records[rid].preemptions += 1
+        self.rec.preempt(rid)
         self.preemptions += 1
         self.prefill_queue.appendleft(PrefillJob(rid, ctx, rem))
         wake_one(self.prefill_workers)
@@ -74,39 +87,39 @@ class SimState:
         self.em_time.append(self.env.now)
         self.em_ids.append(ids)
         self.em_count.append(counts)
+        self.em_buffered += len(ids)
+        if self.em_buffered >= FLUSH_EVERY or len(self.spans) >= FLUSH_EVERY:
+            self.flush()
 
     def finish(self, rids) -> None:
-        now = self.env.now
-        records = self.records
-        for rid in rids:
-            records[rid].finish = now
-            if self.on_finish is not None:
+        self.rec.finish(rids, self.env.now)
+        if self.on_finish is not None:
+            for rid in rids:
                 self.on_finish(rid)
         self.done += len(rids)
+        n = self.n
         if self._progress is not None and (
-            self.done % self._progress_every < len(rids) or self.done == len(records)
+            self.done % self._progress_every < len(rids) or self.done == n
         ):
-            self._progress(self.done, len(records))
-        if self.done == len(records) and not self.all_done.triggered:
+            self._progress(self.done, n)
+        if self.done == n and not self.all_done.triggered:
             self.all_done.succeed()
 
-    def fill_emissions(self) -> None:
-        """Write each record's emit_times / emit_counts / output_tokens from the log."""
-        if not self.em_ids:
-            return
-        sizes = np.fromiter((len(a) for a in self.em_ids), dtype=np.int64, count=len(self.em_ids))
-        ids = np.concatenate(self.em_ids)
-        counts = np.concatenate(self.em_count)
-        times = np.repeat(np.asarray(self.em_time), sizes)
-        order = np.argsort(ids, kind="stable")  # chronological within each id
-        ids, counts, times = ids[order], counts[order], times[order]
-        bounds = np.searchsorted(ids, np.arange(len(self.records) + 1))
-        tl, cl = times.tolist(), counts.tolist()
-        for rid, rec in enumerate(self.records):
-            lo, hi = bounds[rid], bounds[rid + 1]
-            rec.emit_times = tl[lo:hi]
-            rec.emit_counts = cl[lo:hi]
-            rec.output_tokens = sum(rec.emit_counts)
+    def flush(self) -> None:
+        """Hand the buffered spans and emissions to the Recorder and the TraceKeeper."""
+        spans = list(self.spans)
+        self.spans.clear()  # in place: a step holding the list still appends to it
+        self.rec.spans(spans)
+        self.keeper.add_spans(spans)
+        if self.em_ids:
+            sizes = np.fromiter((len(a) for a in self.em_ids), dtype=np.int64,
+                                count=len(self.em_ids))
+            ids = np.concatenate(self.em_ids)
+            counts = np.concatenate(self.em_count)
+            times = np.repeat(np.asarray(self.em_time), sizes)
+            self.em_time, self.em_ids, self.em_count, self.em_buffered = [], [], [], 0
+            self.rec.emit(ids, times, counts)
+            self.keeper.add_emissions(ids, times, counts, self.rec.arrival[ids])
 
 
 def wake_one(workers: list) -> None:

@@ -7,7 +7,9 @@ A speculative round on a batch of b requests at mean context c:
   one-token target correction forward; `fused` takes the correction/bonus token from
   the verify. The draft runs on its own device (GPU colocated with the target, or CPU)
   but the round is sequential: the target waits for the draft tokens. Each request
-  emits min(accepted + 1, remaining) tokens once, at the round's end.
+  emits min(accepted + 1, remaining) tokens once, at the round's end; its verify span
+  records the accepted tokens it kept (emitted - 1), and a separate correction is priced
+  at the context they leave.
 
 A mixed step (colocated, `prefill_schedule: mixed`, as vLLM's chunked prefill): the
 round's decode tokens (b, or b*(k+1) for the verify) are scheduled first and the rest
@@ -72,12 +74,11 @@ def admit_prefill(st: SimState, cfg: StepConfig, w: Worker) -> None:
         w.kv.used += c
         w.prefilling.append(job)
         pending += job.need
-        rec = st.records[job.rid]
-        if rec.prefill_start is None:
-            rec.prefill_start = st.env.now
-            if st.env.now > rec.arrival:
-                st.spans.append(Span("queue_wait", "queue/prefill", rec.arrival, st.env.now,
-                                     [job.rid]))
+        now = st.env.now
+        if st.rec.start_prefill(job.rid, now):
+            arrival = float(st.rec.arrival[job.rid])
+            if now > arrival:
+                st.spans.append(Span("queue_wait", "queue/prefill", arrival, now, [job.rid]))
 
 
 def _take_chunks(cfg: StepConfig, w: Worker, budget: int):
@@ -150,9 +151,7 @@ def _complete_chunks(st: SimState, w: Worker, chunks, on_prefilled) -> None:
             held += 1
         if rem == 0:
             w.kv.used -= held
-            rec = st.records[job.rid]
-            if rec.decode_start is None:
-                rec.decode_start = env.now
+            st.rec.start_decode(job.rid, env.now)
             finished.append(job.rid)
         else:
             on_prefilled(job.rid, ctx, rem, held)
@@ -171,9 +170,7 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
     joined = batch.merge()
     now = env.now
     for rid in joined:
-        rec = st.records[rid]
-        if rec.decode_start is None:
-            rec.decode_start = now
+        st.rec.start_decode(rid, now)
     k = st.k
     if cfg.preempt:
         need = len(batch.ids) * (k + 1)
@@ -197,7 +194,8 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
     if k:  # (draws in the order of the rounds without a chunk: draft, acceptance, verify)
         td = cfg.draft.seconds("draft", b, 1, c)
         acc = cfg.acceptance.sample(b, st.rng)
-        alist = acc.tolist()
+        emit = np.minimum(acc + 1, rem)  # a request near its end keeps fewer than accepted
+        alist = (emit - 1).tolist()  # draft tokens accepted and kept
     stage = "verify" if k else "decode"
     if chunk is None:
         tf = cfg.target.seconds(stage, b, k + 1, c)
@@ -209,7 +207,6 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
             spans.append(Span("draft", w.draft_name, t, t + td, rlist, b, csum + j * b))
             t += td
         spans.append(Span("verify", w.name, t, t + tf, rlist, b * (k + 1), csum, k, alist))
-        emit = np.minimum(acc + 1, rem)
     else:
         t = now
         spans.append(Span("decode", w.name, t, t + tf, rlist, b, csum))

@@ -19,6 +19,7 @@ from kestrel_sim.metrics import compute_metrics, stage_seconds, worker_busy
 from kestrel_sim.models import preset
 from kestrel_sim.profile import Profile
 from kestrel_sim.scenario import Scenario, TableCosts, json_schema
+from kestrel_sim.trace import Trace
 from kestrel_sim.workload import draw_workload
 from kestrel_sim.yamlio import load_model
 
@@ -206,9 +207,7 @@ def test_mixed_step_busy_time_is_counted_once():
     assert all(0 < u <= 1 for u in m.worker_utilization.values())
     # a mixed forward's seconds are split by tokens between its two spans
     step, chunk = mixed_forwards(tr)[0]
-    one = simulate(scenario("separate"))
-    one.spans = [step, chunk]
-    split = stage_seconds(one)
+    split = stage_seconds(Trace(spans=[step, chunk]))
     total = step.end - step.start
     assert split[(step.worker, "prefill")] == pytest.approx(
         total * chunk.tokens / (chunk.tokens + step.tokens))

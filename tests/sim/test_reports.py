@@ -57,17 +57,19 @@ def test_timeline_window_limits_spans():
     assert lo > 0  # a window from the middle of the run
 
 
-def test_acceptance_histogram_sums_to_one():
+def test_acceptance_histogram_is_the_share_of_rounds_per_length():
     trace = _spec_trace()
-    fig = figures.acceptance_figure(trace)
+    fig = figures.acceptance_figure(compute_metrics(trace))
     assert list(fig.data[0].x) == [1, 2, 3, 4]
-    assert sum(fig.data[0].y) == pytest.approx(1.0)
+    accepted = [a for s in trace.spans if s.kind == "verify" for a in s.accepted]
+    shares = np.bincount(accepted, minlength=4) / len(accepted)
+    assert list(fig.data[0].y) == pytest.approx(shares.tolist())
     trace.spans = [s for s in trace.spans if s.kind != "verify"]
-    assert figures.acceptance_figure(trace) is None
+    assert figures.acceptance_figure(compute_metrics(trace)) is None
 
 
 def test_stage_time_stacks_busy_seconds():
-    fig = figures.stage_time_figure(_spec_trace())
+    fig = figures.stage_time_figure(compute_metrics(_spec_trace()))
     by_kind = {t.name: dict(zip(t.y, t.x)) for t in fig.data}
     assert by_kind["verify"]["gpu0/target"] == pytest.approx(20 * 3 * 0.002)
     assert by_kind["draft"]["gpu0/draft"] == pytest.approx(20 * 3 * 0.001)
@@ -84,7 +86,7 @@ def test_mixed_forward_draws_its_chunk_on_top_and_is_stacked_once():
     riding = next(t for t in fig.data if t.name == "prefill in decode/verify")
     assert list(riding.base) == [v.start] and riding.width == 0.3
     assert len(next(t for t in fig.data if t.name == "prefill").x) == 2  # the two alone
-    stacked = figures.stage_time_figure(trace)
+    stacked = figures.stage_time_figure(compute_metrics(trace))
     target = sum(dict(zip(t.y, t.x)).get(v.worker, 0.0) for t in stacked.data)
     assert target == pytest.approx(2 * 0.004 + 6 * 0.002)  # busy time, counted once
     by_kind = {t.name: dict(zip(t.y, t.x)) for t in stacked.data}
@@ -93,7 +95,7 @@ def test_mixed_forward_draws_its_chunk_on_top_and_is_stacked_once():
 
 def test_cdf_ends_at_the_maximum():
     trace = _spec_trace()
-    fig = figures.latency_cdf_figure(trace)
+    fig = figures.latency_cdf_figure(compute_metrics(trace))
     e2e = fig.data[2]
     assert e2e.y[-1] == pytest.approx(1.0)
     assert e2e.x[-1] == pytest.approx(max(r.finish - r.arrival for r in trace.requests) * 1e3)
@@ -108,7 +110,32 @@ def test_run_report_is_self_contained(tmp_path):
     assert "Plotly.newPlot" in text and len(text) > 1_000_000
     # timeline, stage time, CDFs, time series, acceptance
     assert text.count("class=\"plotly-graph-div\"") == 5
-    assert "mean_acceptance_length" in text and "worker_utilization[gpu0/draft]" in text
+    assert "spec_decode_acceptance_length" in text and "worker_utilization[gpu0/draft]" in text
+    assert "stage_seconds[gpu0/target][verify]" in text
+    assert "ttfts[" not in text  # the per-request arrays stay in metrics.json
+    assert "Uncalibrated" not in text and "<b>Trace.</b>" not in text
+
+
+def test_report_says_a_roofline_result_is_uncalibrated():
+    trace = _spec_trace()
+    trace.meta["costs"] = "roofline"
+    text = run_report(trace, compute_metrics(trace), compute_timeseries(trace))
+    assert "(uncalibrated roofline)</title>" in text and "<b>Uncalibrated.</b>" in text
+
+
+def test_report_and_timeline_of_a_sampled_trace():
+    """A sampled trace says what it kept; its timeline stays inside one kept window."""
+    trace = _spec_trace(n=400)  # 0.01 s apart, ~4 s of spans
+    metrics, timeseries = compute_metrics(trace), compute_timeseries(trace)
+    trace.meta["trace"] = {"mode": "sample", "complete": False, "spans_seen": 2800,
+                           "spans_kept": 1400, "sample_budget_spans": 1000, "window_s": 0.5,
+                           "windows_every_s": 1.0}
+    trace.spans = [s for s in trace.spans if (s.start // 0.5) % 2 == 0]
+    lo, hi = figures.timeline_window(trace, max_spans=1000)
+    slot = lo // 0.5  # a kept window (even), in the middle of the run, and nothing past it
+    assert slot % 2 == 0 and 1.0 <= lo <= 3.0 and hi == pytest.approx((slot + 1) * 0.5)
+    text = run_report(trace, metrics, timeseries)
+    assert "1,400 of 2,800 spans" in text and "windows every 1 s" in text
 
 
 def _sweep_rows() -> list[dict]:

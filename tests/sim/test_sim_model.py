@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kestrel_sim import simulate
+from kestrel_sim.acceptance import leviathan_tokens
 from kestrel_sim.costs.shape import model_shape
 from kestrel_sim.scenario import Scenario
 
@@ -157,14 +158,67 @@ def test_disaggregated_transfer_time_and_first_token():
     transfers = [s for s in tr.spans if s.kind == "kv_transfer"]
     assert len(transfers) == 30
     for s in transfers:
-        assert s.end - s.start == pytest.approx(1e-4 + s.tokens * per_token / 10e9)
         r = tr.requests[s.requests[0]]
+        assert s.tokens == r.prompt_tokens  # after prefill only the prompt's KV exists
+        assert s.end - s.start == pytest.approx(1e-4 + r.prompt_tokens * per_token / 10e9)
         assert r.prefill_start < s.start  # the KV leaves after the prefill ...
         if r.output_tokens > 1:  # ... and the first token reaches the client with it
             assert r.emit_times[0] == s.end
             assert r.decode_start >= s.end
     assert {s.worker for s in tr.spans if s.kind == "verify"} <= {"decode0/target",
                                                                   "decode1/target"}
+
+
+def decode_queue_order_violations(tr) -> int:
+    """Requests admitted from the decode queue at some instant while a request with fewer
+    tokens (prompt + first token) had been waiting there."""
+    ready = {r.id: r.emit_times[0] for r in tr.requests}
+    start = {r.id: r.decode_start for r in tr.requests}
+    ctx = {r.id: r.prompt_tokens + 1 for r in tr.requests}
+    violations = 0
+    for t in sorted(set(start.values())):
+        admitted = [i for i in start if start[i] == t]
+        waiting = [i for i in start if ready[i] < t < start[i]]
+        if waiting and min(ctx[i] for i in waiting) < max(ctx[i] for i in admitted):
+            violations += 1
+    return violations
+
+
+@pytest.mark.parametrize("order", ["fifo", "shortest-first"])
+def test_shortest_first_decode_queue_takes_the_fewest_tokens_first(order):
+    sc = scenario(**{
+        "serving": {"mode": "disaggregated", "max_batch": 4, "on_kv_full": "wait",
+                    "decode_queue": order},
+        "workload.arrivals.rate": 20.0, "workload.requests": 150,
+        "workload.output_tokens": {"dist": "uniform", "low": 100, "high": 300},
+    })
+    tr = simulate(sc)
+    check_complete(tr, sc)
+    assert tr.meta["decode_queue"] == order
+    waited = [s for s in tr.spans if s.kind == "queue_wait" and s.worker == "queue/decode"]
+    assert len(waited) > 50  # the decode queue is busy
+    if order == "shortest-first":
+        assert decode_queue_order_violations(tr) == 0
+    else:
+        assert decode_queue_order_violations(tr) > 10
+
+
+def test_acceptance_length_counts_the_tokens_kept():
+    """k = 8, alpha = 0.8 and 2-24 output tokens (issue 25 item 12): requests near their end
+    keep fewer tokens than the target accepted; the metric counts those kept, as vLLM's
+    1 + accepted / drafts, so it equals the tokens the rounds emitted per request-round."""
+    sc = scenario(**{
+        "spec": {"k": 8, "correction": "fused", "acceptance": {"alpha": 0.8}},
+        "workload.output_tokens": {"dist": "uniform", "low": 2, "high": 24},
+    })
+    run = simulate(sc)
+    m = run.metrics
+    round_tokens = m.total_output_tokens - m.completed  # all but each first token (prefill)
+    assert m.spec_decode_acceptance_length == pytest.approx(round_tokens / m.spec_decode_num_drafts)
+    assert m.spec_decode_acceptance_length < 0.9 * leviathan_tokens(0.8, 8)  # 4.33 uncapped
+    assert m.spec_decode_draft_tokens == 8 * m.spec_decode_num_drafts
+    assert m.spec_decode_acceptance_rate == pytest.approx(
+        100 * (m.spec_decode_acceptance_length - 1) / 8)
 
 
 def test_single_token_outputs_finish_at_prefill():
