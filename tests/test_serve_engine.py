@@ -10,7 +10,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 from tiny_models import build
 
 from kestrel_rt.engine import generate
@@ -18,7 +17,7 @@ from kestrel_rt.serve import serve
 from kestrel_rt.serve.kv import reservation
 from kestrel_rt.serve.models import build_model
 from kestrel_sim.errors import KestrelError
-from kestrel_sim.scenario import Scenario, Serving
+from kestrel_sim.scenario import Scenario
 
 
 @pytest.fixture(scope="module")
@@ -148,10 +147,13 @@ def test_colocated_alternate_waits_for_kv(folder, reference):
     assert "colocated:round+chunks" not in limits.kinds
 
 
-@pytest.mark.parametrize("threads", [False, True], ids=["turns", "threads"])
-def test_disaggregated_hands_kv_over(folder, reference, threads):
+@pytest.mark.parametrize(("threads", "order"), [(False, "fifo"), (False, "shortest-first"),
+                                               (True, "fifo")],
+                         ids=["turns", "turns-shortest-first", "threads"])
+def test_disaggregated_hands_kv_over(folder, reference, threads, order):
     sc = scenario(folder, {"mode": "disaggregated", "max_batch": 3, "max_batched_tokens": 32,
-                           "prefill_chunk": 16, "kv_capacity_tokens": 60}, requests=10,
+                           "prefill_chunk": 16, "kv_capacity_tokens": 60,
+                           "decode_queue": order}, requests=10,
                   arrivals=all_at_once(10))
     limits = Limits()
     served = serve(sc, "cpu", observer=limits, threads=threads)
@@ -163,6 +165,8 @@ def test_disaggregated_hands_kv_over(folder, reference, threads):
     multi = [r for r in served.trace.requests if r.output_tokens > 1]
     assert {s.worker for s in transfers} == {"link0"}
     assert {r for s in transfers for r in s.requests} == {r.id for r in multi}
+    for s in transfers:  # the prompt's KV (with the tokens of a preempted one's recompute)
+        assert s.tokens >= served.trace.requests[s.requests[0]].prompt_tokens
     for rec in multi:  # the first token reaches the client with the KV, after its transfer
         moved = min(s.end for s in transfers if rec.id in s.requests)
         assert rec.emit_times[0] >= moved
@@ -181,24 +185,12 @@ def test_closed_loop_keeps_concurrency(folder, reference):
         assert any(abs(rec.arrival - r.finish) < 1e-9 for r in records if r.id < rec.id)
 
 
-def decode_orders() -> list[str]:
-    """The decode-queue orders the scenario schema accepts (shortest-first once added)."""
-    out = []
-    for order in ("fifo", "shortest-first"):
-        try:
-            Serving(decode_queue=order)
-            out.append(order)
-        except ValidationError:
-            pass
-    return out
-
-
 @settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
     mode=st.sampled_from(["colocated-mixed", "colocated-alternate", "disaggregated"]),
     max_batch=st.integers(1, 4), max_tokens=st.integers(4, 48), chunk=st.integers(1, 24),
-    slack=st.integers(-4, 24), preempt=st.booleans(), order=st.sampled_from(decode_orders()),
+    slack=st.integers(-4, 24), preempt=st.booleans(), order=st.sampled_from(["fifo", "shortest-first"]),
     requests=st.integers(2, 8), prompt_high=st.integers(1, 24), output_high=st.integers(1, 24),
     closed=st.booleans(), seed=st.integers(0, 2**16),
 )

@@ -135,7 +135,7 @@ def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, ob
         "model": sc.model,
         "draft": None,
         "draft_device": None,
-        "costs": None,
+        "costs": "measured",  # every stage timed on the device (no cost model)
         "workers": roles,
         "kv_capacity_tokens": capacity,
         "kv_policy": sc.serving.on_kv_full,
@@ -143,6 +143,8 @@ def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, ob
         "preemptions": engine.preemptions,
         "handover_slot_waits": engine.link.slot_waits if engine.link else 0,
         "requests": n,
+        "trace": {"mode": "full", "complete": True, "spans_seen": len(spans),
+                  "spans_kept": len(spans)},
         "end_time": max(r.finish for r in records) if records else 0.0,
         "wall_seconds": time.perf_counter() - wall0,
         "slo": sc.slo.model_dump(),

@@ -90,7 +90,7 @@ class Link:
             self.moving.append(t)
 
     def _copy(self, t: Transfer, dst_slot: int, n: int) -> None:
-        with self.tracer.span("kv_transfer", self.name, [t.seq.rid], tokens=t.seq.ctx):
+        with self.tracer.span("kv_transfer", self.name, [t.seq.rid], tokens=n):
             for src_model, dst_model in zip(self.src.models, self.dst.models):
                 copy_rows(src_model.kv, t.src_slot, dst_model.kv, dst_slot, n)
 

@@ -93,7 +93,7 @@ def serve_settings(sc: Scenario, kv_capacity: int) -> ServeSettings:
         chunk=sv.prefill_chunk,
         mixed=sv.mode == "colocated" and sv.prefill_schedule == "mixed",
         preempt=sv.on_kv_full == "preempt",
-        decode_order=getattr(sv, "decode_queue", "fifo"),
+        decode_order=sv.decode_queue,
         kv_capacity=kv_capacity,
         k=sc.spec.k if sc.spec else 0,
     )
