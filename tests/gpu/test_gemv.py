@@ -11,8 +11,10 @@ import torch
 
 cupy = pytest.importorskip("cupy")
 
+from gemv_checks import make_gemv
+
+from kestrel_rt.cuda.gemv_plan import Plan
 from kestrel_rt.cuda.gemv_variants import FILES_OF, all_variants
-from kestrel_rt.cuda.linear import Gemv
 from kestrel_rt.quant import int4_fits
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
@@ -27,7 +29,9 @@ SHAPES = [
 
 @pytest.fixture(scope="module")
 def gemv():
-    g = Gemv("cuda")
+    """The kernels this device's default options choose (bf16: the bulk kernel at 1-2 rows on
+    sm_90+, the ring at up to 8 rows below it; the rest: the tuned kernels)."""
+    g = make_gemv()
     g.compile()
     return g
 
@@ -50,7 +54,7 @@ def test_bf16(gemv, m, n, k):
     gen = torch.Generator("cuda").manual_seed(m * 7919 + n * 31 + k)
     x = _x(m, k, gen)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
-    y = gemv.bf16(x, w, out=_poisoned(m, n))
+    y = gemv.matmul(x, w, out=_poisoned(m, n))
     assert _rel_err(y, x.double() @ w.double().T) <= TOL
 
 
@@ -65,13 +69,13 @@ def test_quantized(gemv, kind, m, n, k):
     gen = torch.Generator("cuda").manual_seed(m * 7 + n * 131 + k + len(kind))
     x = _x(m, k, gen)
     w = cls.from_float(torch.randn(n, k, device="cuda", generator=gen))
-    y = getattr(gemv, kind)(x, w, out=_poisoned(m, n))
+    y = gemv.matmul(x, w, out=_poisoned(m, n))
     assert _rel_err(y, x.double() @ w.dequantize(torch.float64).T) <= TOL
 
 
 @pytest.fixture(scope="module")
 def gemv_all():
-    g = Gemv("cuda", sweep=True)
+    g = make_gemv(sweep=True)
     g.compile()
     return g
 
@@ -89,7 +93,7 @@ def test_every_launch_variant(gemv_all, kind, geom):
     dense = w if kind == "bf16" else w.dequantize(torch.float64)
     for m in (1, 12):
         x = _x(m, k, gen)
-        y = getattr(gemv, kind)(x, w, out=_poisoned(m, n), geom=geom)
+        y = gemv.matmul(x, w, out=_poisoned(m, n), chosen=Plan("tuned", geom))
         assert _rel_err(y, x.double() @ dense.double().T) <= TOL
 
 
@@ -98,7 +102,7 @@ def test_nan_input_gives_nan(gemv):
     x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
     x[0, 5] = float("nan")
     w = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
-    assert torch.isnan(gemv.bf16(x, w)).all()
+    assert torch.isnan(gemv.matmul(x, w)).all()
 
 
 def test_linear_dispatch_and_graph_capture(gemv):
@@ -113,11 +117,11 @@ def test_linear_dispatch_and_graph_capture(gemv):
             assert _rel_err(y, x.double() @ dense.T) <= TOL
     x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
     out = _poisoned(1, 512)
-    gemv.bf16(x, w, out=out)  # warm (module loaded) before capture
+    gemv.matmul(x, w, out=out)  # warm (module loaded) before capture
     graph = torch.cuda.CUDAGraph()
     out.fill_(float("nan"))
     with torch.cuda.graph(graph):
-        gemv.bf16(x, w, out=out)
+        gemv.matmul(x, w, out=out)
     x.copy_(torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16))
     graph.replay()
     torch.cuda.synchronize()

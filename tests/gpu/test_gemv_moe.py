@@ -10,9 +10,11 @@ import torch.nn.functional as F
 
 cupy = pytest.importorskip("cupy")
 
+from gemv_checks import make_gemv
+
 from kestrel_rt import moe as moe_ref
 from kestrel_rt.cuda import gemv_moe
-from kestrel_rt.cuda.linear import Gemv
+from kestrel_rt.cuda.gemv_variants import PLAIN, SWIGLU
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 TOL = 1e-2
@@ -20,8 +22,8 @@ TOL = 1e-2
 
 @pytest.fixture(scope="module")
 def gemv():
-    g = Gemv("cuda")
-    g.compile(pros=(0, 2))
+    g = make_gemv()
+    g.compile(pros=(PLAIN, SWIGLU))
     return g
 
 
