@@ -18,6 +18,7 @@ import gpu_models as gm
 from kestrel_rt.backend import BackendInUseError, TorchBackend
 from kestrel_rt.backend.cupy_backend import CupyBackend
 from kestrel_rt.cuda import reference
+from kestrel_rt.cuda.gemv_variants import RSTD
 from kestrel_rt.model import Qwen3Model
 
 NAMES = ["tied", "untied", "odd_head_dim", "sharded", "moe", "moe_norm", "wide", "wide128",
@@ -143,140 +144,29 @@ def test_speculative_greedy_cpu_draft_gpu_target_equals_plain_greedy():
     assert out[: n_tokens + 1] == plain
 
 
-@pytest.mark.parametrize("fuse", [False, True], ids=["norm-kernel", "norm-prologue"])
-def test_glu_epilogue_and_prologues_as_accurate(fuse):
-    """The optional fusions (SwiGLU in the gate_up gemv's epilogue, RMSNorm in the gemvs'
-    prologue) keep a bf16 model as close to fp32 as the default kernels are."""
-    exact = gm.run_script(gm.model("wide", TorchBackend("cuda", torch.float32)), LENGTHS, 6)
-    plain = CupyBackend("cuda", torch.bfloat16)
-    plain.glu_epilogue = False
-    ref = gm.run_script(gm.model("wide", plain), LENGTHS, 6)
-    be = CupyBackend("cuda", torch.bfloat16)
-    be.glu_epilogue, be.fuse_prologues = True, fuse
-    got = gm.run_script(gm.model("wide", be), LENGTHS, 6)
-    for g, r, e in zip(got, ref, exact):
-        assert gm.rel_err(g, e) <= 1.5 * gm.rel_err(r, e) + 1e-3
-
-
-def test_bulk_settings_by_kind_give_the_same_logits():
-    """CupyBackend.kind_bulk: the o projections' (and others') launches take that bulk variant
-    (a deeper ring: the same WARPS and C, so the same sums in the same order): bitwise the same
-    logits, one sequence (the bulk kernel's rows)."""
-    outs, settings = [], []
-    for kinds in ({}, {"o": (8, 6, 2048), "down": (8, 6, 2048)}):
-        be = CupyBackend("cuda", torch.bfloat16)
-        be.kind_bulk = kinds
-        g = be.gemv()
-        launch = g._launch_bulk
-        g._launch_bulk = (lambda *a, launch=launch, **kw:
-                          settings.append(kw.get("setting")) or launch(*a, **kw))
-        outs.append(gm.run_script(gm.model("wide", be), [7], 4))
-    assert {(8, 6, 2048), None} <= set(settings)
-    for a, b in zip(*outs, strict=True):
-        assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("rows", ["all", "moe"])
 @pytest.mark.parametrize("name", ["wide", "wide_moe"])
-def test_folded_norms_as_row_scale_as_accurate(name, rows):
-    """Norm weights folded into the next linears (kestrel_rt/fold.py) and applied as the bf16
-    gemvs' (and moe_gate_up's) row scale (norm_row_scale): as close to the fp32 model as the
-    default kernels. A MoE model's routing flips now and then between any two bf16 runs (one
-    flipped token costs its logits ~0.15 relative error: the torch backend in bf16 against
-    fp32 does that too), so there the median over the script's logits is compared."""
+def test_folded_norms_as_row_scale_as_accurate(name, gemv_plans):
+    """Norm weights folded into the next linears (kestrel_rt/fold.py; RuntimeOptions.fold_norms)
+    and applied as the bf16 gemvs' (and moe_gate_up's) row scale: as close to the fp32 model
+    as the default kernels. A MoE model's routing flips now and then between any two bf16 runs
+    (one flipped token costs its logits ~0.15 relative error: the torch backend in bf16
+    against fp32 does that too), so there the median over the script's logits is compared."""
     from kestrel_rt.fold import fold_norms
 
     exact = gm.run_script(gm.model(name, TorchBackend("cuda", torch.float32)), LENGTHS, 6)
     ref = gm.run_script(gm.model(name, CupyBackend("cuda", torch.bfloat16)), LENGTHS, 6)
-    shape, w = gm.weights(name)
-    shape, w = fold_norms(shape, w, moe_only=rows == "moe")
+    assert not any(pro & RSTD for pro, _, _ in gemv_plans)  # nothing folded there
+    shape, w = fold_norms(*gm.weights(name))
     be = CupyBackend("cuda", torch.bfloat16)
-    be.norm_row_scale = rows
     model = Qwen3Model(shape, w, be)
     model.allocate_kv(4, 128)
-    moe = name == "wide_moe"
-    assert ("layers.0.post_norm" in be._unit_norms) == (moe or rows == "all")
-    assert ("norm" in be._unit_norms) == (rows == "all")
+    assert be.is_unit_norm("layers.0.input_norm") and be.is_unit_norm("layers.0.post_norm")
+    assert be.is_unit_norm("norm")
     got = gm.run_script(model, LENGTHS, 6)
+    assert any(pro & RSTD for pro, _, _ in gemv_plans)  # the row scale ran
     errs = [(gm.rel_err(g, e), gm.rel_err(r, e)) for g, r, e in zip(got, ref, exact)]
-    if moe:
+    if name == "wide_moe":
         med = [sorted(v)[len(v) // 2] for v in zip(*errs)]
         assert med[0] <= 1.5 * med[1] + 1e-3, errs
     else:
         assert all(g <= 1.5 * r + 1e-3 for g, r in errs), errs
-
-
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-def test_folded_norms_from_producer_sums_as_accurate(graphs):
-    """norm_row_scale "producer" on the dense "wide" model with every norm folded: the
-    residual gemvs (o, down) write their outputs' sums of squares, and the gemv after each
-    norm (gate_up, the next layer's qkv, lm_head) takes its rstd from them. As close to the
-    fp32 model as the default kernels (test_folded_norms_as_row_scale_as_accurate's bar);
-    every decode forward (B = 4 rows) takes 2 per layer that way (post_norm, then the next
-    input norm or the final norm), prefill and verify (more rows than the bf16 gemv takes)
-    none; with CUDA graphs (captured buffers, replayed) the same."""
-    from kestrel_rt.cuda.graphs import GraphModel
-    from kestrel_rt.fold import fold_norms
-
-    exact = gm.run_script(gm.model("wide", TorchBackend("cuda", torch.float32)), LENGTHS, 6)
-    ref = gm.run_script(gm.model("wide", CupyBackend("cuda", torch.bfloat16)), LENGTHS, 6)
-    shape, w = fold_norms(*gm.weights("wide"))
-    be = CupyBackend("cuda", torch.bfloat16)
-    be.norm_row_scale = "producer"
-    model = (GraphModel if graphs else Qwen3Model)(shape, w, be)
-    model.allocate_kv(4, 128)
-    got = gm.run_script(model, LENGTHS, 6)
-    errs = [(gm.rel_err(g, e), gm.rel_err(r, e)) for g, r, e in zip(got, ref, exact)]
-    assert all(g <= 1.5 * r + 1e-3 for g, r in errs), errs
-    if not graphs:  # (a graph's replays run no Python)
-        assert be.ssq_consumed == 7 * 2 * shape.num_hidden_layers  # 6 + 1 decode forwards
-    assert set(be._ssq_bufs) >= {(4, shape.hidden_size)}
-
-
-
-
-@pytest.mark.parametrize("early", [True, False], ids=["early", "late"])
-@pytest.mark.parametrize("variant", ["moe-f32", "moe_norm-bf16", "wide_moe-bf16",
-                                     "wide_moe-folded", "wide_moe-graphs"])
-def test_moe_fused_route_gives_the_same_logits(variant, early, monkeypatch):
-    """CupyBackend.moe_fused_route (the routing inside moe_gate_up, no moe_route launch): the
-    same logits as off, bit for bit (the same routing code and expert kernels), with no
-    moe_route call left; moe_early on (moe_down_route) and off. folded: the post-attention
-    norms of the MoE layers folded, a row scale in the router gemv and moe_gate_up (row_eps);
-    graphs: decode replays CUDA graphs."""
-    from kestrel_rt.cuda import ops
-    from kestrel_rt.cuda.graphs import GraphModel
-    from kestrel_rt.fold import fold_norms
-
-    name, how = variant.split("-")
-    dtype = torch.float32 if how == "f32" else torch.bfloat16
-    calls = {"moe_route": 0, "moe_experts_routed": 0}
-
-    def counted(fn):
-        def call(*a, **kw):
-            calls[fn.__name__] += 1
-            return fn(*a, **kw)
-        return call
-
-    for fn in calls:
-        monkeypatch.setattr(ops, fn, counted(getattr(ops, fn)))
-
-    def run(fused: bool):
-        be = CupyBackend("cuda", dtype)
-        be.moe_fused_route, be.moe_early = fused, early
-        shape, w = gm.weights(name)
-        if how == "folded":
-            shape, w = fold_norms(shape, w, moe_only=True)
-            be.norm_row_scale = "moe"
-        model = (GraphModel if how == "graphs" else Qwen3Model)(shape, w, be)
-        model.allocate_kv(4, 128)
-        return gm.run_script(model, LENGTHS, 6)
-
-    ref = run(False)
-    assert calls["moe_route"] > 0 and calls["moe_experts_routed"] == 0
-    calls.update(moe_route=0)
-    got = run(True)
-    assert calls["moe_route"] == 0 and calls["moe_experts_routed"] > 0
-    assert len(got) == len(ref)
-    for g, r in zip(got, ref):
-        assert torch.equal(g, r)

@@ -162,123 +162,21 @@ def km_pdl():
     return KernelModules(torch.device("cuda"), pdl=True)
 
 
-@pytest.mark.parametrize("early", [True, False], ids=["early", "late"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_moe_route_then_experts_with_pdl(km_pdl, dtype, early):
+def test_moe_route_then_experts_with_pdl(km_pdl, dtype):
     """moe_route -> moe_gate_up -> moe_down back to back with programmatic dependent launch:
-    each kernel reads what the one before wrote (act) only after pdl_wait; early: moe_down
-    reads experts (moe_route's) and issues its first weight loads before its wait."""
+    each kernel reads what the one before wrote (act) only after pdl_wait; moe_down reads
+    experts (moe_route's) and issues its first weight loads before its wait."""
     N, E, k, H, I = 5, 128, 8, 2048, 768
     x, residual = rnd(N, H, dtype=dtype), rnd(N, H, dtype=dtype)
     gate_up, down, router = _moe_weights(E, H, I, dtype)
     for _ in range(3):
         weights, experts = ops.moe_route(km_pdl, torch.nn.functional.linear(x, router), k, True)
         out = poisoned(N, H, dtype=dtype)
-        ops.moe_experts(km_pdl, x, weights, experts, gate_up, down, residual=residual, out=out,
-                        early=early)
+        ops.moe_experts(km_pdl, x, weights, experts, gate_up, down, residual=residual, out=out)
         # the kernel's own routing (ties between bf16 logits may pick other experts than torch)
         expect = moe_ref.experts_forward(x, weights, experts, gate_up, down)
         check(out, residual + expect, dtype)
-
-
-def test_moe_down_early_loads_give_the_same_bits(km_pdl):
-    """moe_down's weight loads before or after its PDL wait: the same output, bit for bit, over
-    several MoE layers launched back to back (each layer's routing differs)."""
-    N, E, k, H, I = 1, 128, 8, 2048, 768
-    gate_up, down, router = _moe_weights(E, H, I, torch.bfloat16)
-    x0, outs = rnd(N, H, dtype=torch.bfloat16), {}
-    for early in (True, False):
-        x = x0
-        for _ in range(4):
-            weights, experts = ops.moe_route(km_pdl, torch.nn.functional.linear(x, router), k,
-                                             True)
-            x = ops.moe_experts(km_pdl, x, weights, experts, gate_up, down, residual=x,
-                                early=early)
-        outs[early] = x
-    assert torch.isfinite(outs[True]).all()
-    assert torch.equal(outs[True], outs[False])
-
-
-# moe_route inside moe_gate_up (ops.moe_experts_routed): Qwen3-30B-A3B's shape (one chunk per
-# row) and a small one with several chunks per row and top 3 of 16.
-ROUTED_SHAPES = [(1, 128, 8, 2048, 768), (5, 128, 8, 2048, 768), (1, 16, 3, 776, 200),
-                 (5, 16, 3, 776, 200)]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("N,E,k,H,I", ROUTED_SHAPES)
-@pytest.mark.parametrize("mode", ["plain", "residual", "row_eps"])
-@pytest.mark.parametrize("renorm", [False, True])
-@pytest.mark.parametrize("early", [False, True], ids=["down", "down_route"])
-def test_moe_experts_routed_equals_route_then_experts(km, dtype, N, E, k, H, I, mode, renorm,
-                                                      early):
-    """The fused routing picks moe_route's experts and weights exactly and its output is
-    moe_route + moe_experts's, bit for bit; every element of out, weights and experts is
-    written (poisoned buffers). row_eps: x is the raw residual stream, as the backend's
-    norm_moe_add passes it (residual = x). early: moe_down_route (its own routing from the
-    logits) in place of moe_down (moe_gate_up_route's experts and weights)."""
-    x = (rnd(N, H) * 3.0 + 0.5).to(dtype) if mode == "row_eps" else rnd(N, H, dtype=dtype)
-    gate_up, down, router = _moe_weights(E, H, I, dtype)
-    logits = torch.nn.functional.linear(x, router)  # [N, E] (bf16 ties: both route the same)
-    residual = {"plain": None, "residual": rnd(N, H, dtype=dtype), "row_eps": x}[mode]
-    eps = EPS if mode == "row_eps" else None
-    ref_w, ref_e = ops.moe_route(km, logits, k, renorm)
-    ref = ops.moe_experts(km, x, ref_w, ref_e, gate_up, down, residual=residual, row_eps=eps)
-    out, w, e = (poisoned(N, H, dtype=dtype), poisoned(N, k, dtype=dtype),
-                 poisoned(N, k, dtype=torch.long))
-    got = ops.moe_experts_routed(km, x, logits, k, renorm, gate_up, down, residual=residual,
-                                 out=out, row_eps=eps, routing=(w, e), early=early)
-    assert got is out
-    assert torch.equal(e, ref_e)
-    assert torch.equal(w, ref_w)
-    assert torch.isfinite(out).all()
-    assert torch.equal(out, ref)
-
-
-@pytest.mark.parametrize("early", [False, True], ids=["down", "down_route"])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_moe_experts_routed_chain_with_pdl(km_pdl, dtype, early):
-    """Several MoE layers back to back with programmatic dependent launch, the routing inside
-    moe_gate_up (it reads the logits after its wait; moe_down reads its experts after its own,
-    or, early, moe_down_route reads the logits and issues its first weight loads before it):
-    the same bits as moe_route -> moe_gate_up -> moe_down with moe_down's early loads, and each
-    layer's routing equal to moe_route's."""
-    N, E, k, H, I = 5, 128, 8, 2048, 768
-    layers = [_moe_weights(E, H, I, dtype) for _ in range(3)]
-    x0, outs = rnd(N, H, dtype=dtype), {}
-    for fused in (False, True):
-        x, routes = x0, []
-        for _ in range(2):
-            for gate_up, down, router in layers:
-                logits = torch.nn.functional.linear(x, router)
-                if fused:
-                    w, e = poisoned(N, k, dtype=dtype), poisoned(N, k, dtype=torch.long)
-                    x = ops.moe_experts_routed(km_pdl, x, logits, k, True, gate_up, down,
-                                               residual=x, routing=(w, e), early=early)
-                else:
-                    w, e = ops.moe_route(km_pdl, logits, k, True)
-                    x = ops.moe_experts(km_pdl, x, w, e, gate_up, down, residual=x, early=True)
-                routes.append((w, e))
-        outs[fused] = (x, routes)
-    assert torch.isfinite(outs[True][0]).all()
-    assert torch.equal(outs[True][0], outs[False][0])
-    for (w, e), (rw, re) in zip(outs[True][1], outs[False][1]):
-        assert torch.equal(e, re) and torch.equal(w, rw)
-
-
-def test_moe_experts_routed_checks(km):
-    x = rnd(2, 64, dtype=torch.bfloat16)
-    gate_up, down, router = _moe_weights(8, 64, 32, torch.bfloat16)
-    logits = torch.nn.functional.linear(x, router)
-    with pytest.raises(ops.Unsupported):  # top_k > E
-        ops.moe_experts_routed(km, x, logits, 9, True, gate_up, down)
-    with pytest.raises(ops.Unsupported):  # logits for other experts than gate_up's
-        ops.moe_experts_routed(km, x, logits[:, :4], 2, True, gate_up, down)
-    with pytest.raises(ops.Unsupported):  # dtypes differ
-        ops.moe_experts_routed(km, x, logits.float(), 2, True, gate_up, down)
-    w, e = poisoned(3, 2, dtype=torch.bfloat16), poisoned(3, 2, dtype=torch.long)
-    with pytest.raises(ValueError):  # routing buffers of the wrong shape
-        ops.moe_experts_routed(km, x, logits, 2, True, gate_up, down, routing=(w, e))
 
 
 # -- argmax (greedy tokens) -------------------------------------------------------------------
