@@ -11,10 +11,11 @@ from tiny_models import build
 
 from kestrel_rt.serve import serve
 from kestrel_rt.serve.arrivals import Arrivals
-from kestrel_rt.serve.kv import KVBudget, SlotPool
+from kestrel_rt.serve.kv import KVBudget, SlotPool, slots_per_worker
 from kestrel_rt.serve.queues import DecodeQueue, PrefillJob
 from kestrel_rt.serve.requests import Sequence, draw_requests, prompt_ids
 from kestrel_sim import simulate
+from kestrel_sim.errors import KestrelError
 from kestrel_sim.scenario import Scenario
 from kestrel_sim.workload import draw_workload
 
@@ -132,3 +133,12 @@ def test_kv_budget_and_slots():
     pool.free(a)
     with pytest.raises(RuntimeError, match="freed twice"):
         pool.free(a)
+
+
+def test_slots_shrink_to_the_memory_but_never_below_max_batch():
+    # 2 workers, 10 bytes a slot, 100 bytes of weights
+    assert slots_per_worker(8, 4, 2, 10, 100, free=None, longest=50) == 8  # unknown: all
+    assert slots_per_worker(8, 4, 2, 10, 100, free=1000, longest=50) == 8
+    assert slots_per_worker(8, 4, 2, 10, 100, free=220, longest=50) == 6
+    with pytest.raises(KestrelError, match=r"serving\.max_batch = 4 slots of 50 tokens"):
+        slots_per_worker(8, 4, 2, 10, 100, free=170, longest=50)

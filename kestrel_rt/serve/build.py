@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kestrel_rt.loading import resolve
+from kestrel_rt.loading import default_dtype, resolve
+from kestrel_rt.memory import free_bytes, kv_bytes
 from kestrel_rt.serve.arrivals import Arrivals
 from kestrel_rt.serve.engine import ServingEngine
 from kestrel_rt.serve.forward import MIXED_FORWARD, warm_up
+from kestrel_rt.serve.kv import slots_per_worker
 from kestrel_rt.serve.models import build_model
 from kestrel_rt.serve.requests import draw_requests
 from kestrel_rt.serve.settings import (
@@ -30,10 +32,13 @@ from kestrel_rt.serve.settings import (
     serve_settings,
 )
 from kestrel_rt.serve.worker import Worker
+from kestrel_rt.weights import weight_bytes
 from kestrel_sim.scenario import Scenario
 from kestrel_sim.trace import Trace
 
-SPARE_SLOTS_PER_BATCH = 1  # disaggregated: slots beyond max_batch, per max_batch, for KV in transit
+# disaggregated: slots beyond max_batch (per max_batch) for KV in transit and queued, fewer
+# where the device's memory cannot hold them
+SPARE_SLOTS_PER_BATCH = 1
 
 
 @dataclass
@@ -82,7 +87,7 @@ def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, ob
             "spec: speculative decoding on hardware needs kestrel_rt/spec, which has not "
             "landed yet; remove the draft and spec keys or run on the simulator (--on sim)")
     device = torch.device(device)
-    shape, _ = resolve(sc.model)
+    shape, folder = resolve(sc.model)
     drawn, seqs = draw_requests(sc.workload, shape.vocab_size)
     capacity = kv_capacity_of(sc)
     s = serve_settings(sc, capacity)
@@ -93,6 +98,12 @@ def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, ob
     # forward will not need this)
     max_len = longest + s.k + 1 + min(s.chunk, s.max_tokens, longest)
     n = len(seqs)
+    roles_n = 1 if s.mode == "colocated" else 2
+    want = min(s.max_batch if roles_n == 1 else s.max_batch * (1 + SPARE_SLOTS_PER_BATCH), n)
+    dt = dtype or default_dtype(folder, device)
+    slots = slots_per_worker(want, min(s.max_batch, n), roles_n,
+                             kv_bytes(shape, dt, max_len), roles_n * weight_bytes(shape, dt),
+                             free_bytes(device), max_len)
 
     def worker(name: str, role: str, slots: int) -> Worker:
         models = [build_model(sc.model, device, dtype)]
@@ -103,10 +114,9 @@ def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, ob
         return w
 
     if s.mode == "colocated":
-        workers = [worker("gpu0/target", "colocated", min(s.max_batch, n))]
+        workers = [worker("gpu0/target", "colocated", slots)]
         roles = {"gpu0/target": "colocated"}
     else:
-        slots = min(s.max_batch * (1 + SPARE_SLOTS_PER_BATCH), n)
         workers = [worker("prefill0/target", "prefill", slots),
                    worker("decode0/target", "decode", slots)]
         roles = {"prefill0/target": "prefill", "link0": "link", "decode0/target": "decode",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from kestrel_rt.kv_cache import KVCache
 from kestrel_rt.serve.requests import Sequence
 from kestrel_rt.serve.settings import ServeSettings
+from kestrel_sim.errors import KestrelError
 
 
 class KVBudget:
@@ -66,3 +67,21 @@ class SlotPool:
         if slot in self.free_slots:
             raise RuntimeError(f"KV slot {slot} freed twice")
         self.free_slots.append(slot)
+
+
+def slots_per_worker(want: int, least: int, workers: int, slot_bytes: int, weights: int,
+                     free: int | None, longest: int) -> int:
+    """Slots each worker's caches get: `want`, fewer if the device's `free` bytes cannot
+    hold that many next to the weights, never fewer than `least` (max_batch: refused)."""
+    if free is None:
+        return want
+    fit = (free - weights) // (workers * slot_bytes) if slot_bytes else want
+    if fit < least:
+        raise KestrelError(
+            f"the KV caches do not fit: each worker needs serving.max_batch = {least} slots of "
+            f"{longest} tokens (the longest request + k + 1; the runtime's cache is one row "
+            f"per sequence), {workers * least * slot_bytes / 1e9:.1f} GB beside "
+            f"{weights / 1e9:.1f} GB of weights, but the device has {free / 1e9:.1f} GB free: "
+            "lower serving.max_batch or shorten the requests"
+        )
+    return int(min(want, fit))
