@@ -3,12 +3,13 @@
     python bench/gemv_bench.py [--out DIR]
     python bench/gemv_bench.py --sweep --out DIR   # every launch variant; writes the best
                                                    # per shape as DIR/gemv_tuned.json
-    python bench/gemv_bench.py --kinds bf16,int4 --ms 1 --ring off,8.8.1,b8.4.2048 [--pdl]
-                                                   # the ring kernels (gemv_ring.cu) too
+    python bench/gemv_bench.py --kinds bf16,int4 --ms 1 --paths table,tuned,bulk,ring [--pdl]
+                                                   # bf16 through each kernel too
 
 
-For each kernel (bf16, int8, int4, and torch's own F.linear on bf16) and each qwen3-8b decode
-shape at M = 1, 4 and 16: one CUDA graph calls the kernel on enough distinct weight copies
+For each kernel (bf16, int8, int4, and torch's own F.linear on bf16), each path (the plan
+table's choice, kestrel_rt/cuda/gemv_plan.py, or bf16 forced through the tuned, bulk or ring
+kernel) and each qwen3-8b decode shape at M = 1, 4 and 16: one CUDA graph calls the kernel on enough distinct weight copies
 to stream >= 1.5 GB (so the 60 MB L2 holds nothing between calls); replays are timed with
 CUDA events, median of 10. "layer stream" runs all four projections of 36 layers in one
 graph, what a qwen3-8b decode step reads. Bytes counted: weights + scales + activations in +
@@ -32,8 +33,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from measure import copy_bandwidth, time_graph
 
-from kestrel_rt.cuda.gemv_variants import FILES_OF, all_variants
-from kestrel_rt.cuda.linear import Gemv
+from kestrel_rt.cuda.gemv import Gemv, gemv_device
+from kestrel_rt.cuda.gemv_plan import Plan
+from kestrel_rt.cuda.gemv_variants import (
+    BULK_DEFAULT,
+    FILES_OF,
+    RING_DEFAULT,
+    all_variants,
+    default_variant,
+)
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
@@ -66,14 +74,29 @@ def weight_bytes(w) -> int:
     return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes
 
 
-def call(gemv: Gemv, kind: str, x: torch.Tensor, w, out: torch.Tensor) -> None:
+def chosen(gemv: Gemv, path: str, w, m: int) -> Plan | None:
+    """The plan of a launch on `path`: None (the table's), or a kernel forced."""
+    if path == "table":
+        return None
+    if path == "bulk":
+        return Plan("bulk", BULK_DEFAULT)
+    if path == "ring":
+        return Plan("ring", RING_DEFAULT)
+    n, k = w.shape
+    file = FILES_OF["bf16"]
+    return Plan("tuned", gemv.tuned.get((file, n, k, 1 if m <= 8 else 2))
+                or default_variant(file, n, k, gemv.sms))
+
+
+def call(gemv: Gemv, kind: str, x: torch.Tensor, w, out: torch.Tensor,
+         path: str = "table") -> None:
     if kind == "torch":
         torch.matmul(x, w.T, out=out)
     else:
-        getattr(gemv, kind)(x, w, out=out)
+        gemv.matmul(x, w, out=out, chosen=chosen(gemv, path, w, x.shape[0]))
 
 
-def bench_shape(gemv, kind, name, n, k, m, gen) -> dict:
+def bench_shape(gemv, kind, name, n, k, m, gen, path="table") -> dict:
     w0 = random_weight(kind, n, k, gen)
     per = weight_bytes(w0) + 2 * m * (k + n)
     copies = max(2, min(64, math.ceil(STREAM_BYTES / per)))
@@ -83,14 +106,14 @@ def bench_shape(gemv, kind, name, n, k, m, gen) -> dict:
 
     def run():
         for w, o in zip(ws, outs):
-            call(gemv, kind, x, w, o)
+            call(gemv, kind, x, w, o, path)
 
     t = time_graph(run) / copies
     return {"kernel": kind, "shape": name, "m": m, "n": n, "k": k, "us": t * 1e6,
             "bytes": per, "gbps": per / t / 1e9}
 
 
-def bench_layers(gemv, kind, m, gen, layers: int = 36) -> dict:
+def bench_layers(gemv, kind, m, gen, layers: int = 36, path="table") -> dict:
     """All projections of `layers` qwen3-8b layers in one graph: a decode step's weights."""
     mats = [(n, k) for name, (n, k) in SHAPES_8B.items() if name != "lm_head"]
     ws = [random_weight(kind, n, k, gen) for _ in range(layers) for n, k in mats]
@@ -101,7 +124,7 @@ def bench_layers(gemv, kind, m, gen, layers: int = 36) -> dict:
 
     def run():
         for w, o in zip(ws, outs):
-            call(gemv, kind, xs[w.shape[1]], w, o)
+            call(gemv, kind, xs[w.shape[1]], w, o, path)
 
     t = time_graph(run)
     return {"kernel": kind, "shape": f"{layers} layers", "m": m, "n": 0, "k": 0,
@@ -118,16 +141,15 @@ def sweep(gemv: Gemv, kinds: list[str], gen, copy_bw: float) -> dict:
             per_w = weight_bytes(w0)
             copies = max(2, min(64, math.ceil(0.8e9 / per_w)))
             ws = [w0] + [random_weight(kind, n, k, gen) for _ in range(copies - 1)]
-            fn = getattr(gemv, kind)
             for m in (1, 16):
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
                 outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
                 per = per_w + 2 * m * (k + n)
                 results = []
                 for variant in all_variants(file):
-                    def run(variant=variant, ws=ws, outs=outs, fn=fn, x=x):
+                    def run(variant=variant, ws=ws, outs=outs, x=x):
                         for w, o in zip(ws, outs):
-                            fn(x, w, out=o, geom=variant)
+                            gemv.matmul(x, w, out=o, chosen=Plan("tuned", variant))
                     t = time_graph(run, reps=5) / copies
                     results.append((t, variant))
                     everything.append({"file": file, "n": n, "k": k, "m": m,
@@ -148,16 +170,18 @@ def main() -> None:
     parser.add_argument("--kinds", default="bf16,int8,int4,torch")
     parser.add_argument("--ms", default="1,4,16")
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--ring", default="off",
-                        help="bf16 / int4 through gemv_ring.cu: off or KSPLIT.S.BPS, a list; "
-                             "bWARPS.S.C: through the bulk-copy kernels (Gemv.bulk, bulk_int4)")
+    parser.add_argument("--paths", default="table",
+                        help="table (the plan's kernel), tuned, bulk, ring: a comma list; "
+                             "bulk and ring are bf16 only")
     parser.add_argument("--pdl", action="store_true",
                         help="launch with programmatic dependent launch (consecutive calls "
                              "overlap)")
-    parser.add_argument("--late-trigger", type=int, default=1)
     args = parser.parse_args()
     gen = torch.Generator("cuda").manual_seed(0)
-    gemv = Gemv("cuda", sweep=args.sweep, pdl=args.pdl, late_trigger=bool(args.late_trigger))
+    device = torch.device("cuda")
+    hopper = torch.cuda.get_device_capability(device) >= (9, 0)
+    target = gemv_device(device, bulk=hopper, ring=not hopper)
+    gemv = Gemv(device, target, sweep=args.sweep, pdl=args.pdl)
     gemv.compile()
     copy_bw = copy_bandwidth()
     props = torch.cuda.get_device_properties(0)
@@ -173,42 +197,29 @@ def main() -> None:
         for r in found["best"]:
             print(f"{r['file']:10} {r['n']:6d} {r['k']:6d} {r['mt']:2d} {r['variant']!s:18} "
                   f"{r['us']:8.1f} {r['of_copy']:7.1%}")
-        gemv = Gemv("cuda", tuned=args.out / "gemv_tuned.json")  # the table just measured
+        gemv = Gemv(device, target, pdl=args.pdl,
+                    tuned=args.out / "gemv_tuned.json")  # the table just measured
         gemv.compile()
     rows = []
-    for ring, kind in itertools.product(args.ring.split(","), args.kinds.split(",")):
-        bulk = ring.startswith("b")
-        if ring != "off" and kind not in ("bf16", "int4"):
-            continue
-        setting = None if ring == "off" else tuple(int(v) for v in ring.lstrip("b").split("."))
-        try:
-            if kind == "bf16":
-                gemv.bulk = setting if bulk else None
-                gemv.ring = None if bulk else setting
-            elif bulk:
-                gemv.bulk_int4, gemv.ring_int4 = setting, None
-            else:
-                gemv.bulk_int4 = None
-                gemv.ring_int4 = setting
-        except ValueError as err:  # a variant built for the other weight kind only
-            print(f"skipped {kind} {ring}: {err}", flush=True)
+    for path, kind in itertools.product(args.paths.split(","), args.kinds.split(",")):
+        if path in ("bulk", "ring") and kind != "bf16" or path != "table" and kind == "torch":
             continue
         for m in [int(v) for v in args.ms.split(",")]:
             for name, (n, k) in SHAPES_8B.items():
                 if name == "lm_head" and m != 1:
                     continue
-                rows.append({**bench_shape(gemv, kind, name, n, k, m, gen), "ring": ring})
+                rows.append({**bench_shape(gemv, kind, name, n, k, m, gen, path), "path": path})
                 print(json.dumps(rows[-1]), flush=True)
-            rows.append({**bench_layers(gemv, kind, m, gen), "ring": ring})
+            rows.append({**bench_layers(gemv, kind, m, gen, path=path), "path": path})
             print(json.dumps(rows[-1]), flush=True)
             torch.cuda.empty_cache()
     result = {"device": props.name, "copy_gbps": copy_bw / 1e9, "rows": rows}
     (args.out / "gemv_bench.json").write_text(json.dumps(result, indent=1))
     print(f"\n{props.name}: copy bandwidth {copy_bw / 1e9:.0f} GB/s (read + write)")
-    print(f"PDL {'on' if args.pdl else 'off'}, late trigger {args.late_trigger}")
-    print(f"{'kernel':7} {'ring':7} {'shape':10} {'M':>3} {'us':>9} {'GB/s':>7} {'of copy':>7}")
+    print(f"PDL {'on' if args.pdl else 'off'}")
+    print(f"{'kernel':7} {'path':7} {'shape':10} {'M':>3} {'us':>9} {'GB/s':>7} {'of copy':>7}")
     for r in rows:
-        print(f"{r['kernel']:7} {r['ring']:7} {r['shape']:10} {r['m']:3d} {r['us']:9.1f} "
+        print(f"{r['kernel']:7} {r['path']:7} {r['shape']:10} {r['m']:3d} {r['us']:9.1f} "
               f"{r['gbps']:7.0f} {r['gbps'] * 1e9 / copy_bw:7.1%}")
 
 

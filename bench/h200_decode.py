@@ -34,8 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import measure
 
 from kestrel_rt.quant_error import logits_error
-from kestrel_rt.quant_weights import quantize_weights
-from kestrel_rt.weights import load_dummy
 from kestrel_sim.profile import Fingerprint, Measurement, Profile
 
 MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b")
@@ -45,44 +43,18 @@ PREFILL = (512, 2048, 8192)
 CONTEXT = 128  # cached tokens per sequence in decode measurements (and a long one, 2048)
 
 
-def backend_class():
-    """CupyBackend, with the gemv linear path mixed in if it does not have it yet."""
-    from kestrel_rt.backend.cupy_backend import CupyBackend
-    from kestrel_rt.backend.torch_backend import TorchBackend
-    from kestrel_rt.cuda.linear import GemvLinear
+def build(name: str, quant: str, min_keys: int | None = None):
+    """The model `kestrel generate` runs for a preset (kestrel_rt/runner.py: dummy weights,
+    the device's default options), with the decode attention's keys per split at least
+    min_keys where given."""
+    from kestrel_rt.options import default_options
+    from kestrel_rt.runner import build_model
+    from kestrel_sim.models import preset
 
-    if CupyBackend.linear is TorchBackend.linear:
-        return type("CupyGemvBackend", (GemvLinear, CupyBackend), {})
-    return CupyBackend
-
-
-def build(name: str, quant: str, min_keys: int | None = None, fold: str = "speed"):
-    """GraphModel of a preset with dummy weights on the cupy backend (min_keys: the decode
-    attention's keys per context split, at least; the backend's default when None; fold:
-    which RMSNorm weights are folded into the next linears, kestrel_rt/fold.py, and applied
-    as a row scale (CupyBackend.norm_row_scale): "speed" what `kestrel generate` does
-    (fold_for_speed), "none", "moe", "all" or "producer" (every norm folded, its rstd from
-    the sums of squares the residual gemv before it writes))."""
-    from kestrel_rt.cuda.graphs import GraphModel
-    from kestrel_rt.cuda.linear import bulk_capable
-    from kestrel_rt.fold import fold_for_speed, fold_norms
-
-    shape, weights = load_dummy(name, "cuda", torch.bfloat16, seed=0)
     q = None if quant == "bf16" else quant
-    if fold not in ("speed", "none", "moe", "all", "producer"):
-        raise ValueError(f"fold must be speed, none, moe, all or producer, not {fold!r}")
-    if fold == "speed":
-        shape, weights = fold_for_speed(shape, weights, q, bulk=bulk_capable("cuda"))
-    elif fold != "none":
-        shape, weights = fold_norms(shape, weights, moe_only=fold == "moe")
-    quantize_weights(weights, q)
-    model = GraphModel(shape, weights, backend_class()("cuda", torch.bfloat16))
-    if fold != "speed":
-        model.backend.norm_row_scale = fold
-    if min_keys is not None:
-        model.backend.decode_min_keys = min_keys
-    del weights
-    return model
+    extra = {} if min_keys is None else {"attention_min_keys": min_keys}
+    options = default_options("cuda", preset(name), q, **extra)
+    return build_model(name, "cuda", torch.bfloat16, q, options, seed=0)
 
 
 class Bench:
@@ -135,13 +107,6 @@ class Bench:
         self.add("decode b=1", name, quant, 1, 1, r, self.decode_limit_s(model, 1, 1, CONTEXT))
         if self.breakdown and quant in ("bf16", "int4"):
             self.breakdowns.append((name, quant, measure.kernel_breakdown(model, CONTEXT)))
-        if model.shape.is_moe and quant == "bf16":  # bf16 experts: moe.cu or the gemv path
-            model.backend.bf16_experts = "gemv"
-            model.graphs.clear()
-            r = measure.time_steps(model, 1, 1, CONTEXT, self.steps, self.gen)
-            self.add("decode b=1 (experts: gemv)", name, quant, 1, 1, r,
-                     self.decode_limit_s(model, 1, 1, CONTEXT))
-            model.backend.bf16_experts = "kernel"
             model.graphs.clear()
         if name == "qwen3-8b" and quant == "bf16":
             for b in BATCHES[1:]:

@@ -41,6 +41,19 @@ def cupy_installed() -> bool:
     return importlib.util.find_spec("cupy") is not None
 
 
+def kernel_cache_dir() -> Path:
+    """Where cupy keeps compiled kernels (CUPY_CACHE_DIR, else ~/.cupy/kernel_cache)."""
+    import os
+
+    return Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+
+
+def kernel_cache_filled() -> bool:
+    """True when cupy's kernel cache holds compiled modules (a later run loads them)."""
+    folder = kernel_cache_dir()
+    return folder.is_dir() and any(folder.iterdir())
+
+
 def pick_backend(backend: str | None, device: Any, graphs: bool) -> str:
     """The backend to build: --backend as given (checked), else cupy on CUDA with cupy."""
     if backend is None:
@@ -186,22 +199,12 @@ def generate(
     """Generate tokens with the runtime from a model folder or a dummy preset."""
     import torch
 
-    from kestrel_rt.backend import TorchBackend
-    from kestrel_rt.cuda.linear import bulk_capable
     from kestrel_rt.engine import check_sampling
     from kestrel_rt.engine import generate as run_generate
-    from kestrel_rt.fold import fold_for_speed
-    from kestrel_rt.loading import (
-        default_dtype,
-        is_awq_checkpoint,
-        load_dummy,
-        load_folder,
-        load_tokenizer,
-        resolve,
-    )
+    from kestrel_rt.loading import default_dtype, is_awq_checkpoint, load_tokenizer, resolve
     from kestrel_rt.memory import check_fits, free_bytes
-    from kestrel_rt.model import Qwen3Model
-    from kestrel_rt.quant_weights import quantize_weights
+    from kestrel_rt.options import default_options
+    from kestrel_rt.runner import build_model, prepare
     from kestrel_rt.weights import parse_device, parse_dtype
 
     check_sampling(temperature, top_p, seed)
@@ -231,28 +234,18 @@ def generate(
             raise PromptError(f"--prompt '{prompt}' encodes to no tokens")
     check_prompt(ids, max_new_tokens, shape)
     eos = None if ignore_eos else eos_ids(folder, tokenizer)
+    options = default_options(dev, shape, quant, backend=use,
+                              **({} if use == "torch" else {"graphs": graphs}))
     if not awq:  # the cupy graph runner keeps a scratch slot as large as the sequence's
-        slots = 2 if use == "cupy" and graphs else 1
+        slots = 2 if options.graphs else 1
         check_fits(shape, dt, dev, free_bytes(dev), slots * (len(ids) + max_new_tokens))
+    if options.backend == "cupy" and not kernel_cache_filled() and not as_json:
+        print(f"compiling the CUDA kernels (first run on this machine: cupy caches them in "
+              f"{kernel_cache_dir()})", file=sys.stderr)
 
     t0 = time.perf_counter()
-    if folder is not None:
-        shape, weights = load_folder(folder, dev, dt)
-    else:
-        shape, weights = load_dummy(shape.name, dev, dt, seed=0)
-    if use == "cupy" and not awq:
-        shape, weights = fold_for_speed(shape, weights, quant, bulk=bulk_capable(dev))
-    if not awq:
-        quantize_weights(weights, quant)
-    if use == "cupy":
-        from kestrel_rt.backend.cupy_backend import cupy_model
-
-        runner = cupy_model(shape, weights, dev, dt, graphs=graphs)
-    else:
-        runner = Qwen3Model(shape, weights, TorchBackend(dev, dt))
-    del weights
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    runner = build_model(model, dev, dt, quant, options, seed=0)
+    prepare(runner, 1, len(ids) + max_new_tokens)
     load_s = time.perf_counter() - t0
 
     result = run_generate(
@@ -268,7 +261,7 @@ def generate(
         "backend": use,
         "quant": quant,
         "awq": awq,
-        "graphs": use == "cupy" and graphs,
+        "graphs": options.graphs,
         "prompt_tokens": len(ids),
         "generated_tokens": len(new_ids),
         "token_ids": new_ids,
@@ -291,6 +284,6 @@ def generate(
         f"{len(new_ids)} tokens in {report['elapsed_s']:.3f} s: {result.tokens_per_s:.1f} tok/s "
         f"(decode {result.decode_tokens_per_s:.1f} tok/s; prompt {len(ids)} tokens; "
         f"{shape.name} on {dev}, {report['dtype']}, {use} backend, quant {quant}; "
-        f"load {load_s:.1f} s)",
+        f"load {load_s:.1f} s, kernel compilation and graph capture included)",
         file=sys.stderr,
     )

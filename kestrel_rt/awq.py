@@ -1,4 +1,4 @@
-"""Pre-quantized AWQ checkpoints: load them as they are, and write one from a bf16 folder.
+"""Pre-quantized AWQ checkpoints, loaded as they are (kestrel_rt/awq_write.py writes one).
 
 An AWQ folder (autoawq's GEMM format) is a Hugging Face folder whose linear projections are
 stored as three tensors in place of `X.weight`:
@@ -9,22 +9,19 @@ stored as three tensors in place of `X.weight`:
 
 `load_awq_folder` returns (shape, weights) like `kestrel_rt.loading.load_folder`, with an
 `Int4Weight` under each projection's `X.weight` name, so the model and backends take it
-unchanged. `write_awq_folder` quantizes a bf16 / fp32 folder into that format (for tests
-and for making a quantized checkpoint without autoawq).
+unchanged.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import torch
 
 from kestrel_rt import quant
 from kestrel_rt.config import read_config, shape_from_hf_config
-from kestrel_rt.loading import read_headers, weight_files
-from kestrel_rt.quant_weights import Int4Weight, check_quantizable, is_projection
+from kestrel_rt.quant_weights import Int4Weight, is_projection
+from kestrel_rt.safetensors_files import read_headers, weight_files
 from kestrel_rt.weights import expected_tensors, parse_device, parse_dtype
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.models import ModelShape
@@ -119,40 +116,3 @@ def load_awq_folder(
                 "safetensors file; the config's model needs it"
             )
     return shape, weights
-
-
-def write_awq_folder(src: str | Path, dst: str | Path) -> Path:
-    """Quantize the projections of the bf16/fp32 folder `src` to AWQ int4 into `dst`.
-
-    Copies config.json (adding quantization_config) and tokenizer files; writes one
-    model.safetensors. Returns dst.
-    """
-    from safetensors.torch import save_file
-
-    from kestrel_rt.loading import load_folder
-
-    src, dst = Path(src), Path(dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    _, weights = load_folder(src, "cpu", "float32")
-    out: dict[str, torch.Tensor] = {}
-    for name, w in weights.items():
-        if is_projection(name):
-            check_quantizable(name, w, "int4")
-            qweight, qzeros, scales = quant.quantize_awq(w)
-            base = name.removesuffix(".weight")
-            out.update({f"{base}.qweight": qweight, f"{base}.qzeros": qzeros,
-                        f"{base}.scales": scales})
-        else:
-            out[name] = w.to(torch.float16).contiguous()
-    save_file(out, str(dst / "model.safetensors"))
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4,
-                                     "group_size": quant.GROUP_SIZE, "zero_point": True,
-                                     "version": "gemm"}
-    config["torch_dtype"] = "float16"
-    config.pop("dtype", None)
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
-    for f in src.iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("vocab.json", "merges.txt"):
-            shutil.copy(f, dst / f.name)
-    return dst

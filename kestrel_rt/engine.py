@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kestrel_rt.kv_cache import KVCache
 from kestrel_rt.model import Chosen, Qwen3Model
 from kestrel_rt.sampling import choose
 from kestrel_sim.errors import KestrelError
@@ -99,6 +100,16 @@ def _check(model: Qwen3Model, prompts: list[list[int]], max_new_tokens: int) -> 
                 f"(vocab_size of model '{model.shape.name}')")
 
 
+def kv_cache_for(model: Qwen3Model, num_slots: int, max_len: int) -> KVCache:
+    """The model's KV cache when it has num_slots free sequences of max_len tokens
+    (one prepared at load: kestrel_rt/runner.py prepare, its graphs already captured), else
+    a new one."""
+    kv = model.backend.kv
+    if kv is not None and kv.max_len >= max_len and kv.free_slots() >= num_slots:
+        return kv
+    return model.allocate_kv(num_slots, max_len)
+
+
 def generate(
     model: Qwen3Model,
     prompts: list[list[int]],
@@ -133,7 +144,7 @@ def generate(
         g.manual_seed((seed + i) % SEED_RANGE) if seed is not None else g.seed()
         gens.append(g)
     max_len = min(max(map(len, prompts)) + max_new_tokens, model.shape.max_position_embeddings)
-    kv = model.allocate_kv(min(len(prompts), max_batch or len(prompts)), max_len)
+    kv = kv_cache_for(model, min(len(prompts), max_batch or len(prompts)), max_len)
 
     def pick(logits: torch.Tensor, reqs: list[int]) -> list[int]:  # logits [B, V]
         uniforms = None

@@ -5,8 +5,8 @@
 (W @ (w * x_hat) = (W diag(w)) @ x_hat.) After folding, every input, post-attention and final
 norm has a unit weight, and q/k/v, gate/up (a MoE layer's router and experts' gate/up) and
 lm_head carry them, so a backend may apply such a norm as a per-row scale inside its matmul
-(kernels/gemv_mma.cuh and moe.cu, RSTD; CupyBackend.norm_row_scale) instead of a norm kernel
-before it. W diag(w) is rounded once to the weights' dtype, where the reference rounds
+(kernels/gemv_mma.cuh and moe.cu, RSTD) instead of a norm kernel before it; whether to fold
+is RuntimeOptions.fold_norms (kestrel_rt/options.py). W diag(w) is rounded once to the weights' dtype, where the reference rounds
 w * x_hat: the same model to within that rounding. A tied lm_head is untied: it becomes the
 folded copy of the embedding, and the returned shape says untied.
 """
@@ -15,22 +15,17 @@ from __future__ import annotations
 
 import torch
 
-from kestrel_rt.quant_weights import UNQUANTIZED
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.models import ModelShape
 
 
-def fold_norms(shape: ModelShape, hf: dict, moe_only: bool = False) -> tuple[ModelShape, dict]:
-    """Fold in place (hf is returned); see the module docstring. moe_only: only the
-    post-attention norms of MoE layers (into the router and the experts' gate/up)."""
+def fold_norms(shape: ModelShape, hf: dict) -> tuple[ModelShape, dict]:
+    """Fold in place (hf is returned); see the module docstring."""
     for i in range(shape.num_hidden_layers):
         p, moe = f"model.layers.{i}", shape.is_moe_layer(i)
         post = f"{p}.post_attention_layernorm.weight"
-        if moe_only and not moe:
-            continue
-        if not moe_only:
-            _fold(hf, f"{p}.input_layernorm.weight",
-                  [f"{p}.self_attn.{n}_proj.weight" for n in ("q", "k", "v")])
+        _fold(hf, f"{p}.input_layernorm.weight",
+              [f"{p}.self_attn.{n}_proj.weight" for n in ("q", "k", "v")])
         if not moe:
             _fold(hf, post, [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"])
         elif f"{p}.mlp.experts.gate_up_proj" in hf:  # fused in-memory form [E, 2I, H]
@@ -39,34 +34,10 @@ def fold_norms(shape: ModelShape, hf: dict, moe_only: bool = False) -> tuple[Mod
             _fold(hf, post, [f"{p}.mlp.gate.weight"] + [
                 f"{p}.mlp.experts.{e}.{n}_proj.weight" for e in range(shape.num_experts)
                 for n in ("gate", "up")])
-    if moe_only:
-        return shape, hf
     if shape.tie_word_embeddings:
         hf["lm_head.weight"] = _tensor(hf, "model.embed_tokens.weight").clone()
         shape = shape.model_copy(update={"tie_word_embeddings": False})
     _fold(hf, "model.norm.weight", ["lm_head.weight"])
-    return shape, hf
-
-
-# Float dense models up to this hidden size have their norms folded by fold_for_speed where
-# the row scale runs in the tuned gemvs (below sm_90): measured faster at qwen3-0.6b (1024),
-# slower at qwen3-8b (4096) there; the sizes between are unmeasured.
-FOLD_DENSE_HIDDEN = 1024
-
-
-def fold_for_speed(shape: ModelShape, hf: dict, quant: str | None,
-                   bulk: bool = False) -> tuple[ModelShape, dict]:
-    """What the cupy backend runs fastest (its norms then row scales: CupyBackend.norm_row_scale),
-    on the H200 (bench/results/NOTES_decode.md): every norm of a float model folded where the
-    bf16 bulk kernel applies the row scale (bulk: sm_90 and newer, Gemv.bulk_rstd; qwen3-8b bf16
-    4.210 ms per step against 4.243-4.252 unfolded, qwen3-0.6b 0.755 against 0.760); without it,
-    a float MoE model (qwen3-30b-a3b bf16 2.883 ms against 3.101 unfolded) and a float dense
-    model of hidden size <= FOLD_DENSE_HIDDEN (qwen3-0.6b bf16 0.787 against 0.837 ms); other
-    models as they are (folding made qwen3-8b bf16 and int4 slower with the tuned kernels' row
-    scale). Quantized models keep their norms (the int gemvs have no row scale)."""
-    moe = any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers))
-    if quant in UNQUANTIZED and (bulk or moe or shape.hidden_size <= FOLD_DENSE_HIDDEN):
-        return fold_norms(shape, hf)
     return shape, hf
 
 

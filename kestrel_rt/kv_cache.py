@@ -55,6 +55,9 @@ class KVCache:
     def can_allocate(self) -> bool:
         return bool(self._free)
 
+    def free_slots(self) -> int:
+        return len(self._free)
+
     def allocate(self) -> int:
         """A free slot, emptied (length 0)."""
         if not self._free:

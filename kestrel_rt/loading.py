@@ -11,12 +11,20 @@ named *.qweight) loads through kestrel_rt/awq.py: `load_folder` routes it there.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kestrel_rt.config import checkpoint_dtype, read_config, shape_from_hf_config
 from kestrel_rt.hub import cached_folder, fetch_hint
+from kestrel_rt.safetensors_files import (  # noqa: F401  (the checkpoint errors, re-exported)
+    INDEX_FILE,
+    SINGLE_FILE,
+    CheckpointError,
+    CorruptCheckpointError,
+    MissingShardError,
+    read_headers,
+    weight_files,
+)
 from kestrel_rt.weights import (
     expected_tensors,
     has_fused_experts,
@@ -25,32 +33,17 @@ from kestrel_rt.weights import (
     parse_dtype,
     split_fused_experts,
 )
-from kestrel_sim.errors import KestrelError
 from kestrel_sim.models import PRESETS, ModelShape, UnknownPresetError
 
 if TYPE_CHECKING:
     import torch
 
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 DISK_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 
-class CheckpointError(KestrelError):
-    """A model folder or safetensors file that cannot be loaded as it is."""
-
-
 class MissingConfigError(CheckpointError):
     """A model folder without config.json (or a path that is not a folder)."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A safetensors file or index that does not parse (truncated, bad header, bad JSON)."""
-
-
-class MissingShardError(CheckpointError):
-    """No weights file, or an index naming a shard that is not in the folder."""
 
 
 class MissingTensorError(CheckpointError):
@@ -70,59 +63,6 @@ def _is_harmless(name: str, shape: ModelShape) -> bool:
     return name.endswith("rotary_emb.inv_freq") or (
         name == "lm_head.weight" and shape.tie_word_embeddings
     )
-
-
-def weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of `folder`: the index's shards, model.safetensors, or all."""
-    index = folder / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise CorruptCheckpointError(
-                f"{index} is not a safetensors index: expected JSON with a 'weight_map' object "
-                "mapping tensor names to shard file names"
-            ) from None
-        missing = [s for s in shards if not (folder / s).is_file()]
-        if missing:
-            raise MissingShardError(
-                f"{index} names shard(s) {', '.join(missing)} that are not in {folder}; "
-                f"expected all {len(shards)} shards next to the index (an incomplete download?)"
-            )
-        return [folder / s for s in shards]
-    if (folder / SINGLE_FILE).is_file():
-        return [folder / SINGLE_FILE]
-    found = sorted(folder.glob("*.safetensors"))
-    if not found:
-        raise MissingShardError(
-            f"{folder} has no weights: expected {SINGLE_FILE}, or shards listed in {INDEX_FILE}"
-        )
-    return found
-
-
-def read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...], str]]:
-    """name -> (file, shape, safetensors dtype) for every tensor, from the headers only."""
-    from safetensors import SafetensorError, safe_open
-
-    found: dict[str, tuple[Path, tuple[int, ...], str]] = {}
-    for path in files:
-        try:
-            with safe_open(path, framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    info = f.get_slice(name)
-                    if name in found:
-                        raise CorruptCheckpointError(
-                            f"tensor '{name}' is in both {found[name][0]} and {path}; "
-                            "expected each tensor in exactly one file"
-                        )
-                    found[name] = (path, tuple(info.get_shape()), info.get_dtype())
-        except (SafetensorError, OSError) as err:
-            raise CorruptCheckpointError(
-                f"{path} is not a readable safetensors file ({err}); it may be truncated or "
-                "corrupt: expected an 8-byte header length, a JSON header and all tensor bytes"
-            ) from None
-    return found
 
 
 def check_tensors(

@@ -8,7 +8,7 @@ weights, through torch's `__torch_function__` protocol:
   kestrel_rt/packing.py, `w[e]` (one expert), `.to(device=...)`, `.contiguous()`;
 * `F.linear(x, w)`: the torch reference, dequantize to x.dtype then matmul. So the torch
   backend's `linear` runs quantized weights unchanged; the cupy backend calls
-  `kestrel_rt.cuda.linear.linear`, which dispatches on these classes to the gemv kernels.
+  kestrel_rt/cuda/gemv.py, which picks the gemv kernels by `weight_kind`.
 
 `quantize_weights(hf, mode)` replaces the projection weights of a Hugging Face weight dict
 (before `Backend.load`) by int8 or int4 objects, MoE experts per expert or fused
@@ -33,6 +33,7 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 class QuantizedWeight:
     """Base: a weight W [..., out, in] held in a quantized format; tensors in `_fields`."""
 
+    kind = ""  # "int8" / "int4": what weight_kind reports
     _fields: tuple[str, ...] = ()
     _cat_dims: tuple[int, ...] = ()  # per field, the dim that is `out` (for torch.cat dim 0)
 
@@ -118,6 +119,7 @@ class QuantizedWeight:
 class Int8Weight(QuantizedWeight):
     """q int8 [..., out, in], scales fp32 [..., out]: W = q * scales."""
 
+    kind = "int8"
     _fields = ("q", "scales")
     _cat_dims = (0, 0)
 
@@ -135,6 +137,7 @@ class Int4Weight(QuantizedWeight):
     qweight_t int32 [..., out, in/8], qzeros int32 [..., in/128, out/8], scales fp16
     [..., in/128, out]. W = (q - zero) * scale per (group of 128 inputs, output row)."""
 
+    kind = "int4"
     _fields = ("qweight_t", "qzeros", "scales")
     _cat_dims = (0, 1, 1)
 
@@ -158,6 +161,15 @@ class Int4Weight(QuantizedWeight):
         if self.dim() == 3:
             return torch.stack([self[e].dequantize(dtype) for e in range(self.shape[0])])
         return quant.dequantize_kernel_int4(self.qweight_t, self.qzeros, self.scales, dtype)
+
+
+def weight_kind(w) -> str:
+    """What a stored weight is: "int8" / "int4" (a QuantizedWeight), else its tensor's dtype
+    name ("bf16", "float32", ...). The one place a weight's format is looked up."""
+    kind = getattr(w, "kind", None)
+    if kind:
+        return kind
+    return "bf16" if w.dtype == torch.bfloat16 else str(w.dtype).removeprefix("torch.")
 
 
 def quantize_weight(w: torch.Tensor, mode: str) -> QuantizedWeight:

@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 import tiny_models as tm
 from generate_cli import error_of, invoke
 
-from kestrel_rt.awq import write_awq_folder
+from kestrel_rt.awq_write import write_awq_folder
 from kestrel_rt.backend import TorchBackend
 from kestrel_rt.engine import generate as run_generate
 from kestrel_rt.model import Qwen3Model

@@ -8,8 +8,9 @@ import tiny_models as tm
 import torch
 
 from kestrel_rt.backend.torch_backend import TorchBackend
-from kestrel_rt.fold import FOLD_DENSE_HIDDEN, fold_for_speed, fold_norms
+from kestrel_rt.fold import fold_norms
 from kestrel_rt.model import Qwen3Model
+from kestrel_rt.options import FOLD_DENSE_HIDDEN, fold_helps
 from kestrel_sim.errors import KestrelError
 
 
@@ -41,39 +42,20 @@ def test_folded_model_gives_the_same_logits(name):
     assert torch.equal(folded["model.norm.weight"], torch.ones_like(hf["model.norm.weight"]))
 
 
-@pytest.mark.parametrize("name", ["moe", "moe_norm", "untied"])
-def test_moe_only_folds_the_moe_post_norms(name):
-    """moe_only: the same logits, the post-attention norms of MoE layers unit and every other
-    norm (and a tied lm_head) as it was. fold_for_speed folds every norm of a float MoE model
-    or a small float dense one (these tiny ones are small), of every float model where the bulk
-    kernel applies the row scale (bulk), and nothing else."""
-    ref = tm.in_memory(name)
-    shape, hf = tm.shape_of(ref.config), tm.weights_of(ref)
-    tokens = torch.tensor([[3, 17, 5, 60, 2, 9]])
-    want = _logits(shape, hf, tokens)
-    fshape, folded = fold_norms(shape, {k: v.clone() for k, v in hf.items()}, moe_only=True)
-    assert torch.allclose(_logits(fshape, folded, tokens), want, rtol=1e-4, atol=1e-4)
-    assert fshape.tie_word_embeddings == shape.tie_word_embeddings
-    for n, t in folded.items():
-        moe_post = n.endswith("post_attention_layernorm.weight") and shape.is_moe_layer(
-            int(n.split(".")[2]))
-        if n.endswith("norm.weight") or moe_post:
-            assert torch.equal(t, torch.ones_like(t)) if moe_post else torch.equal(t, hf[n]), n
-    _, fast = fold_for_speed(shape, {k: v.clone() for k, v in hf.items()}, None)
-    _, cli = fold_for_speed(shape, {k: v.clone() for k, v in hf.items()}, "none")  # (CLI)
-    assert all(torch.equal(cli[n], fast[n]) for n in hf)
-    _, every = fold_norms(shape, {k: v.clone() for k, v in hf.items()})
-    assert all(torch.equal(fast[n], every[n]) for n in hf)
-    _, kept = fold_for_speed(shape, {k: v.clone() for k, v in hf.items()}, "int8")
-    assert all(torch.equal(kept[n], hf[n]) for n in hf)
-    big = shape.model_copy(update={"hidden_size": 2 * FOLD_DENSE_HIDDEN})  # (only a label)
-    moe = any(shape.is_moe_layer(i) for i in range(shape.num_hidden_layers))
-    _, large = fold_for_speed(big, {k: v.clone() for k, v in hf.items()}, None)
-    assert all(torch.equal(large[n], (every if moe else hf)[n]) for n in hf)
-    _, bulk = fold_for_speed(big, {k: v.clone() for k, v in hf.items()}, None, bulk=True)
-    assert all(torch.equal(bulk[n], every[n]) for n in hf)  # with the bulk row scale: all
-    _, bulk_int8 = fold_for_speed(big, {k: v.clone() for k, v in hf.items()}, "int8", bulk=True)
-    assert all(torch.equal(bulk_int8[n], hf[n]) for n in hf)
+def test_fold_helps_float_models_where_the_row_scale_is_fast():
+    """RuntimeOptions.fold_norms's default (options.fold_helps): every float model where the
+    bulk kernel applies the row scale; without it, MoE models and small dense ones; never a
+    quantized model."""
+    from kestrel_sim.models import preset
+
+    dense, small, moe = preset("qwen3-8b"), preset("qwen3-0.6b"), preset("qwen3-30b-a3b")
+    assert small.hidden_size <= FOLD_DENSE_HIDDEN < dense.hidden_size
+    for quant in (None, "none", "bf16"):
+        assert fold_helps(dense, quant, bulk=True) and fold_helps(moe, quant, bulk=False)
+        assert fold_helps(small, quant, bulk=False) and not fold_helps(dense, quant, bulk=False)
+    for quant in ("int8", "int4"):
+        assert not any(fold_helps(s, quant, bulk) for s in (dense, small, moe)
+                       for bulk in (False, True))
 
 
 def test_fold_refuses_quantized_or_missing_weights():
@@ -109,16 +91,3 @@ def test_per_expert_checkpoint_form_folds_the_same():
     want = _logits(*fold_norms(shape, {k: v.clone() for k, v in hf.items()}), tokens)
     got = _logits(*fold_norms(shape, split), tokens)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
-def test_norm_row_scale_takes_known_values_only():
-    """CupyBackend.norm_row_scale (which unit-weight norms become row scales) refuses a typo
-    instead of silently running none of them (no CUDA needed: the setter alone)."""
-    from kestrel_rt.backend.cupy_backend import CupyBackend
-
-    be = CupyBackend.__new__(CupyBackend)
-    for value in CupyBackend.NORM_ROW_SCALES:
-        be.norm_row_scale = value
-        assert be.norm_row_scale == value
-    with pytest.raises(ValueError, match="norm_row_scale must be one of all, moe, none"):
-        be.norm_row_scale = "al"

@@ -1,6 +1,6 @@
 """The MoE expert kernels' launch shapes (CPU: no kernel runs here): one warp per output,
 a chunk instantiation that covers a row when there is one, and every kernel the host may
-ask for exists in kernels/moe.cu (the routed moe_gate_up_route and moe_down_route as well) (compiled with nvcc where it is on PATH)."""
+ask for exists in kernels/moe.cu (compiled with nvcc where it is on PATH)."""
 
 from __future__ import annotations
 
@@ -22,25 +22,17 @@ SHAPES = [(1, 2048, 768, 8), (16, 2048, 768, 8), (7, 256, 128, 4), (3, 40, 24, 2
           (1, 4096, 1536, 8), (1, 7168, 2048, 8)]
 
 
-@pytest.mark.parametrize("routed", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N,H,I,k", SHAPES)
-def test_one_warp_per_output(dtype, N, H, I, k, routed):
-    (gate_up, gu_grid, block), (down, down_grid, block2) = ops.moe_launches(dtype, N, H, I, k,
-                                                                            routed, routed)
+def test_one_warp_per_output(dtype, N, H, I, k):
+    (gate_up, gu_grid, block), (down, down_grid, block2) = ops.moe_launches(dtype, N, H, I, k)
     warps = block[0] // 32
     assert block == block2 == (ops.MOE_THREADS,)
     assert gu_grid[0] == N * k and 0 <= gu_grid[1] * warps - I < warps
     assert down_grid[0] == N and 0 <= down_grid[1] * warps - H < warps
     sfx = ops.SUFFIX[dtype]
-    route = "_route" if routed else ""
-    assert gate_up.startswith(f"moe_gate_up{route}_{sfx}_u")
-    assert down.startswith(f"moe_down{route}_{sfx}_u")
-    # the routed launches differ from the plain ones only in the kernels' names, not in U
-    plain = ops.moe_launches(dtype, N, H, I, k)
-    assert (plain[0][1:], plain[1][1:]) == ((gu_grid, block), (down_grid, block2))
-    assert plain[0][0].split("_u")[-1] == gate_up.split("_u")[-1]
-    assert plain[1][0].split("_u")[-1] == down.split("_u")[-1]
+    assert gate_up.startswith(f"moe_gate_up_{sfx}_u")
+    assert down.startswith(f"moe_down_{sfx}_u")
 
 
 def test_chunk_covers_a_row_when_one_fits():
@@ -66,15 +58,12 @@ def test_every_launched_kernel_is_compiled(tmp_path):
     entries = set(re.findall(r"\.entry\s+(\w+)", (tmp_path / "moe.ptx").read_text()))
     for dtype in DTYPES:
         for N, H, I, k in SHAPES:
-            for routed, down_routed in ((False, False), (True, False), (True, True)):
-                for name, _, _ in ops.moe_launches(dtype, N, H, I, k, routed, down_routed):
-                    assert name in entries, name
+            for name, _, _ in ops.moe_launches(dtype, N, H, I, k):
+                assert name in entries, name
         for u in ops.MOE_GATE_UP_U:
             assert f"moe_gate_up_{ops.SUFFIX[dtype]}_u{u}" in entries
-            assert f"moe_gate_up_route_{ops.SUFFIX[dtype]}_u{u}" in entries
         for u in ops.MOE_DOWN_U[dtype]:
             assert f"moe_down_{ops.SUFFIX[dtype]}_u{u}" in entries
-            assert f"moe_down_route_{ops.SUFFIX[dtype]}_u{u}" in entries
 
 
 # -- ops.moe_experts_routed on the host: what it launches, against the kernels' signatures --
@@ -105,44 +94,22 @@ class _Recorder:
         self.launches.append((file, name, grid, block, args))
 
 
-@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_routed_launches_match_the_kernels(monkeypatch, dtype, early):
+def test_expert_launches_match_the_kernels(monkeypatch, dtype):
     """CPU tensors stand in for CUDA ones (the device check is skipped): two launches, the
-    grids of moe_launches(routed), each argument list of the kernel's kinds, logits and the
-    routing buffers in their places, early 1 only for moe_down_route."""
-    monkeypatch.setattr(ops, "_suffix", lambda *t: ops.SUFFIX[t[0].dtype])
+    grids of moe_launches, each argument list of the kernel's kinds, the routing in its
+    place, moe_down's early loads on."""
+    monkeypatch.setattr(ops, "dtype_suffix", lambda *t: ops.SUFFIX[t[0].dtype])
     N, E, k, H, I = 3, 16, 4, 256, 64
-    x, logits = torch.zeros(N, H, dtype=dtype), torch.zeros(N, E, dtype=dtype)
+    x = torch.zeros(N, H, dtype=dtype)
     gate_up, down = torch.zeros(E, 2 * I, H, dtype=dtype), torch.zeros(E, H, I, dtype=dtype)
     w, e = torch.zeros(N, k, dtype=dtype), torch.zeros(N, k, dtype=torch.long)
     km = _Recorder()
-    out = ops.moe_experts_routed(km, x, logits, k, True, gate_up, down, residual=x,
-                                 routing=(w, e), early=early)
+    out = ops.moe_experts(km, x, w, e, gate_up, down, residual=x, row_eps=1e-6)
     assert out.shape == (N, H)
-    expect = ops.moe_launches(dtype, N, H, I, k, routed=True, down_routed=early)
-    assert [(n, g, b) for _, n, g, b, _ in km.launches] == expect
+    assert [(n, g, b) for _, n, g, b, _ in km.launches] == ops.moe_launches(dtype, N, H, I, k)
     for _, name, _, _, args in km.launches:
         assert [type(a) for a in args] == _signature(name), name
     (_, _, _, _, gu_args), (_, _, _, _, down_args) = km.launches
-    assert gu_args[2] == logits.data_ptr() and gu_args[3:5] == (w.data_ptr(), e.data_ptr())
-    assert [int(a) for a in gu_args[6:9]] == [E, k, 1] and float(gu_args[-1]) == -1.0
-    if early:  # moe_down_route: logits, no experts / weights, early 1
-        assert down_args[2] == logits.data_ptr() and int(down_args[-1]) == 1
-    else:  # moe_down: moe_gate_up_route's experts and weights, early 0
-        assert down_args[2:4] == (e.data_ptr(), w.data_ptr()) and int(down_args[-1]) == 0
-
-
-def test_routed_refuses_what_it_cannot_take(monkeypatch):
-    monkeypatch.setattr(ops, "_suffix", lambda *t: ops.SUFFIX[t[0].dtype])
-    x, logits = torch.zeros(2, 64), torch.zeros(2, 8)
-    gate_up, down = torch.zeros(8, 64, 64), torch.zeros(8, 64, 32)
-    km = _Recorder()
-    cases = [(x, logits, 9, gate_up), (x, logits, 0, gate_up),  # top_k
-             (x, logits[:, :4], 2, gate_up), (x, torch.zeros(3, 8), 2, gate_up),  # logits
-             (x, logits, 2, gate_up[:4]),  # experts other than the logits'
-             (torch.zeros(2, 62), logits, 2, gate_up)]  # H not a multiple of 16 bytes
-    for x_, logits_, top_k, gate_up_ in cases:
-        with pytest.raises(ops.Unsupported):
-            ops.moe_experts_routed(km, x_, logits_, top_k, True, gate_up_, down)
-    assert km.launches == []
+    assert gu_args[2] == e.data_ptr() and float(gu_args[-1]) == pytest.approx(1e-6)
+    assert down_args[2:4] == (e.data_ptr(), w.data_ptr()) and int(down_args[-1]) == 1

@@ -9,6 +9,8 @@ from kestrel_rt.cuda.gemv_variants import (
     BULK_RSTD_PROS,
     KERNELS,
     RING_PROS,
+    SWIGLU,
+    module_pros,
     pros_of,
 )
 
@@ -26,8 +28,9 @@ def test_jobs_cover_every_kernel_file_once_per_options():
         extra = BULK_RSTD_PROS + BULK_ARGMAX_PROS if source == "gemv_bulk" else ()
         assert ({j[2] for j in jobs if j[:2] == ("persistent", source)}
                 == set(RING_PROS + extra))
-    for file in KERNELS:  # every prologue / epilogue the runtime and tests ask for
-        assert {j[2] for j in jobs if j[:2] == ("gemv", file)} == set(pros_of(file))
+    for file in KERNELS:  # every prologue / epilogue the runtime asks for (+ the experts')
+        assert {j[2] for j in jobs if j[:2] == ("gemv", file)} == set(module_pros(file))
+        assert set(module_pros(file)) == set(pros_of(file)) | {SWIGLU}
     assert set(pros_of("gemv")) > set(pros_of("gemv_int4"))
 
 

@@ -10,7 +10,8 @@ import tiny_models as tm
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from kestrel_rt.awq import AwqCheckpointError, load_awq_folder, write_awq_folder
+from kestrel_rt.awq import AwqCheckpointError, load_awq_folder
+from kestrel_rt.awq_write import write_awq_folder
 from kestrel_rt.backend import TorchBackend
 from kestrel_rt.loading import is_awq_checkpoint
 from kestrel_rt.model import Qwen3Model

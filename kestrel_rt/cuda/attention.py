@@ -21,7 +21,15 @@ import math
 import torch
 
 from kestrel_rt.cuda.module import KernelModules, f32, i32, i64, ptr
-from kestrel_rt.cuda.ops import Unsupported, _aligned, _dest, _round_up, _suffix, _token_rows, _vec
+from kestrel_rt.cuda.ops import (
+    Unsupported,
+    aligned,
+    dest,
+    dtype_suffix,
+    round_up,
+    token_rows,
+    vec_elems,
+)
 
 ATTN_THREADS = 256
 ATTN_ELEMS = 4096  # rows-per-block * head_dim held in registers by one attn_partial block
@@ -36,17 +44,17 @@ def kv_write(km: KernelModules, k: torch.Tensor, v: torch.Tensor, k_cache: torch
              v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> None:
     """k, v [B, M, Hkv, D] -> k_cache, v_cache [slots, max_len, Hkv, D] at (slots[b],
     positions[b, m])."""
-    sfx = _suffix(k, v, k_cache, v_cache)
+    sfx = dtype_suffix(k, v, k_cache, v_cache)
     B, M, Hkv, D = k.shape
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise Unsupported("cache not contiguous")
-    k, k_st = _token_rows(k)
-    v, v_st = _token_rows(v)
+    k, k_st = token_rows(k)
+    v, v_st = token_rows(v)
     width = Hkv * D
-    n = _vec(k.dtype)
+    n = vec_elems(k.dtype)
     vec = (width % n == 0 and k_st % n == 0 and v_st % n == 0
-           and _aligned(k, v, k_cache, v_cache))
-    threads = min(256, max(32, _round_up(math.ceil(width / (n if vec else 1)), 32)))
+           and aligned(k, v, k_cache, v_cache))
+    threads = min(256, max(32, round_up(math.ceil(width / (n if vec else 1)), 32)))
     km.launch("attention_partial", f"kv_write_{sfx}", (B * M,), (threads,),
               (ptr(k), i64(k_st), ptr(v), i64(v_st), ptr(k_cache), ptr(v_cache),
                ptr(slots.contiguous()), ptr(positions.contiguous()), i32(M),
@@ -113,9 +121,9 @@ def _warp_kernel_takes(M: int, Hq: int, Hkv: int, D: int, k_cache: torch.Tensor,
 def _lane_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """x [B, M, heads, D] -> (x or a dense copy, token stride) such that every lane's share of
     a row (D / 32 elements) is aligned for attn_decode's vector loads."""
-    y, st = _token_rows(x)
+    y, st = token_rows(x)
     lane_bytes = x.shape[3] // 32 * y.element_size()
-    if st * y.element_size() % lane_bytes == 0 and _aligned(y):
+    if st * y.element_size() % lane_bytes == 0 and aligned(y):
         return y, st
     return x.clone(memory_format=torch.contiguous_format), x.shape[2] * x.shape[3]  # new: aligned
 
@@ -164,12 +172,12 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
                      num_sms: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, M, Hq, D] over one layer's cache [slots, max_len, Hkv, D] (new K/V already
     written) -> [B, M, Hq, D]; key p visible to (b, m) iff p <= positions[b, m]."""
-    sfx = _suffix(q, k_cache, v_cache)
+    sfx = dtype_suffix(q, k_cache, v_cache)
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
-    if D % _vec(q.dtype) or D > 256 or Hq % Hkv or not k_cache.is_contiguous():
+    if D % vec_elems(q.dtype) or D > 256 or Hq % Hkv or not k_cache.is_contiguous():
         raise Unsupported(f"head_dim {D}, heads {Hq}/{Hkv}")
-    out = _dest(out, q.shape, q.dtype, q.device)
+    out = dest(out, q.shape, q.dtype, q.device)
     if B * M == 0:
         return out
     if _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache):
@@ -199,13 +207,13 @@ def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
     Where attn_decode takes the shapes it writes the cache itself (one launch; each context
     split holds at least min_keys keys); otherwise kv_write + decode_attention (two)."""
-    sfx = _suffix(q, k, v, k_cache, v_cache)
+    sfx = dtype_suffix(q, k, v, k_cache, v_cache)
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     if not _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache) or B * M == 0:
         kv_write(km, k, v, k_cache, v_cache, slots, positions)
         return decode_attention(km, q, k_cache, v_cache, slots, positions, num_sms, out=out)
-    out = _dest(out, q.shape, q.dtype, q.device)
+    out = dest(out, q.shape, q.dtype, q.device)
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
                         new=(k, v), min_keys=min_keys)
 
@@ -226,7 +234,7 @@ def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch
     attention() on the attn_decode path. Raises Unsupported where attn_decode does not take
     the shapes (more than DECODE_MAX_ROWS query rows, head_dim not in DECODE_HEAD_DIMS) or the
     tables / weights are not dense and 16-byte aligned: the caller composes the two ops."""
-    sfx = _suffix(q, k, v, q_norm, k_norm, cos, sin, k_cache, v_cache)
+    sfx = dtype_suffix(q, k, v, q_norm, k_norm, cos, sin, k_cache, v_cache)
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     if not _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache):
@@ -236,11 +244,11 @@ def rope_attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch
     tables = (q_norm, k_norm, cos, sin)
     if (q_norm.shape != (D,) or k_norm.shape != (D,) or cos.dim() != 2 or cos.shape[1] != D
             or sin.shape != cos.shape or not all(t.is_contiguous() for t in tables)
-            or not _aligned(*tables)):
+            or not aligned(*tables)):
         raise Unsupported(f"norm weights {tuple(q_norm.shape)} / {tuple(k_norm.shape)}, "
                           f"RoPE tables {tuple(cos.shape)} / {tuple(sin.shape)}: expected "
                           f"dense, 16-byte aligned [{D}] and [max_len, {D}]")
-    out = _dest(out, q.shape, q.dtype, q.device)
+    out = dest(out, q.shape, q.dtype, q.device)
     if B * M == 0:
         return out
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,

@@ -16,8 +16,10 @@ import math
 
 import torch
 
+from kestrel_rt.cuda.gemv import Gemv
 from kestrel_rt.cuda.gemv_variants import PLAIN, SWIGLU, default_variant, expert_u, experts_name
-from kestrel_rt.cuda.linear import Gemv, _i, _output, _p, _weight_args, file_of, kernel_reads
+from kestrel_rt.cuda.gemv_weights import kernel_reads, output, weight_format
+from kestrel_rt.cuda.module import i32, ptr
 
 
 def experts(gemv: Gemv, x: torch.Tensor, w, ids: torch.Tensor, x_div: int,
@@ -28,16 +30,17 @@ def experts(gemv: Gemv, x: torch.Tensor, w, ids: torch.Tensor, x_div: int,
     as TorchBackend.swiglu; else act = identity); w [E, N, K]: a bf16 tensor, Int8Weight or
     Int4Weight; ids [P] int64 on the device (read by the kernel).
     """
-    file = file_of(w)
+    fmt = weight_format(w)
+    file = fmt.file
     _, n, k = w.shape
     if x.dim() != 2 or x.shape[1] != (2 * k if swiglu else k):
         raise ValueError(f"x {list(x.shape)} does not fit experts [.., {n}, {k}]"
                          f"{' with swiglu (x [R, 2K])' if swiglu else ''}")
     pairs = ids.numel()
-    y = _output(out, pairs, n, x.device)
+    y = output(out, pairs, n, x.device)
     pro = SWIGLU if swiglu else PLAIN
     variant = default_variant(file, n, k, max(1, gemv.sms // max(pairs, 1)), expert_u(file, pro))
-    args = (*_weight_args(w), _p(x), _p(y), _p(ids), _i(x_div), _i(n), _i(k))
+    args = (*fmt.args(w), ptr(x), ptr(y), ptr(ids), i32(x_div), i32(n), i32(k))
     grid = (math.ceil(n / (16 * variant[1])), pairs)
     gemv.launch(file, experts_name(file, variant, pro), grid, (32 * variant[0] * variant[1],),
                 args, pro=pro)

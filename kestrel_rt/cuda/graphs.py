@@ -64,6 +64,29 @@ class GraphModel(Qwen3Model):
         self.graphs.clear()  # captured graphs point into the old cache
         return kv
 
+    @torch.inference_mode()
+    def warm(self, batches: tuple[int, ...] = (1,), new_tokens: tuple[int, ...] = (1,),
+             prefill: int = 32) -> None:
+        """Compile and capture now what a run will need, on the scratch slot only: an eager
+        prefill of `prefill` tokens (the prefill path's kernels and cuBLAS), then the greedy
+        graphs of each batch's bucket x M in new_tokens (decode: M = 1, verify: k + 1)."""
+        kv, scratch = self.kv, self.scratch_slot
+        n = min(prefill, kv.max_len)
+        super().forward(torch.zeros(1, n, dtype=torch.long), [scratch])
+        kv.rollback(scratch, 0)
+        safe = getattr(self.backend, "graph_safe", None)
+        for batch in batches:
+            bucket = self._bucket(batch)
+            for m in new_tokens:
+                key = (bucket, m, False, True)
+                if (bucket is None or m > self.max_m or m > kv.max_len or key in self.graphs
+                        or safe is None or not safe(bucket, m)):
+                    continue
+                meta = torch.tensor([scratch] * bucket + [0] * bucket + [m] * bucket
+                                    + list(range(m)) * bucket + [0], dtype=torch.long,
+                                    pin_memory=True)
+                self._capture(key, torch.zeros(bucket, m, dtype=torch.long), meta)
+
     def _bucket(self, batch: int) -> int | None:
         return next((b for b in self.buckets if b >= batch), None)
 

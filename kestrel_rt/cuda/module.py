@@ -44,46 +44,20 @@ def full_source(name: str) -> str:
 
 
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute (cuda.h)
-PREFERRED_SHARED_MEMORY_CARVEOUT = 9
-DEFAULT_CARVEOUT = -1  # CU_SHAREDMEM_CARVEOUT_DEFAULT: the driver's choice per kernel
-
-
-def _set_attribute(fn, attribute: int, value: int, what: str) -> None:
-    import ctypes
-
-    driver = ctypes.CDLL("libcuda.so.1")
-    func = getattr(fn, "kernel", fn).ptr
-    err = driver.cuFuncSetAttribute(ctypes.c_void_p(func), attribute, ctypes.c_int(value))
-    if err != 0:
-        raise KestrelError(f"cuFuncSetAttribute({what}, {value}) failed with CUresult {err}")
 
 
 def set_max_dynamic_shared(fn, nbytes: int) -> None:
     """Let compiled kernel `fn` (a cupy Function or RawKernel) launch with up to `nbytes` of
     dynamic shared memory (above 48 KiB a kernel must ask for it: cuFuncSetAttribute)."""
-    _set_attribute(fn, MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes, "MAX_DYNAMIC_SHARED_SIZE_BYTES")
+    import ctypes
 
-
-class Carveout:
-    """The L1 / shared-memory split every kernel of one backend asks for: `percent` of the
-    most shared memory an SM has (the driver rounds up to a configuration it supports), or
-    DEFAULT_CARVEOUT, the driver's own choice per kernel. An SM runs blocks of one
-    configuration at a time, so kernels that want different splits cannot share an SM: a
-    kernel launched early under PDL then waits for the SM to drain (bench/ablation.py
-    --carveout). `apply(fn)` before a launch sets the attribute where it differs."""
-
-    def __init__(self) -> None:
-        self.percent = DEFAULT_CARVEOUT
-        self._set: dict[int, int] = {}  # CUfunction -> the percent it was given
-
-    def apply(self, fn) -> None:
-        if self.percent == DEFAULT_CARVEOUT and not self._set:
-            return  # no kernel was ever given another split: nothing to do
-        func = getattr(fn, "kernel", fn).ptr
-        if self._set.get(func, DEFAULT_CARVEOUT) != self.percent:
-            _set_attribute(fn, PREFERRED_SHARED_MEMORY_CARVEOUT, self.percent,
-                           "PREFERRED_SHARED_MEMORY_CARVEOUT")
-            self._set[func] = self.percent
+    driver = ctypes.CDLL("libcuda.so.1")
+    func = getattr(fn, "kernel", fn).ptr
+    err = driver.cuFuncSetAttribute(ctypes.c_void_p(func), MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    ctypes.c_int(nbytes))
+    if err != 0:
+        raise KestrelError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes}) "
+                           f"failed with CUresult {err}")
 
 
 def ptr(t: torch.Tensor | None) -> np.uint64:
@@ -162,8 +136,6 @@ class KernelModules:
         # by the caller's key, e.g. attention's arrival tickets
         self.workspaces: dict[object, torch.Tensor] = {}
         self.pdl = None
-        self.pdl_enabled = True  # switch PDL off for a comparison (bench/ablation.py)
-        self.carveout = Carveout()
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
             from kestrel_rt.cuda.pdl import Launcher
 
@@ -191,8 +163,7 @@ class KernelModules:
                shared_mem: int = 0) -> None:
         """Launch kernels/FILE.cu:NAME on torch's current stream of this device."""
         fn = self.function(file, name)
-        self.carveout.apply(fn)
-        if self.pdl is not None and self.pdl_enabled and file in PDL_FILES:
+        if self.pdl is not None and file in PDL_FILES:
             handle = torch.cuda.current_stream(self.device_index).cuda_stream
             self.pdl(fn, grid, block, args, handle, shared_mem)
         elif self.device_index == 0:  # cupy's current device unless a caller changed it

@@ -23,7 +23,7 @@ class Unsupported(Exception):
     """This kernel cannot take these inputs; use the torch reference instead."""
 
 
-def _suffix(*tensors: torch.Tensor) -> str:
+def dtype_suffix(*tensors: torch.Tensor) -> str:
     dtype = tensors[0].dtype
     if dtype not in SUFFIX or any(t.dtype != dtype for t in tensors):
         raise Unsupported(f"dtypes {[t.dtype for t in tensors]}")
@@ -32,20 +32,20 @@ def _suffix(*tensors: torch.Tensor) -> str:
     return SUFFIX[dtype]
 
 
-def _vec(dtype: torch.dtype) -> int:
+def vec_elems(dtype: torch.dtype) -> int:
     """Elements of `dtype` in 16 bytes."""
     return 16 // torch.empty((), dtype=dtype).element_size()
 
 
-def _aligned(*tensors: torch.Tensor) -> bool:
+def aligned(*tensors: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def _round_up(n: int, m: int) -> int:
+def round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-def _token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+def token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """x [B, M, heads, D] -> (x or a dense copy, stride between consecutive (b, m) tokens)
     such that token t = b * M + m starts at t * stride and its heads x D are dense."""
     B, M, heads, D = x.shape
@@ -59,7 +59,7 @@ def _token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return x, heads * D
 
 
-def _dest(out: torch.Tensor | None, shape, dtype: torch.dtype,
+def dest(out: torch.Tensor | None, shape, dtype: torch.dtype,
           device: torch.device | None = None) -> torch.Tensor:
     """`out` checked to be a dense tensor of shape/dtype, or a new empty one."""
     if out is None:
@@ -76,21 +76,21 @@ def rms_norm(km: KernelModules, x: torch.Tensor, weight: torch.Tensor, eps: floa
     """x [..., n] (+ residual) -> (w * rmsnorm(s), s) with s = residual + x (None without).
     out / res_out: optional dense destinations shaped like x."""
     tensors = (x, weight) if residual is None else (x, weight, residual)
-    sfx = _suffix(*tensors)
+    sfx = dtype_suffix(*tensors)
     n = x.shape[-1]
     x = x.contiguous()
     residual = None if residual is None else residual.contiguous()
-    out = torch.empty_like(x) if out is None else _dest(out, x.shape, x.dtype)
+    out = torch.empty_like(x) if out is None else dest(out, x.shape, x.dtype)
     if residual is None:
         res_out = None
     else:
-        res_out = torch.empty_like(x) if res_out is None else _dest(res_out, x.shape, x.dtype)
+        res_out = torch.empty_like(x) if res_out is None else dest(res_out, x.shape, x.dtype)
     rows = x.numel() // n if n else 0
     if rows == 0:
         return out, res_out
-    v = _vec(x.dtype)
-    vec = n % v == 0 and _aligned(*tensors, out) and (res_out is None or _aligned(res_out))
-    threads = min(1024, max(32, _round_up(math.ceil(n / (v if vec else 1)), 32)))
+    v = vec_elems(x.dtype)
+    vec = n % v == 0 and aligned(*tensors, out) and (res_out is None or aligned(res_out))
+    threads = min(1024, max(32, round_up(math.ceil(n / (v if vec else 1)), 32)))
     km.launch("rmsnorm", f"rmsnorm_{sfx}", (rows,), (threads,),
               (ptr(x), ptr(residual), ptr(weight.contiguous()), ptr(out), ptr(res_out),
                i32(n), f32(eps), i32(int(vec))))
@@ -103,15 +103,15 @@ def qk_norm_rope(km: KernelModules, q: torch.Tensor, k: torch.Tensor, q_weight: 
                  k_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B, M, Hq, D], k [B, M, Hkv, D] (strided views allowed), cos/sin tables [P, D],
     positions [B, M] int64 -> (q, k) normalised per head and rotated, dense."""
-    sfx = _suffix(q, k, q_weight, k_weight, cos, sin)
+    sfx = dtype_suffix(q, k, q_weight, k_weight, cos, sin)
     B, M, Hq, D = q.shape
     Hkv = k.shape[2]
     if D % 2 or D > 256 or positions.dtype != torch.long:
         raise Unsupported(f"head_dim {D}, positions {positions.dtype}")
-    q, q_st = _token_rows(q)
-    k, k_st = _token_rows(k)
-    q_out = _dest(q_out, (B, M, Hq, D), q.dtype, q.device)
-    k_out = _dest(k_out, (B, M, Hkv, D), q.dtype, q.device)
+    q, q_st = token_rows(q)
+    k, k_st = token_rows(k)
+    q_out = dest(q_out, (B, M, Hq, D), q.dtype, q.device)
+    k_out = dest(k_out, (B, M, Hkv, D), q.dtype, q.device)
     if B * M == 0:
         return q_out, k_out
     warps = min(4, Hq + Hkv)
@@ -128,18 +128,18 @@ def qk_norm_rope(km: KernelModules, q: torch.Tensor, k: torch.Tensor, q_weight: 
 def swiglu(km: KernelModules, gate_up: torch.Tensor, num_sms: int,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """gate_up [..., 2I] (gate then up) -> silu(gate) * up [..., I]."""
-    sfx = _suffix(gate_up)
+    sfx = dtype_suffix(gate_up)
     two_i = gate_up.shape[-1]
     if two_i % 2:
         raise Unsupported(f"odd last dim {two_i}")
     inter = two_i // 2
     gate_up = gate_up.contiguous()
-    out = _dest(out, gate_up.shape[:-1] + (inter,), gate_up.dtype, gate_up.device)
+    out = dest(out, gate_up.shape[:-1] + (inter,), gate_up.dtype, gate_up.device)
     rows = gate_up.numel() // two_i if two_i else 0
     if rows == 0:
         return out
-    n = _vec(gate_up.dtype)
-    vec = inter % n == 0 and _aligned(gate_up, out)
+    n = vec_elems(gate_up.dtype)
+    vec = inter % n == 0 and aligned(gate_up, out)
     work = rows * (inter // n if vec else inter)
     blocks = max(1, min(math.ceil(work / 256), 8 * num_sms))
     km.launch("swiglu", f"swiglu_{sfx}", (blocks,), (256,),
@@ -151,14 +151,14 @@ def moe_route(km: KernelModules, logits: torch.Tensor, top_k: int,
               renorm: bool, out: tuple[torch.Tensor, torch.Tensor] | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [N, E] -> (weights [N, k] in logits' dtype, experts [N, k] int64)."""
-    sfx = _suffix(logits)
+    sfx = dtype_suffix(logits)
     N, E = logits.shape
     if E > MAX_MOE_EXPERTS or not 0 < top_k <= min(E, 32):
         raise Unsupported(f"{E} experts, top {top_k}")
     logits = logits.contiguous()
     out = out or (None, None)
-    weights = _dest(out[0], (N, top_k), logits.dtype, logits.device)
-    experts = _dest(out[1], (N, top_k), torch.long, logits.device)
+    weights = dest(out[0], (N, top_k), logits.dtype, logits.device)
+    experts = dest(out[1], (N, top_k), torch.long, logits.device)
     if N:
         km.launch("moe", f"moe_route_{sfx}", (math.ceil(N / 4),), (128,),
                   (ptr(logits), ptr(weights), ptr(experts), i32(N), i32(E), i32(top_k),
@@ -180,18 +180,13 @@ def _moe_u(n: int, vec: int, choices: tuple[int, ...]) -> int:
     return next((u for u in choices if u >= need), choices[-1])
 
 
-def moe_launches(dtype: torch.dtype, N: int, H: int, inter: int, top_k: int,
-                 routed: bool = False, down_routed: bool = False
+def moe_launches(dtype: torch.dtype, N: int, H: int, inter: int, top_k: int
                  ) -> list[tuple[str, tuple[int, int], tuple[int]]]:
     """(kernel, grid, block) of moe_gate_up and moe_down for N tokens: one warp per output.
-    Qwen3-30B-A3B bf16 at N = 1: down is 256 blocks, one wave at 2 blocks per SM on 132 SMs.
-    routed: moe_gate_up_route (the routing inside moe_gate_up); down_routed: moe_down_route
-    (the routing again inside moe_down); the same grids."""
-    sfx, vec, warps = SUFFIX[dtype], _vec(dtype), MOE_THREADS // 32
-    gu_kind = "moe_gate_up_route" if routed else "moe_gate_up"
-    down_kind = "moe_down_route" if down_routed else "moe_down"
-    gate_up = f"{gu_kind}_{sfx}_u{_moe_u(H, vec, MOE_GATE_UP_U)}"
-    down = f"{down_kind}_{sfx}_u{_moe_u(inter, vec, MOE_DOWN_U[dtype])}"
+    Qwen3-30B-A3B bf16 at N = 1: down is 256 blocks, one wave at 2 blocks per SM on 132 SMs."""
+    sfx, vec, warps = SUFFIX[dtype], vec_elems(dtype), MOE_THREADS // 32
+    gate_up = f"moe_gate_up_{sfx}_u{_moe_u(H, vec, MOE_GATE_UP_U)}"
+    down = f"moe_down_{sfx}_u{_moe_u(inter, vec, MOE_DOWN_U[dtype])}"
     return [(gate_up, (N * top_k, math.ceil(inter / warps)), (MOE_THREADS,)),
             (down, (N, math.ceil(H / warps)), (MOE_THREADS,))]
 
@@ -199,14 +194,14 @@ def moe_launches(dtype: torch.dtype, N: int, H: int, inter: int, top_k: int,
 def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
                 experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                 residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                row_eps: float | None = None, early: bool = True) -> torch.Tensor:
+                row_eps: float | None = None) -> torch.Tensor:
     """x [N, H], weights [N, k], experts [N, k] int64, gate_up [E, 2I, H], down [E, H, I]
     -> [N, H]: each token's chosen experts' SwiGLU MLPs, weighted and summed
     (+ residual [N, H], rounded as torch's residual + moe_out, when given). row_eps: x is
     the raw residual stream and its RMSNorm (unit weight, this eps; the weight folded into
     gate_up: kestrel_rt/fold.py) is a row scale inside moe_gate_up. early: moe_down issues its
     first weight loads before its PDL wait, while moe_gate_up finishes (kernels/moe.cu)."""
-    _suffix(x, weights, gate_up, down, *(() if residual is None else (residual,)))
+    dtype_suffix(x, weights, gate_up, down, *(() if residual is None else (residual,)))
     top_k = weights.shape[1]
     x, residual, act, out = _moe_buffers(x, gate_up, down, residual, top_k, out)
     weights, experts = weights.contiguous(), experts.contiguous()
@@ -220,7 +215,7 @@ def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
               (ptr(x), ptr(gate_up), ptr(experts), ptr(act), i32(top_k), i32(H), i32(inter),
                f32(-1.0 if row_eps is None else row_eps)))
     km.launch("moe", down_name, down_grid, block,
-              _moe_down_args(act, down, experts, weights, residual, out, early))
+              _moe_down_args(act, down, experts, weights, residual, out))
     return out
 
 
@@ -230,72 +225,24 @@ def _moe_buffers(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     (x, residual) contiguous, act [N, k, I] and out [N, H]."""
     N, H = x.shape
     inter = gate_up.shape[1] // 2
-    n = _vec(x.dtype)
+    n = vec_elems(x.dtype)
     if H % n or inter % n or not (gate_up.is_contiguous() and down.is_contiguous()):
         raise Unsupported(f"hidden {H}, intermediate {inter}")
     if residual is not None and tuple(residual.shape) != (N, H):
         raise Unsupported(f"residual {tuple(residual.shape)}, expected {(N, H)}")
     x = x.contiguous()
     residual = None if residual is None else residual.contiguous()
-    if not _aligned(x, gate_up, down):
+    if not aligned(x, gate_up, down):
         raise Unsupported("x, gate_up and down must be 16-byte aligned")
     act = torch.empty((N, top_k, inter), dtype=x.dtype, device=x.device)  # [N, k, I]
-    return x, residual, act, _dest(out, x.shape, x.dtype, x.device)
+    return x, residual, act, dest(out, x.shape, x.dtype, x.device)
 
 
-def _moe_down_args(act, down, experts, weights, residual, out, early: bool) -> tuple:
-    """moe_down's arguments (act [N, k, I], routing [N, k] each, out [N, H])."""
+def _moe_down_args(act, down, experts, weights, residual, out) -> tuple:
+    """moe_down's arguments (act [N, k, I], routing [N, k] each, out [N, H]; early loads on)."""
     _, top_k, inter = act.shape
     return (ptr(act), ptr(down), ptr(experts), ptr(weights), ptr(residual), ptr(out),
-            i32(top_k), i32(out.shape[1]), i32(inter), i32(int(early)))
-
-
-def moe_experts_routed(km: KernelModules, x: torch.Tensor, logits: torch.Tensor, top_k: int,
-                       renorm: bool, gate_up: torch.Tensor, down: torch.Tensor,
-                       residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                       row_eps: float | None = None,
-                       routing: tuple[torch.Tensor, torch.Tensor] | None = None,
-                       early: bool = False) -> torch.Tensor:
-    """moe_route then moe_experts in two launches, not three: moe_gate_up_route routes each
-    token from its router logits [N, E] (moe_route's code: the same experts and weights, bit
-    for bit) and writes them. x, gate_up, down, residual, out, row_eps: as moe_experts.
-    routing: optional dense destinations (weights [N, k] in x's dtype, experts [N, k] int64)
-    of the routing, otherwise temporaries.
-    early False: moe_down reads the experts and weights moe_gate_up_route wrote, after its
-    PDL wait and without early loads (they come from the kernel right before it).
-    early True: moe_down_route routes each token again from the logits before its wait (the
-    router gemv wrote them two kernels back: safe, kernels/moe.cu) and issues its first
-    weight loads there, as moe_experts(early=True) does."""
-    _suffix(x, logits, gate_up, down, *(() if residual is None else (residual,)))
-    N, H = x.shape
-    E = logits.shape[-1]
-    if (logits.dim() != 2 or logits.shape[0] != N or E > MAX_MOE_EXPERTS
-            or not 0 < top_k <= min(E, 32)):
-        raise Unsupported(f"logits {tuple(logits.shape)} for {N} tokens, top {top_k}")
-    if gate_up.shape[0] != E or down.shape[0] != E:
-        raise Unsupported(f"{E} logits per token, experts {gate_up.shape[0]} / {down.shape[0]}")
-    x, residual, act, out = _moe_buffers(x, gate_up, down, residual, top_k, out)
-    logits = logits.contiguous()
-    routing = routing or (None, None)
-    weights = _dest(routing[0], (N, top_k), x.dtype, x.device)  # [N, k]
-    experts = _dest(routing[1], (N, top_k), torch.long, x.device)  # [N, k]
-    if N == 0:
-        return out
-    inter = act.shape[2]
-    (gu_name, gu_grid, block), (down_name, down_grid, _) = moe_launches(
-        x.dtype, N, H, inter, top_k, routed=True, down_routed=early)
-    km.launch("moe", gu_name, gu_grid, block,
-              (ptr(x), ptr(gate_up), ptr(logits), ptr(weights), ptr(experts), ptr(act), i32(E),
-               i32(top_k), i32(int(renorm)), i32(H), i32(inter),
-               f32(-1.0 if row_eps is None else row_eps)))
-    if early:  # its own routing, from the logits, before its wait
-        km.launch("moe", down_name, down_grid, block,
-                  (ptr(act), ptr(down), ptr(logits), ptr(residual), ptr(out), i32(E),
-                   i32(top_k), i32(int(renorm)), i32(H), i32(inter), i32(1)))
-    else:  # early 0: experts and weights come from gate_up, read after the wait
-        km.launch("moe", down_name, down_grid, block,
-                  _moe_down_args(act, down, experts, weights, residual, out, False))
-    return out
+            i32(top_k), i32(out.shape[1]), i32(inter), i32(1))
 
 
 # -- greedy sampling ------------------------------------------------------------------------
@@ -338,13 +285,13 @@ def argmax(km: KernelModules, x: torch.Tensor, scratch: tuple[torch.Tensor, ...]
     that a captured CUDA graph replays with the same buffers; made here when None). host:
     (pinned int64 [2, rows] on the host, parity: int64 [1] on the device): the ids are also
     written to host[parity], by the kernel itself (no copy on the stream)."""
-    sfx = _suffix(x)
+    sfx = dtype_suffix(x)
     n = x.shape[-1]
     if n == 0 or n >= 2**31:
         raise Unsupported(f"argmax over {n} elements")
     x = x.contiguous()
     rows = x.numel() // n
-    out = _dest(out, x.shape[:-1], torch.long, x.device)
+    out = dest(out, x.shape[:-1], torch.long, x.device)
     if rows == 0:
         return out
     chunks = _argmax_chunks(n)
@@ -355,7 +302,7 @@ def argmax(km: KernelModules, x: torch.Tensor, scratch: tuple[torch.Tensor, ...]
         raise ValueError(f"argmax scratch {[(tuple(t.shape), t.dtype) for t in scratch]}: "
                          f"expected argmax_scratch({rows}, {n})")
     check_host_out(host, rows, x.device)
-    vec = n % _vec(x.dtype) == 0 and _aligned(x)
+    vec = n % vec_elems(x.dtype) == 0 and aligned(x)
     km.launch("argmax", f"argmax_{sfx}", (chunks, rows), (256,),
               (ptr(x), ptr(out), ptr(part), ptr(counter),
                ptr(None if host is None else host[0]), ptr(None if host is None else host[1]),
@@ -373,8 +320,8 @@ def greedy_accept(km: KernelModules, draft: torch.Tensor,
         raise Unsupported(f"draft {tuple(draft.shape)} {draft.dtype}, target "
                           f"{tuple(target.shape)} {target.dtype}")
     out = out or (None, None)
-    accepted = _dest(out[0], (B,), torch.long, draft.device)
-    nxt = _dest(out[1], (B,), torch.long, draft.device)
+    accepted = dest(out[0], (B,), torch.long, draft.device)
+    nxt = dest(out[1], (B,), torch.long, draft.device)
     if B:
         km.launch("greedy_accept", "greedy_accept", (math.ceil(B / 128),), (128,),
                   (ptr(draft.contiguous()), ptr(target.contiguous()), ptr(accepted), ptr(nxt),

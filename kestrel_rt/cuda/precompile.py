@@ -9,7 +9,7 @@ calls `precompile(sweep=True)` before they start: else each of them compiles the
 with NVRTC at once), a benchmark, a server's first request. Each job runs in a fresh
 ("spawn") process; a job that fails is reported, not raised: the process that needs the
 module compiles it itself and shows the real error. `--sweep` (SWEEP_PROS) adds the gemv
-modules holding every launch variant (Gemv(sweep=True)), which the variant tests of
+modules holding every launch variant (Gemv(..., sweep=True)), which the variant tests of
 tests/gpu/test_gemv*.py and `bench/gemv_bench.py --sweep` load: the largest modules of all,
 and each xdist worker compiled its own copy before.
 """
@@ -23,18 +23,18 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from kernels import KERNEL_DIR
-from kestrel_rt.cuda.gemv_variants import KERNELS, PLAIN, RMSNORM, SWIGLU, persistent_pros, pros_of
+from kestrel_rt.cuda.gemv_variants import KERNELS, PLAIN, SWIGLU, module_pros, persistent_pros
 
-# The persistent gemvs' sources: one module per prologue (Gemv._persistent_module)
+# The persistent gemvs' sources: one module per prologue (Gemv.module)
 PERSISTENT = ("gemv_bulk", "gemv_ring")
 # Prologues of the every-variant gemv modules that the GPU tests compile (test_gemv.py's
-# gemv_all: PLAIN; test_gemv_fused.py's: RMSNORM and SWIGLU)
-SWEEP_PROS = (PLAIN, RMSNORM, SWIGLU)
+# gemv_all: PLAIN; the expert kernels' SWIGLU)
+SWEEP_PROS = (PLAIN, SWIGLU)
 
 
 def jobs(sweep: bool = False) -> list[tuple]:
     """("kernels", file) for each kernels/*.cu that KernelModules compiles whole,
-    ("gemv", file, pro) for each gemv module (Gemv's default options; gemv_variants.pros_of)
+    ("gemv", file, pro) for each gemv module (gemv_variants.module_pros)
     and ("persistent", source, pro) for each ring / bulk module; sweep: ("gemv-sweep", file,
     pro) too, every launch variant, for pro in SWEEP_PROS. The largest first, so that they do
     not end the run alone."""
@@ -42,7 +42,7 @@ def jobs(sweep: bool = False) -> list[tuple]:
                    if p.stem not in KERNELS and p.stem not in PERSISTENT)
     every = [("gemv-sweep", f, pro) for f in sorted(KERNELS) for pro in SWEEP_PROS] if sweep else []
     return (every + [("kernels", f) for f in whole]
-            + [("gemv", f, pro) for f in sorted(KERNELS) for pro in pros_of(f)]
+            + [("gemv", f, pro) for f in sorted(KERNELS) for pro in module_pros(f)]
             + [("persistent", f, pro) for f in PERSISTENT for pro in persistent_pros(f)])
 
 
@@ -56,14 +56,13 @@ def compile_job(job: tuple) -> tuple[tuple, float, str | None]:
             from kestrel_rt.cuda.module import KernelModules
 
             KernelModules(torch.device("cuda")).compile_all((job[1],))
-        elif job[0] == "persistent":
-            from kestrel_rt.cuda.linear import Gemv
-
-            Gemv("cuda")._persistent_module(job[1], job[2])
         else:
-            from kestrel_rt.cuda.linear import Gemv
+            from kestrel_rt.cuda.gemv import Gemv, gemv_device
 
-            Gemv("cuda", sweep=job[0] == "gemv-sweep")._module(job[1], job[2])
+            device = torch.device("cuda")
+            gemv = Gemv(device, gemv_device(device, bulk=False, ring=False),
+                        sweep=job[0] == "gemv-sweep")
+            gemv.module(job[1], job[2])
         return job, time.perf_counter() - t0, None
     except Exception as e:  # noqa: BLE001 (reported; the module's user raises it again)
         return job, time.perf_counter() - t0, f"{type(e).__name__}: {e}"

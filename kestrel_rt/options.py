@@ -1,0 +1,135 @@
+"""How a model runs: one validated options object, given when its backend is built.
+
+    options = default_options("cuda", shape, quant=None)          # what this device runs best
+    options = default_options("cuda", shape, graphs=False)        # ... with one field changed
+    model = build_model("qwen3-8b", "cuda", options=options)      # kestrel_rt/runner.py
+
+`default_options` is the one place where defaults are chosen per device and model; every
+field can be overridden there, and the result is checked against the device (a kernel path
+the device cannot run is refused, not silently dropped). Nothing is set on a backend after it
+is built. docs/kernels.md says what each kernel path is; docs/performance.md why these
+defaults (the measurements and the commands that reproduce them).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kestrel_sim.errors import KestrelError
+from kestrel_sim.models import ModelShape
+
+# Float dense models up to this hidden size have their RMSNorm weights folded into the next
+# linears where the row scale runs in the tuned gemvs (below sm_90): faster for qwen3-0.6b
+# (1024), slower for qwen3-8b (4096) there (docs/performance.md).
+FOLD_DENSE_HIDDEN = 1024
+DECODE_MIN_KEYS = 8  # keys per context split of the decode attention kernel, at least
+
+
+class OptionsError(KestrelError):
+    """Runtime options that do not fit the device or each other."""
+
+
+class RuntimeOptions(BaseModel):
+    """Everything a backend needs to know about how to run (frozen; extra keys refused)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["torch", "cupy"] = Field(
+        default="torch", description="torch: the reference ops (any device); cupy: CUDA C "
+        "kernels from kernels/ (a CUDA device and the cupy package)")
+    graphs: bool = Field(default=False, description="cupy: replay decode / verify forwards "
+                         "(M <= 16 new tokens per sequence) as CUDA graphs")
+    pdl: bool = Field(default=False, description="cupy: launch kernels with programmatic "
+                      "dependent launch (compute capability 9.0+)")
+    bulk_gemv: bool = Field(default=False, description="cupy: bf16 decode gemvs (1-2 rows of "
+                            "x) on the persistent bulk-copy kernel (compute capability 9.0+)")
+    ring_gemv: bool = Field(default=False, description="cupy: bf16 decode gemvs (<= 8 rows) "
+                            "on the persistent cp.async ring kernel where a load-time probe "
+                            "shows it streams about as fast as the tuned kernel; ignored "
+                            "where bulk_gemv takes the launch")
+    fold_norms: bool = Field(default=False, description="fold each RMSNorm weight into the "
+                             "linears that read its output; the norm then runs as a row scale "
+                             "inside those kernels (float weights only)")
+    attention_min_keys: int = Field(default=DECODE_MIN_KEYS, ge=1, le=4096, description=
+                                    "cupy: keys per context split of decode attention, at "
+                                    "least")
+
+    @model_validator(mode="after")
+    def _cupy_only(self):
+        if self.backend == "torch":
+            on = [n for n in ("graphs", "pdl", "bulk_gemv", "ring_gemv") if getattr(self, n)]
+            if on:
+                raise ValueError(f"{', '.join(on)} need backend 'cupy' (the torch backend "
+                                 "runs no kernels of its own)")
+        return self
+
+
+def cupy_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("cupy") is not None
+
+
+def compute_capability(device: torch.device) -> tuple[int, int] | None:
+    """The CUDA device's compute capability, or None off CUDA."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def fold_helps(shape: ModelShape, quant: str | None, bulk: bool) -> bool:
+    """Whether folding the norms makes this model faster on the cupy backend: every float
+    model where the bulk kernel applies the row scale; without it, MoE models and small dense
+    ones (FOLD_DENSE_HIDDEN). Quantized models keep their norms (the int gemvs have no row
+    scale)."""
+    if quant not in (None, "none", "bf16"):
+        return False
+    return bulk or shape.is_moe or shape.hidden_size <= FOLD_DENSE_HIDDEN
+
+
+def default_options(device: str | torch.device, shape: ModelShape | None = None,
+                    quant: str | None = None, **overrides) -> RuntimeOptions:
+    """The options this device runs `shape` (quantized as `quant`) fastest with, then
+    `overrides` (field=value); checked against the device. CPU: the torch backend. CUDA with
+    cupy: the cupy backend with graphs, and on compute capability 9.0+ PDL and the bulk-copy
+    gemv, below it the ring gemv (kept only where it streams well); norms folded where that
+    helps (fold_helps)."""
+    device = torch.device(device)
+    cc = compute_capability(device)
+    backend = overrides.get("backend") or ("cupy" if cc and cupy_installed() else "torch")
+    values: dict = {"backend": backend}
+    if backend == "cupy" and cc is not None:
+        hopper = cc >= (9, 0)
+        values.update(graphs=True, pdl=hopper, bulk_gemv=hopper, ring_gemv=not hopper)
+        if shape is not None:
+            values["fold_norms"] = fold_helps(shape, quant, hopper)
+    values.update(overrides)
+    try:
+        options = RuntimeOptions(**values)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}"
+                             for e in err.errors())
+        raise OptionsError(f"runtime options {values}: {problems}") from None
+    check_device(options, device)
+    return options
+
+
+def check_device(options: RuntimeOptions, device: torch.device) -> None:
+    """Refuse options this device cannot run, saying which field and why."""
+    if options.backend == "torch":
+        return
+    cc = compute_capability(device)
+    if cc is None:
+        raise OptionsError(f"backend 'cupy' runs CUDA kernels, but the device is '{device}'; "
+                           "use backend 'torch' (--backend torch) or a CUDA device")
+    if not cupy_installed():
+        raise OptionsError('backend \'cupy\' needs the cupy package: pip install -e ".[cuda13]" '
+                           '(CUDA 13 driver) or ".[cuda12]", or use backend \'torch\'')
+    if cc < (9, 0):
+        hopper_only = [n for n in ("pdl", "bulk_gemv") if getattr(options, n)]
+        if hopper_only:
+            raise OptionsError(f"{', '.join(hopper_only)} need compute capability 9.0 or newer; "
+                               f"device {device} has {cc[0]}.{cc[1]}")
