@@ -6,11 +6,13 @@
 
 It draws the workload as the simulator does, resolves the serving constants, refuses what
 the runtime cannot honour, builds the workers (colocated; or prefill + decode with their
-own model instances and KV caches), warms them up, and runs the engine in wall-clock time.
+own model instances and KV caches; with a draft model when the scenario speculates),
+warms them up, and runs the engine in wall-clock time.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 import time
 from dataclasses import dataclass
@@ -24,8 +26,9 @@ from kestrel_rt.serve.engine import ServingEngine
 from kestrel_rt.serve.forward import MIXED_FORWARD, warm_up
 from kestrel_rt.serve.kv import slots_per_worker
 from kestrel_rt.serve.models import build_model
-from kestrel_rt.serve.requests import draw_requests
+from kestrel_rt.serve.requests import Sequence, draw_requests
 from kestrel_rt.serve.settings import (
+    ServeSettings,
     UnsupportedScenarioError,
     check_lengths,
     refuse_unsupported,
@@ -35,6 +38,7 @@ from kestrel_rt.serve.worker import Worker
 from kestrel_rt.weights import weight_bytes
 from kestrel_sim.scenario import Scenario
 from kestrel_sim.trace import Trace
+from kestrel_sim.workload import DrawnWorkload
 
 # disaggregated: slots beyond max_batch (per max_batch) for KV in transit and queued, fewer
 # where the device's memory cannot hold them
@@ -46,6 +50,19 @@ class Served:
     trace: Trace
     outputs: list[list[int]]  # generated token ids, per request id
     prompts: list[list[int]]  # prompt token ids, per request id
+
+
+@dataclass
+class RunPlan:
+    """What a run needs before any model is built."""
+
+    settings: ServeSettings
+    drawn: DrawnWorkload
+    seqs: list[Sequence]
+    max_len: int  # tokens per KV slot
+    slots: int  # KV slots per worker
+    draft_device: torch.device | None
+    controlled: bool  # acceptance drawn from spec.acceptance (dummy weights)
 
 
 def scenario_hardware(sc: Scenario):
@@ -75,67 +92,119 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, torch {torch.__version__})"
 
 
-def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, observer=None,
-          threads: bool | None = None) -> Served:
-    """Run `scenario` on `device`; observer(engine, worker, plan) sees every step (tests).
-    threads (default: on a GPU) runs a disaggregated run's two workers in two threads."""
-    sc = scenario
-    wall0 = time.perf_counter()
-    refuse_unsupported(sc)
-    if sc.spec is not None:
-        raise UnsupportedScenarioError(
-            "spec: speculative decoding on hardware needs kestrel_rt/spec, which has not "
-            "landed yet; remove the draft and spec keys or run on the simulator (--on sim)")
-    device = torch.device(device)
+def plan_run(sc: Scenario, device: torch.device, dtype, controlled: bool | None) -> RunPlan:
     shape, folder = resolve(sc.model)
     drawn, seqs = draw_requests(sc.workload, shape.vocab_size)
     capacity = kv_capacity_of(sc)
     s = serve_settings(sc, capacity)
-    check_lengths(sc.model, int(drawn.prompt.max()), int(drawn.output.max()), s.k,
-                  shape.max_position_embeddings, capacity)
+    context = shape.max_position_embeddings
+    shapes = [(shape, dtype or default_dtype(folder, device))]
+    draft_device = None
+    if sc.draft is not None:
+        draft_device = device if sc.draft.device == "gpu" else torch.device("cpu")
+        dshape, dfolder = resolve(sc.draft.model)
+        context = min(context, dshape.max_position_embeddings)
+        if draft_device == device:
+            shapes.append((dshape, dtype or default_dtype(dfolder, device)))
+    check_lengths(sc.model, int(drawn.prompt.max()), int(drawn.output.max()), s.k, context,
+                  capacity)
     longest = int((drawn.prompt + drawn.output).max())
     # + the widest padded chunk: a padded row writes K/V past its own tokens (the packed
     # forward will not need this)
     max_len = longest + s.k + 1 + min(s.chunk, s.max_tokens, longest)
-    n = len(seqs)
-    roles_n = 1 if s.mode == "colocated" else 2
-    want = min(s.max_batch if roles_n == 1 else s.max_batch * (1 + SPARE_SLOTS_PER_BATCH), n)
-    dt = dtype or default_dtype(folder, device)
-    slots = slots_per_worker(want, min(s.max_batch, n), roles_n,
-                             kv_bytes(shape, dt, max_len), roles_n * weight_bytes(shape, dt),
+    n, workers = len(seqs), 1 if s.mode == "colocated" else 2
+    want = min(s.max_batch * (1 if workers == 1 else 1 + SPARE_SLOTS_PER_BATCH), n)
+    slots = slots_per_worker(want, min(s.max_batch, n), workers,
+                             sum(kv_bytes(sh, dt, max_len) for sh, dt in shapes),
+                             workers * sum(weight_bytes(sh, dt) for sh, dt in shapes),
                              free_bytes(device), max_len)
+    if controlled is None:
+        from kestrel_rt.serve.speculate import dummy_weights
 
-    def worker(name: str, role: str, slots: int) -> Worker:
-        models = [build_model(sc.model, device, dtype)]
-        for m in models:
-            m.allocate_kv(slots, max_len)
-        w = Worker(name, role, models, slots, capacity)
-        warm_up(w, s.max_batch)
-        return w
+        controlled = sc.spec is not None and dummy_weights(sc)
+    return RunPlan(s, drawn, seqs, max_len, slots, draft_device, controlled)
 
-    if s.mode == "colocated":
-        workers = [worker("gpu0/target", "colocated", slots)]
-        roles = {"gpu0/target": "colocated"}
+
+def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: torch.device,
+                 dtype) -> Worker:
+    """A worker's model instances (target, and the draft when speculating), their KV caches
+    and, for a worker that runs rounds, the speculative decoder; warmed up."""
+    models = [build_model(sc.model, device, dtype)]
+    draft_name = spec = None
+    if sc.draft is not None:
+        same = run.draft_device == device
+        models.append(build_model(sc.draft.model, run.draft_device, dtype if same else None))
+        draft_name = f"{prefix}/draft" if sc.draft.device == "gpu" else f"{prefix}/cpu-draft"
+    for m in models:
+        m.allocate_kv(run.slots, run.max_len)
+    if sc.spec is not None and role != "prefill":
+        from kestrel_rt.serve.speculate import build_decoder, spec_config
+
+        spec = build_decoder(models[0], models[1], spec_config(sc, run.controlled),
+                             f"{prefix}/target", draft_name)
+    w = Worker(f"{prefix}/target", role, models, run.slots, run.settings.kv_capacity,
+               draft_name, spec)
+    warm_up(w, run.settings.max_batch, run.settings.k)
+    return w
+
+
+def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, observer=None,
+          threads: bool | None = None, controlled: bool | None = None) -> Served:
+    """Run `scenario` on `device`; observer(engine, worker, plan) sees every step (tests).
+    threads (default: on a GPU) runs a disaggregated run's two workers in two threads;
+    controlled (default: with dummy weights) draws accepted lengths from spec.acceptance."""
+    sc = scenario
+    wall0 = time.perf_counter()
+    refuse_unsupported(sc)
+    if sc.spec is not None and importlib.util.find_spec("kestrel_rt.spec") is None:
+        raise UnsupportedScenarioError(  # until kestrel_rt/spec lands
+            "spec: speculative decoding on hardware needs kestrel_rt/spec, which is not "
+            "installed here; remove the draft and spec keys or run on the simulator (--on sim)")
+    device = torch.device(device)
+    run = plan_run(sc, device, dtype, controlled)
+    if run.settings.mode == "colocated":
+        workers = [build_worker(sc, run, "gpu0", "colocated", device, dtype)]
     else:
-        workers = [worker("prefill0/target", "prefill", slots),
-                   worker("decode0/target", "decode", slots)]
-        roles = {"prefill0/target": "prefill", "link0": "link", "decode0/target": "decode",
-                 "queue/decode": "queue"}
-    roles["queue/prefill"] = "queue"
-    engine = ServingEngine(s, workers, seqs, Arrivals(drawn), device, observer,
-                           threads=device.type == "cuda" if threads is None else threads)
+        workers = [build_worker(sc, run, "prefill0", "prefill", device, dtype),
+                   build_worker(sc, run, "decode0", "decode", device, dtype)]
+    engine = ServingEngine(run.settings, workers, run.seqs, Arrivals(run.drawn), device,
+                           observer, threads=device.type == "cuda" if threads is None else threads)
     spans, records = engine.run()
-    meta = {
+    meta = trace_meta(sc, run, engine, device)
+    meta["trace"] = {"mode": "full", "complete": True, "spans_seen": len(spans),
+                     "spans_kept": len(spans)}
+    meta["end_time"] = max(r.finish for r in records) if records else 0.0
+    meta["wall_seconds"] = time.perf_counter() - wall0
+    return Served(Trace(spans=spans, requests=records, meta=meta),
+                  [seq.generated for seq in run.seqs],
+                  [seq.tokens[:seq.prompt_len] for seq in run.seqs])
+
+
+def trace_meta(sc: Scenario, run: RunPlan, engine: ServingEngine, device) -> dict:
+    """The simulator's meta keys, for a run on hardware, and what only the runtime knows."""
+    s, workers = run.settings, engine.workers
+    roles = {}
+    for w in workers:
+        roles[w.name] = w.role
+        if w.draft_name is not None:
+            roles[w.draft_name] = "draft"
+    if engine.link is not None:
+        roles.update({"link0": "link", "queue/decode": "queue"})
+    roles["queue/prefill"] = "queue"
+    rounds = next((w.spec for w in workers if w.spec is not None), None)
+    target = workers[0].target
+    return {
         "name": sc.name,
         "scenario": sc.name,
         "source": "hardware",
         "device": device_name(device),
-        "backend": type(workers[0].target.backend).__name__,
-        "dtype": str(workers[0].target.backend.dtype).removeprefix("torch."),
+        "backend": type(target.backend).__name__,
+        "dtype": str(target.backend.dtype).removeprefix("torch."),
         "seed": sc.workload.seed,
         "k": s.k,
-        "correction": None,
-        "acceptance_controlled": False,
+        "correction": sc.spec.correction if sc.spec else None,
+        "acceptance_controlled": bool(sc.spec and run.controlled),
+        "spec_decode": rounds.stats.as_dict() if rounds is not None else None,
         "mode": s.mode,
         "prefill_schedule": sc.serving.prefill_schedule if s.mode == "colocated" else None,
         "mixed_forward": MIXED_FORWARD if s.mixed else None,
@@ -143,23 +212,17 @@ def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, ob
         "threads": engine.threads,
         "hardware": sc.hardware,
         "model": sc.model,
-        "draft": None,
-        "draft_device": None,
+        "draft": sc.draft.model if sc.draft else None,
+        "draft_device": sc.draft.device if sc.draft else None,
         "costs": "measured",  # every stage timed on the device (no cost model)
         "workers": roles,
-        "kv_capacity_tokens": capacity,
+        "kv_capacity_tokens": s.kv_capacity,
+        "kv_slots_per_worker": run.slots,
         "kv_policy": sc.serving.on_kv_full,
         "max_batch": s.max_batch,
         "preemptions": engine.preemptions,
         "handover_slot_waits": engine.link.slot_waits if engine.link else 0,
-        "requests": n,
-        "trace": {"mode": "full", "complete": True, "spans_seen": len(spans),
-                  "spans_kept": len(spans)},
-        "end_time": max(r.finish for r in records) if records else 0.0,
-        "wall_seconds": time.perf_counter() - wall0,
+        "requests": len(run.seqs),
         "slo": sc.slo.model_dump(),
         "scenario_json": sc.model_dump(mode="json"),
     }
-    trace = Trace(spans=spans, requests=records, meta=meta)
-    return Served(trace, [seq.generated for seq in seqs],
-                  [seq.tokens[:seq.prompt_len] for seq in seqs])

@@ -63,6 +63,9 @@ class ServingEngine:
         self.tracer = Tracer(self.device)  # t = 0: the workload's clock starts now
         if self.link is not None:
             self.link.tracer = self.tracer
+        for w in self.workers:
+            if w.spec is not None:
+                w.spec.tracer = self.tracer
         if self.threads:
             threads = [threading.Thread(target=self.work, args=(w,), name=w.name)
                        for w in self.workers]

@@ -4,15 +4,19 @@
                                             # out.chunks[j]: the token after chunk j
 
 Each stage is a span (CUDA events on a GPU, the host clock on the CPU), written as the
-simulator writes it: a round is a `decode` span on the worker's target; a mixed step (a
-round carrying prompt chunks) is that span plus a `prefill` span of the chunks with the
-same start and end; a prefill-only step is one `prefill` span.
+simulator writes it: a round is a `decode` span on the worker's target, or with a draft
+model the speculative round's `draft`, `verify` (and `correction`) spans
+(kestrel_rt/spec); a mixed step (a round carrying prompt chunks) adds a `prefill` span of
+the chunks with the decode or verify span's start and end; a prefill-only step is one
+`prefill` span; the draft's own pass over the chunks follows as a `prefill` span on the
+draft's worker.
 
-Today a mixed step runs two forwards inside its span: the decode forward ([b, 1] through
-the CUDA graphs of a GraphModel) and one padded forward of the chunks ([chunks, longest],
-eager, each row's KV continuing from the tokens it already prefilled). MIXED_FORWARD says
-so in the trace's meta. The packed (varlen) forward that runs decode rows and chunks in
-one pass without padding replaces the inside of `run_step`, nothing around it.
+Today a mixed step runs two forwards inside its span: the decode forward ([b, 1], or the
+verify's [b, k+1], through the CUDA graphs of a GraphModel) and one padded forward of the
+chunks ([chunks, longest], eager, each row's KV continuing from the tokens it already
+prefilled). MIXED_FORWARD says so in the trace's meta. The packed (varlen) forward that
+runs decode rows and chunks in one pass without padding replaces the inside of this
+module, nothing around it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 from kestrel_rt.model import Qwen3Model
 from kestrel_rt.trace import OpenSpan, Tracer
 
-MIXED_FORWARD = "separate: a decode forward, then a padded forward of the prompt chunks"
+MIXED_FORWARD = "separate: the decode or verify forward, then a padded forward of the chunks"
 
 
 @dataclass
@@ -34,24 +38,46 @@ class StepOutput:
 
 
 def run_step(w, tracer: Tracer, plan) -> StepOutput:
-    target = w.target
-    cids = [job.rid for job, _ in plan.chunks]
-    ctokens = plan.chunk_tokens
-    cctx = sum(job.done for job, _ in plan.chunks)
+    chunks = plan.chunks
+    cids = [job.rid for job, _ in chunks]
+    counts = {"tokens": plan.chunk_tokens, "context": sum(job.done for job, _ in chunks)}
+    rows: list[list[int]] = []
+    after = None
     if plan.kind == "prefill":
-        with tracer.span("prefill", w.name, cids, tokens=ctokens, context=cctx):
-            after = prefill_forward(target, plan.chunks)  # [chunks]
-        return StepOutput([], after.tolist())
-    rows = plan.rows
-    rids = [seq.rid for seq in rows]
-    with tracer.span("decode", w.name, rids, tokens=len(rows),
-                     context=sum(seq.ctx for seq in rows)) as span:
-        nxt = decode_forward(target, rows)  # [rows]
-        after = prefill_forward(target, plan.chunks) if plan.chunks else None  # [chunks]
-    if plan.chunks:  # one step: the chunks' span has the round's start and end
-        tracer.spans.append(OpenSpan("prefill", w.name, cids, ctokens, cctx,
-                                     start=span.start, end=span.end))
-    return StepOutput([[t] for t in nxt.tolist()], [] if after is None else after.tolist())
+        with tracer.span("prefill", w.name, cids, **counts):
+            after = prefill_forward(w.target, chunks)  # [chunks]
+    elif w.spec is None:
+        rids = [seq.rid for seq in plan.rows]
+        with tracer.span("decode", w.name, rids, tokens=len(rids),
+                         context=sum(seq.ctx for seq in plan.rows)) as span:
+            nxt = decode_forward(w.target, plan.rows)  # [rows]
+            after = prefill_forward(w.target, chunks) if chunks else None  # [chunks]
+        rows = [[t] for t in nxt.tolist()]
+    else:
+        rows, after, span = speculative_round(w, plan)
+    if plan.kind == "round" and chunks:  # one step: the chunks' span is the round's
+        tracer.spans.append(OpenSpan("prefill", w.name, cids, start=span.start, end=span.end,
+                                     **counts))
+    if chunks and w.draft is not None:  # the draft's own pass over the chunks
+        with tracer.span("prefill", w.draft_name, cids, on_device=w.draft.device.type == "cuda",
+                         **counts):
+            prefill_forward(w.draft, chunks)
+    return StepOutput(rows, [] if after is None else after.tolist())
+
+
+def speculative_round(w, plan):
+    """One round of the worker's decoder over the batch, the chunks riding in its verify
+    forward: (tokens per row, the chunks' next tokens or None, the verify span)."""
+    for seq in plan.rows:
+        seq.spec.target_slot = seq.spec.draft_slot = seq.slot
+    lengths = [seq.ctx for seq in plan.rows]
+    after = []
+    chunks = plan.chunks
+    w.spec.alongside = (lambda: after.append(prefill_forward(w.target, chunks))) if chunks else None
+    emitted = w.spec.round([seq.spec for seq in plan.rows])
+    for seq, n in zip(plan.rows, lengths):
+        del seq.tokens[n:]  # the decoder appended them to the shared list: postprocess does
+    return emitted, after[0] if after else None, w.spec.last_verify_span()
 
 
 def decode_forward(model: Qwen3Model, rows) -> torch.Tensor:
@@ -72,12 +98,17 @@ def prefill_forward(model: Qwen3Model, chunks) -> torch.Tensor:
                               greedy=True)
 
 
-def warm_up(w, max_batch: int) -> None:
+def warm_up(w, max_batch: int, k: int) -> None:
     """Run the step shapes once before the clock starts (on a GPU: kernels compile and a
-    GraphModel captures its decode graph for every batch bucket up to max_batch), then
-    empty the slots used."""
+    GraphModel captures its graphs for every batch bucket up to max_batch: the target's
+    decode, or verify at M = k + 1; the draft's steps at M = 1 and 2), then empty the slots
+    used."""
     rows_max = min(max_batch, w.slots.num_slots)
     for model in w.models:
+        if model is w.draft:
+            shapes = [(1, False), (2, True)]  # (M, last_only)
+        else:
+            shapes = [(1, False)] + ([(k + 1, False)] if k and w.spec is not None else [])
         sizes = []
         for bucket in getattr(model, "buckets", (1,)):
             sizes.append(min(bucket, rows_max))
@@ -87,10 +118,12 @@ def warm_up(w, max_batch: int) -> None:
         zeros = torch.zeros(len(slots), 2, dtype=torch.long)  # [rows, 2]
         Qwen3Model.forward(model, zeros, slots, last_only=True, greedy=True)
         for b in sorted(set(sizes)):
-            model.forward(torch.zeros(b, 1, dtype=torch.long), slots[:b], greedy=True)
-            for s in slots[:b]:
-                model.kv.rollback(s, 2)
+            for m, last_only in shapes:
+                model.forward(torch.zeros(b, m, dtype=torch.long), slots[:b],
+                              last_only=last_only, greedy=True)
+                for s in slots[:b]:
+                    model.kv.rollback(s, 2)
         for s in slots:
             model.kv.rollback(s, 0)
-    if w.models[0].device.type == "cuda":
-        torch.cuda.synchronize(w.models[0].device)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)

@@ -22,7 +22,7 @@ class Sequence:
     """One request: its tokens (prompt, then generated), its KV slot on the worker that holds
     it, and its RequestRecord."""
 
-    __slots__ = ("output_len", "prompt_len", "record", "rid", "slot", "tokens")
+    __slots__ = ("output_len", "prompt_len", "record", "rid", "slot", "spec", "tokens")
 
     def __init__(self, rid: int, prompt: list[int], output_len: int):
         self.rid = rid
@@ -30,6 +30,7 @@ class Sequence:
         self.prompt_len = len(prompt)
         self.output_len = output_len  # forced: exactly this many are generated
         self.slot: int | None = None  # KV cache row on the worker holding it, else None
+        self.spec = None  # its SpecSequence (sharing `tokens`) once it speculates
         self.record = RequestRecord(id=rid, arrival=0.0, prompt_tokens=len(prompt),
                                     output_tokens=output_len)
 

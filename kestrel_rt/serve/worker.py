@@ -21,11 +21,12 @@ from kestrel_rt.serve.scheduler import schedule
 
 class Worker:
     def __init__(self, name: str, role: str, models: list, num_slots: int, kv_capacity: int,
-                 draft_name: str | None = None):
+                 draft_name: str | None = None, spec=None):
         self.name = name  # span worker name of the target
         self.role = role  # colocated | prefill | decode
         self.draft_name = draft_name  # span worker name of the draft, or None
         self.models = models  # [target] or [target, draft], KV caches allocated
+        self.spec = spec  # a ServingDecoder over them (workers that run rounds), or None
         self.kv = KVBudget(kv_capacity)
         self.slots = SlotPool([m.kv for m in models], num_slots)
         self.prefilling: list[PrefillJob] = []  # admitted, prompt not fully prefilled yet
@@ -40,6 +41,10 @@ class Worker:
         return self.models[0]
 
     @property
+    def draft(self):
+        return self.models[1] if len(self.models) > 1 else None
+
+    @property
     def batch_size(self) -> int:
         return len(self.batch) + len(self.joined)
 
@@ -50,6 +55,10 @@ class Worker:
         """Move the joiners into the batch; returns them."""
         joined, self.joined = self.joined, []
         self.batch.extend(joined)
+        if self.spec is not None:
+            for seq in joined:
+                if seq.spec is None:
+                    seq.spec = self.spec.sequence(seq)
         return joined
 
     def step(self, eng) -> bool:
