@@ -116,26 +116,36 @@ class Qwen3Model:
         B, M = tokens.shape
         D, Hq, Hkv = s.head_dim, s.num_attention_heads, s.num_key_value_heads
 
-        x = be.embed(tokens)  # [B, M, H]: the residual stream
-        for i in range(s.num_hidden_layers):
-            qkv = be.norm_linear(x, f"layers.{i}.input_norm", f"layers.{i}.qkv")
-            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)  # [B, M, (Hq+2Hkv) D]
+        def attend(qkv: torch.Tensor, layer: int) -> torch.Tensor:  # [B, M, (Hq+2Hkv) D]
+            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
             o = be.rope_attention(q.view(B, M, Hq, D), k.view(B, M, Hkv, D),
-                                  v.view(B, M, Hkv, D), i, step)  # [B, M, Hq, D]
-            x = be.linear_add(o.reshape(B, M, Hq * D), f"layers.{i}.o", x)
-            if s.is_moe_layer(i):
-                x = be.norm_moe_add(x.reshape(B * M, -1), f"layers.{i}.post_norm",
-                                    i).view(B, M, -1)  # [N, H] rows
-            else:
-                act = be.norm_linear_swiglu(x, f"layers.{i}.post_norm",
-                                            f"layers.{i}.gate_up")  # [B, M, I]
-                x = be.linear_add(act, f"layers.{i}.down", x)
+                                  v.view(B, M, Hkv, D), layer, step)  # [B, M, Hq, D]
+            return o.reshape(B, M, Hq * D)
+
+        x = self.layers(be.embed(tokens), attend)  # [B, M, H]: the residual stream
         if last_only:
             last = (step.n_new - 1)[:, None, None].expand(B, 1, x.shape[-1])  # [B, 1, H]
             x = x.gather(1, last)
         if greedy:
             return be.greedy_tokens(x, out, host)  # [B, M or 1]
         return be.logits(x)  # [B, M or 1, V]
+
+    def layers(self, x: torch.Tensor, attend) -> torch.Tensor:
+        """Every decoder layer on the residual stream x [..., H] (any leading dims: [B, M]
+        for one batch, [1, T] for a packed one: kestrel_rt/packed.py); attend(qkv, layer)
+        turns the layer's qkv [..., (Hq+2Hkv) D] into attention output [..., Hq D]."""
+        be, s = self.backend, self.shape
+        for i in range(s.num_hidden_layers):
+            qkv = be.norm_linear(x, f"layers.{i}.input_norm", f"layers.{i}.qkv")
+            x = be.linear_add(attend(qkv, i), f"layers.{i}.o", x)
+            if s.is_moe_layer(i):
+                x = be.norm_moe_add(x.reshape(-1, x.shape[-1]), f"layers.{i}.post_norm",
+                                    i).view(x.shape)  # [N, H] rows
+            else:
+                act = be.norm_linear_swiglu(x, f"layers.{i}.post_norm",
+                                            f"layers.{i}.gate_up")  # [..., I]
+                x = be.linear_add(act, f"layers.{i}.down", x)
+        return x
 
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         """Append each prompt to its (typically empty) slot in one padded batch.
