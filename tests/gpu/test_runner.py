@@ -23,15 +23,21 @@ from kestrel_rt.options import default_options, fold_helps
 from kestrel_rt.runner import build_model, prepare
 
 LENGTHS = [5, 9, 3, 20]  # 20 > 16: prefill through the torch attention fallback
+# gpu_models' wide (dense) and wide_moe with 4 experts, every one chosen: its output is
+# continuous in its inputs (no routing flip turns bf16 noise into another expert; with top 2
+# of 8, folding's rounding of the router flips a token now and then, which costs its logits
+# ~0.15 relative error), so the bar holds for every logits tensor
+CONFIGS = {"wide": gm.WIDE["wide"],
+           "moe_all": dict(gm.WIDE["wide_moe"], num_experts=4, num_experts_per_tok=4)}
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """Folders of gpu_models' wide (dense) and wide_moe models, written by transformers."""
+    """Folders of CONFIGS' models (fp32), written by transformers."""
     made = {}
-    for name in ("wide", "wide_moe"):
+    for name, cfg in CONFIGS.items():
         made[name] = tmp_path_factory.mktemp(name)
-        tm.from_config(gm.WIDE[name]).save_pretrained(made[name])
+        tm.from_config(cfg).save_pretrained(made[name])
     return made
 
 
@@ -43,13 +49,12 @@ def _torch(folder, dtype: str):
     return m
 
 
-@pytest.mark.parametrize("name", ["wide", "wide_moe"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_built_bf16_model_as_accurate_as_torch_bf16(folders, name):
     """build_model + prepare with the defaults, bf16: a GraphModel on the cupy backend whose
     norms are folded where fold_helps says so, its decode graphs captured by prepare; its
     logits (prefill, decode and verify replays) as close to fp32 as the torch backend's in
-    bf16 (the median for the MoE model, whose routing flips now and then: see
-    test_cupy_backend.test_folded_norms_as_row_scale_as_accurate)."""
+    bf16 (test_cupy_backend.py's bar)."""
     folder = folders[name]
     exact = gm.run_script(_torch(folder, "float32"), LENGTHS, 6)
     ref = gm.run_script(_torch(folder, "bfloat16"), LENGTHS, 6)
@@ -64,11 +69,7 @@ def test_built_bf16_model_as_accurate_as_torch_bf16(folders, name):
     got = gm.run_script(model, LENGTHS, 6)
     assert model.replays > 0
     errs = [(gm.rel_err(g, e), gm.rel_err(r, e)) for g, r, e in zip(got, ref, exact, strict=True)]
-    if name == "wide_moe":
-        med = [sorted(v)[len(v) // 2] for v in zip(*errs)]
-        assert med[0] <= 1.5 * med[1] + 1e-3, errs
-    else:
-        assert all(g <= 1.5 * r + 1e-3 for g, r in errs), errs
+    assert all(g <= 1.5 * r + 1e-3 for g, r in errs), errs
 
 
 def test_built_fp32_model_generates_the_reference_tokens(folders):
