@@ -36,7 +36,7 @@ from kestrel_rt.cuda.module import KernelModules
 from kestrel_rt.cuda.moe_layer import MoeKernels
 from kestrel_rt.cuda.ops import Unsupported
 from kestrel_rt.cuda.ring_probe import ring_streams_well
-from kestrel_rt.options import RuntimeOptions, default_options
+from kestrel_rt.options import OptionsError, RuntimeOptions, default_options
 from kestrel_sim.models import ModelShape
 
 MAX_KERNEL_M = 16  # decode / verify: M new tokens per sequence served by the attention kernel
@@ -55,6 +55,9 @@ class CupyBackend(TorchBackend):
                  options: RuntimeOptions | None = None):
         super().__init__(device, dtype)
         self.options = options or default_options(self.device, backend="cupy")
+        if self.options.backend != "cupy":
+            raise OptionsError(f"CupyBackend was given options for backend "
+                               f"'{self.options.backend}': expected backend 'cupy'")
         self.kernels = KernelModules(self.device, pdl=self.options.pdl)  # KestrelError off CUDA
         if self.device.index is None:
             self.device = torch.device("cuda", self.kernels.device_index)
@@ -69,12 +72,14 @@ class CupyBackend(TorchBackend):
     def load(self, model_id: str, shape: ModelShape, hf_weights: dict) -> None:
         """Backend.load, after making the Gemv for this model: the bulk kernel's row-scale
         launches are kept off MoE models (slower there: docs/performance.md), and the ring
-        kernel only where it streams well on this device (kestrel_rt/cuda/ring_probe.py)."""
+        kernel only where it streams well on this device (kestrel_rt/cuda/ring_probe.py; probed
+        only where it would run: bf16 weights, no bulk kernel)."""
         o = self.options
         target = gemv_device(self.device, bulk=o.bulk_gemv, ring=o.ring_gemv,
                              bulk_rstd=not shape.is_moe)
         self.gemv = Gemv(self.device, target, pdl=o.pdl)
-        if o.ring_gemv and not o.bulk_gemv and not ring_streams_well(self.gemv):
+        ring_runs = o.ring_gemv and not o.bulk_gemv and self.dtype == torch.bfloat16
+        if ring_runs and not ring_streams_well(self.gemv):
             self.gemv = Gemv(self.device, gemv_device(self.device, bulk=False, ring=False),
                              pdl=o.pdl)
         super().load(model_id, shape, hf_weights)

@@ -66,11 +66,12 @@ MAX_SHARED_PER_BLOCK_OPTIN = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin (driv
 OPTIONS = ("-std=c++17", "-DGEMV_LATE_TRIGGER")
 
 
-def gemv_device(device: torch.device, bulk: bool, ring: bool, bulk_rstd: bool = True
+def gemv_device(device: torch.device | str, bulk: bool, ring: bool, bulk_rstd: bool = True
                 ) -> GemvDevice:
     """The plan table's view of a CUDA device with these kernel choices."""
     import cupy
 
+    device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     return GemvDevice(
         sms=torch.cuda.get_device_properties(index).multi_processor_count,
@@ -209,7 +210,7 @@ class Gemv:
     # -- what the backend calls ------------------------------------------------------------
     def supports(self, x2: torch.Tensor, w, k: int | None = None) -> bool:
         """True when a gemv kernel takes x2 [M, K] and weight w as they are (k: the weight's
-        K when x2 is wider, as gate|up [M, 2K] for the SwiGLU prologue)."""
+        K, default x2's)."""
         m = x2.shape[0]
         k = x2.shape[1] if k is None else k
         if not (x2.is_cuda and x2.dtype == torch.bfloat16 and 0 < m <= MAX_ROWS

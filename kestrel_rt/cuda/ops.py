@@ -199,8 +199,8 @@ def moe_experts(km: KernelModules, x: torch.Tensor, weights: torch.Tensor,
     -> [N, H]: each token's chosen experts' SwiGLU MLPs, weighted and summed
     (+ residual [N, H], rounded as torch's residual + moe_out, when given). row_eps: x is
     the raw residual stream and its RMSNorm (unit weight, this eps; the weight folded into
-    gate_up: kestrel_rt/fold.py) is a row scale inside moe_gate_up. early: moe_down issues its
-    first weight loads before its PDL wait, while moe_gate_up finishes (kernels/moe.cu)."""
+    gate_up: kestrel_rt/fold.py) is a row scale inside moe_gate_up. moe_down issues its first
+    weight loads before its PDL wait, while moe_gate_up finishes (kernels/moe.cu)."""
     dtype_suffix(x, weights, gate_up, down, *(() if residual is None else (residual,)))
     top_k = weights.shape[1]
     x, residual, act, out = _moe_buffers(x, gate_up, down, residual, top_k, out)

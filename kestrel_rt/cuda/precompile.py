@@ -23,13 +23,13 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from kernels import KERNEL_DIR
-from kestrel_rt.cuda.gemv_variants import KERNELS, PLAIN, SWIGLU, module_pros, persistent_pros
+from kestrel_rt.cuda.gemv_variants import KERNELS, PLAIN, RESIDUAL, module_pros, persistent_pros
 
 # The persistent gemvs' sources: one module per prologue (Gemv.module)
 PERSISTENT = ("gemv_bulk", "gemv_ring")
 # Prologues of the every-variant gemv modules that the GPU tests compile (test_gemv.py's
-# gemv_all: PLAIN; the expert kernels' SWIGLU)
-SWEEP_PROS = (PLAIN, SWIGLU)
+# variants: PLAIN; test_gemv_fused.py's: RESIDUAL)
+SWEEP_PROS = (PLAIN, RESIDUAL)
 
 
 def jobs(sweep: bool = False) -> list[tuple]:

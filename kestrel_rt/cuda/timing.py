@@ -1,6 +1,6 @@
 """Device time of GPU work with CUDA events: median of several runs, or of replays of a CUDA
 graph (work whose eager launches cost the host more than the kernels take). Used by the
-runtime's own choices (linear.Gemv.probe_ring) and by the benchmarks (bench/measure.py)."""
+runtime's own choices (kestrel_rt/cuda/ring_probe.py) and by the benchmarks (bench/measure.py)."""
 
 from __future__ import annotations
 
