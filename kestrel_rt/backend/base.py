@@ -1,6 +1,6 @@
 """The Backend interface: where and how one model's operations run, and what it owns.
 
-A backend instance belongs to exactly ONE model (DESIGN.md: a draft must never overwrite
+A backend instance belongs to exactly ONE model (docs/architecture.md: a draft must never overwrite
 its target's weights). `load()` refuses a second model; weights are stored under keys
 `"{model_id}/{name}"` in a per-instance dict; nothing is global.
 

@@ -80,9 +80,7 @@ def attention_plan(B: int, M: int, Hq: int, Hkv: int, D: int, max_len: int,
 
 
 # Blocks per SM the warp-per-key kernel's context splits aim at. It waits on memory latency far
-# more than on bandwidth, so more blocks help long contexts: H200, qwen3-8b heads, 36 layers in
-# a graph (bench/attention_splits.py), us per layer at 2 / 4 per SM: batch 1 ctx 4000 41.5 /
-# 28.1, batch 8 ctx 1000 63.2 / 41.5, batch 4 ctx 4000 129 / 78, batch 1 ctx 512 12.57 / 12.91.
+# more than on bandwidth, so more blocks help long contexts (docs/performance.md).
 DECODE_BLOCKS_PER_SM = 4
 
 

@@ -15,7 +15,7 @@ and replay. `forward(..., greedy=True)` captures the argmax too (Backend.greedy_
 decode step's token ids come back in the graph's token input, ready for the next replay;
 `forward_greedy` also has the argmax kernel write them into pinned host memory (two halves,
 alternate replays), so an overlapped decode loop reads them with no copy on the stream (a
-device-to-host copy there cost ~10 us per step on the H200: bench/step_io_probe.py).
+device-to-host copy there cost ~10 us per step on the H200: docs/performance.md).
 Anything else (prefill, larger batches) runs eagerly: the fallback is Qwen3Model.forward
 itself.
 """

@@ -112,7 +112,7 @@ class KernelModules:
     pdl: launch the kernels of PDL_FILES with programmatic dependent launch
     (kestrel_rt/cuda/pdl.py; needs compute capability >= 9.0, else ignored). defines: macros
     every file is compiled with (-DNAME), for diagnostic builds such as decode_attention.cu's
-    DECODE_PROBE (bench/attention_probe.py)."""
+    DECODE_PROBE (bench/probes/attention_probe.py)."""
 
     def __init__(self, device: torch.device, pdl: bool = False,
                  defines: tuple[str, ...] = ()) -> None:
