@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -28,8 +29,10 @@ from rich.progress import (
 
 from kestrel_cli.outdir import output_folder
 from kestrel_cli.table import metrics_table, run_title
+from kestrel_sim.errors import OutputError
 from kestrel_sim.metrics import Metrics, compute_metrics
 from kestrel_sim.scenario import Scenario, load_scenario
+from kestrel_sim.sim.keep import SAMPLE_SPANS
 from kestrel_sim.timeseries import compute_timeseries
 
 SET_HELP = "override a scenario key, e.g. --set spec.k=8 (repeatable; the value is YAML)"
@@ -39,6 +42,12 @@ RUN_FILES = frozenset({"metrics.json", "timeseries.json", "scenario.json", "trac
                        "report.html", "kestrel_trace.json"})
 
 
+class TraceChoice(str, Enum):
+    full = "full"
+    sample = "sample"
+    none = "none"
+
+
 def progress_bar(console: Console) -> Progress:
     """Shown on a terminal only, and cleared when done."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -46,8 +55,8 @@ def progress_bar(console: Console) -> Progress:
                     console=console, transient=True)
 
 
-def simulate_with_progress(scenario: Scenario, console: Console):
-    """Run the simulator, showing finished requests on a progress bar."""
+def simulate_with_progress(scenario: Scenario, console: Console, trace: str = "sample"):
+    """Run the simulator, showing finished requests on a progress bar; a SimRun."""
     from kestrel_sim import simulate
 
     with progress_bar(console) as bar:
@@ -56,7 +65,18 @@ def simulate_with_progress(scenario: Scenario, console: Console):
         def report(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return simulate(scenario, progress=report)
+        return simulate(scenario, progress=report, trace=trace)
+
+
+def trace_note(trace) -> str:
+    """What trace.json holds, where it is not the whole run."""
+    kept = trace.meta.get("trace")
+    if not isinstance(kept, dict) or kept.get("complete", True):
+        return ""
+    if kept.get("mode") == "none":
+        return "; no trace kept (--trace none)"
+    return (f"; trace.json keeps {kept['spans_kept']:,} of {kept['spans_seen']:,} spans (1 s "
+            f"windows every {kept['windows_every_s']:g} s; --trace full keeps all)")
 
 
 def costs_label(scenario: Scenario) -> str:
@@ -79,11 +99,12 @@ def render_run(scenario, trace, include_raw: bool = False) -> tuple[Metrics, dic
         "metrics.json": metrics.model_dump_json(indent=2),
         "timeseries.json": timeseries.model_dump_json(),
         "scenario.json": json.dumps(scenario_dict, indent=2),
-        "trace.json": dumps_chrome_trace(trace),
         "report.html": run_report(trace, metrics, timeseries, scenario_dict),
     }
-    if include_raw:
-        files["kestrel_trace.json"] = json.dumps(trace.to_dict())
+    if (trace.meta.get("trace") or {}).get("mode") != "none":
+        files["trace.json"] = dumps_chrome_trace(trace)
+        if include_raw:
+            files["kestrel_trace.json"] = json.dumps(trace.to_dict())
     return metrics, files
 
 
@@ -97,24 +118,30 @@ def run(
     raw_trace: Annotated[bool, typer.Option(
         "--raw-trace", help="also write the Trace itself (kestrel_trace.json)")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help=OVERWRITE_HELP)] = False,
+    trace: Annotated[TraceChoice, typer.Option(
+        "--trace", help="the timeline kept in trace.json and the report: every span, a "
+        f"sample (all up to {SAMPLE_SPANS:,} spans, then evenly spread 1 s windows) or none; "
+        "metrics are the same whichever")] = TraceChoice.sample,
 ) -> None:
     """Run a scenario on the simulator: print metrics, write metrics.json, trace.json
     (open in ui.perfetto.dev) and report.html."""
     console = Console(stderr=True)
+    if raw_trace and trace is TraceChoice.none:
+        raise OutputError("--raw-trace writes the kept trace: it needs --trace full or sample")
     overrides = list(set_ or ())
     sc = load_scenario(scenario, overrides)
     out = out or Path("runs") / sc.name
     with output_folder(out, overwrite, RUN_FILES, inputs=(scenario,)) as folder:
         costs = costs_label(sc)
         started = time.perf_counter()
-        trace = simulate_with_progress(sc, console)
+        run_ = simulate_with_progress(sc, console, trace.value)
         sim_wall = time.perf_counter() - started
-        metrics, files = render_run(sc, trace, include_raw=raw_trace)
+        metrics, files = render_run(sc, run_, include_raw=raw_trace)
         folder.commit(files)
     Console().print(metrics_table(metrics, run_title(sc.name, costs, overrides)))
     speed = f", {metrics.duration / sim_wall:.0f}x real time" if sim_wall > 0 else ""
     console.print(f"simulated {metrics.duration:.2f} s in {sim_wall:.2f} s wall{speed}; "
-                  f"wrote {', '.join(files)} to {out}", highlight=False)
+                  f"wrote {', '.join(files)} to {out}{trace_note(run_)}", highlight=False)
 
 
 def schema() -> None:

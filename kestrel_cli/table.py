@@ -1,5 +1,5 @@
 """The metrics table `kestrel run` prints: every row with its unit, latencies as mean /
-median / p99, and a title that says where the step times came from and which --set
+median / std / p99, and a title that says where the step times came from and which --set
 overrides made this run.
 
 Rows name Metrics fields (kestrel_sim.metrics); a renamed field is renamed here only.
@@ -14,15 +14,20 @@ from kestrel_sim.metrics import Metrics
 # (label, unit, Metrics field, format)
 SCALARS = [
     ("completed requests", "requests", "completed", "{:d}"),
+    ("failed requests", "requests", "failed", "{:d}"),
     ("duration", "s", "duration", "{:.3f}"),
     ("request throughput", "req/s", "request_throughput", "{:.3f}"),
     ("output throughput", "tok/s", "output_throughput", "{:.1f}"),
+    ("peak output throughput", "tok/s", "max_output_tokens_per_s", "{:.0f}"),
     ("total token throughput", "tok/s", "total_token_throughput", "{:.1f}"),
     ("goodput (within SLO)", "req/s", "request_goodput", "{:.3f}"),
+    ("peak concurrent requests", "requests", "max_concurrent_requests", "{:d}"),
 ]
-# (label, key): fields mean_KEY_ms, median_KEY_ms, p99_KEY_ms
+# (label, key): fields mean_KEY_ms, median_KEY_ms, std_KEY_ms, p99_KEY_ms
 LATENCIES = [("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2E latency", "e2el")]
-COLUMNS = ("metric", "unit", "mean / value", "median", "p99")
+STATS = ("mean", "median", "std", "p99")
+COLUMNS = ("metric", "unit", "mean/value", "median", "std", "p99")
+BLANK = ("",) * (len(STATS) - 1)
 
 
 def run_title(name: str, costs: str, overrides: list[str]) -> str:
@@ -40,20 +45,23 @@ def metrics_table(m: Metrics, title: str) -> Table:
     for label, unit, field, fmt in SCALARS:
         value = getattr(m, field)
         if value is not None:
-            table.add_row(label, unit, fmt.format(value), "", "")
+            table.add_row(label, unit, fmt.format(value), *BLANK)
     for label, key in LATENCIES:
-        table.add_row(label, "ms", *(f"{getattr(m, f'{s}_{key}_ms'):.2f}"
-                                     for s in ("mean", "median", "p99")))
-    if m.acceptance_rate is not None:
-        table.add_row("draft acceptance rate", "%", f"{100 * m.acceptance_rate:.1f}", "", "")
-        table.add_row("acceptance length", "tok/round", f"{m.mean_acceptance_length:.3f}", "", "")
-        table.add_row("acceptance by position", "%",
-                      " ".join(f"{100 * p:.0f}" for p in m.per_position_acceptance), "", "")
+        table.add_row(label, "ms", *(f"{getattr(m, f'{s}_{key}_ms'):.2f}" for s in STATS))
+    if m.spec_decode_acceptance_rate is not None:
+        rows = [
+            ("draft acceptance rate", "%", f"{m.spec_decode_acceptance_rate:.1f}"),
+            ("acceptance length", "tok/round", f"{m.spec_decode_acceptance_length:.3f}"),
+            ("acceptance by position", "%", " ".join(
+                f"{100 * p:.0f}" for p in m.spec_decode_per_position_acceptance_rates)),
+            ("drafts", "count", str(m.spec_decode_num_drafts)),
+        ]
+        for label, unit, value in rows:
+            table.add_row(label, unit, value, *BLANK)
     for worker, busy in m.worker_utilization.items():
-        table.add_row(f"utilization {worker}", "% busy", f"{100 * busy:.1f}", "", "")
-    if m.stage_share:
-        share = "  ".join(f"{k} {100 * v:.0f}" for k, v in m.stage_share.items())
-        table.add_row("stage share", "% of busy", share, "", "")
+        table.add_row(f"utilization {worker}", "% busy", f"{100 * busy:.1f}", *BLANK)
+    for stage, share in m.stage_share.items():
+        table.add_row(f"busy time in {stage}", "%", f"{100 * share:.1f}", *BLANK)
     if m.preemptions:
-        table.add_row("preemptions", "count", str(m.preemptions), "", "")
+        table.add_row("preemptions", "count", str(m.preemptions), *BLANK)
     return table

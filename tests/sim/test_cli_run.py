@@ -36,7 +36,7 @@ def test_run_writes_every_output(tmp_path):
     assert "output throughput" in result.output
     metrics = Metrics.model_validate_json((out / "metrics.json").read_text())
     assert metrics.completed == 40
-    assert metrics.mean_acceptance_length > 1.0
+    assert metrics.spec_decode_acceptance_length > 1.0
     trace = json.loads((out / "trace.json").read_text())
     kinds = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert {"prefill", "draft", "verify"} <= kinds
@@ -129,7 +129,8 @@ def test_sweep_grid_in_two_processes(tmp_path):
     assert [r["params"] for r in doc["rows"]] == [
         {"spec.k": k, "workload.arrivals.rate": rate} for k in (1, 4) for rate in (5, 20)
     ]
-    lengths = {r["params"]["spec.k"]: r["metrics"]["mean_acceptance_length"] for r in doc["rows"]}
+    lengths = {r["params"]["spec.k"]: r["metrics"]["spec_decode_acceptance_length"]
+               for r in doc["rows"]}
     assert lengths[4] > lengths[1]  # more drafts, more tokens per round
     assert all(r["metrics"]["completed"] == 40 for r in doc["rows"])
     rows = list(csv.DictReader((out / "sweep.csv").open()))
@@ -165,8 +166,10 @@ def test_table_shows_units_overrides_and_the_cost_source(monkeypatch, capsys, tm
     assert code == 0, err
     assert "default: simulated, measured profile qwen3-8b_h200.json" in out
     assert "--set workload.requests=40 --set spec.k=2" in out
+    from kestrel_cli.table import COLUMNS
+
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
-            for line in out.splitlines() if line.count("│") == 6}
+            for line in out.splitlines() if line.count("│") == len(COLUMNS) + 1}
     assert rows["TTFT"] == rows["TPOT"] == "ms"
     assert rows["output throughput"] == "tok/s" and rows["duration"] == "s"
     assert rows["draft acceptance rate"] == "%" and rows["acceptance length"] == "tok/round"
@@ -212,3 +215,27 @@ def test_progress_bar_with_an_eta_on_a_terminal():
     assert len(trace.requests) == 200
     text = screen.getvalue()
     assert "simulating default" in text and "ETA" in text and "/200" in text
+
+
+def test_trace_modes_keep_the_metrics(tmp_path, monkeypatch, capsys):
+    for mode in ("full", "none"):
+        code, _, err = _main(monkeypatch, capsys, "run", str(DEFAULT), "-o", str(tmp_path / mode),
+                             *SMALL, "--trace", mode)
+        assert code == 0, err
+    assert "trace.json" in {p.name for p in (tmp_path / "full").iterdir()}
+    assert "trace.json" not in {p.name for p in (tmp_path / "none").iterdir()}
+    assert "no trace kept (--trace none)" in " ".join(err.split())
+    assert (tmp_path / "full" / "metrics.json").read_text() == (
+        tmp_path / "none" / "metrics.json").read_text()
+    code, _, err = _main(monkeypatch, capsys, "run", str(DEFAULT), "-o", str(tmp_path / "raw"),
+                         *SMALL, "--trace", "none", "--raw-trace")
+    assert code == 2 and "--raw-trace" in err and not (tmp_path / "raw").exists()
+
+
+def test_sweep_rows_hold_no_per_request_arrays(tmp_path):
+    out = tmp_path / "sweep"
+    result = CliRunner().invoke(app, ["sweep", str(DEFAULT), *SMALL, "--set", "spec.k=1,2",
+                                      "-j", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((out / "sweep.json").read_text())["rows"][0]["metrics"]
+    assert "mean_ttft_ms" in metrics and not {"ttfts", "itls", "input_lens"} & set(metrics)
