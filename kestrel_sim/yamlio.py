@@ -248,6 +248,10 @@ def _describe(err: dict, path: Key, data, model, tags) -> str:
         return f"must be {bounds[kind]} {bound} (got {_got(value)})"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected', '?')} (got {_got(value)})"
+    if kind in ("too_short", "too_long"):
+        bound = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")
+        return (f"needs {'at least' if kind == 'too_short' else 'at most'} {bound} "
+                f"entr{'y' if bound == 1 else 'ies'} (got {ctx.get('actual_length')})")
     if kind == "int_from_float":
         return f"expected an integer (got {_got(value)})"
     base = kind.removesuffix("_type").removesuffix("_parsing")

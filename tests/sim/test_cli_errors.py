@@ -323,3 +323,15 @@ def test_version_comes_from_the_package_metadata(monkeypatch, capsys):
 
     code, out, _ = kestrel(monkeypatch, capsys, "--version")
     assert code == 0 and out.strip() == f"kestrel {version('kestrel')}"
+
+
+def test_a_bad_profile_as_the_hardware_names_the_key(tmp_path, monkeypatch, capsys):
+    (tmp_path / "p.json").write_text(
+        '{"fingerprint": {"device": "NVIDIA H200", "model": "qwen3-8b"}, "measurements": []}')
+    (tmp_path / "s.yaml").write_text("name: s\nhardware: p.json\nworkload: {arrivals: "
+                                     "{process: poisson, rate: 1}, requests: 5}\n")
+    code, _, err = kestrel(monkeypatch, capsys, "run", tmp_path / "s.yaml", "-o", tmp_path / "r")
+    assert code == 2
+    assert f"s.yaml:2: hardware: profile {tmp_path / 'p.json'} does not validate" in err
+    assert "measurements: needs at least 1 entry (got 0)" in err
+    assert not (tmp_path / "r").exists()
