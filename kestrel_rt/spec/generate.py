@@ -1,0 +1,118 @@
+"""Batched speculative generation of a closed set of prompts: what `kestrel generate --draft`
+runs. Continuous batching over a fixed number of slots, as kestrel_rt.engine.generate: a
+sequence leaves at max_new_tokens, an end-of-sequence token or the context, and a waiting
+prompt takes its slots (one in each model's cache)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from kestrel_rt.engine import GenerateResult, PromptTooLongError
+from kestrel_rt.model import Qwen3Model
+from kestrel_rt.spec.config import SpecConfig
+from kestrel_rt.spec.round import SpecDecoder
+from kestrel_rt.spec.stats import SpecStats
+from kestrel_rt.trace import Tracer
+from kestrel_sim.errors import KestrelError
+
+
+@dataclass
+class SpecResult(GenerateResult):
+    """GenerateResult (decode_steps counts rounds) with the speculative statistics."""
+
+    stats: SpecStats | None = None
+
+
+def check_request(decoder: SpecDecoder, prompts: list[list[int]], max_new: list[int]) -> None:
+    """Prompts and limits a user can get wrong, refused with what is expected."""
+    vocab, ctx, name = decoder.target.shape.vocab_size, decoder.context, decoder.target.shape.name
+    for i, (p, n) in enumerate(zip(prompts, max_new)):
+        if n < 0:
+            raise KestrelError(f"max_new_tokens of prompt {i} is {n}: expected >= 0")
+        if not p:
+            raise KestrelError(f"prompt {i} is empty: expected at least one token id")
+        if len(p) >= ctx:
+            raise PromptTooLongError(
+                f"prompt {i} has {len(p)} tokens: the context of target '{name}' and its draft "
+                f"is {ctx} (max_position_embeddings), so a prompt may have at most {ctx - 1}")
+        bad = [t for t in p if not 0 <= t < vocab]
+        if bad:
+            raise KestrelError(f"prompt {i} has token id {bad[0]}: expected ids in "
+                               f"0..{vocab - 1} (vocab_size of model '{name}')")
+
+
+def _sync(*models: Qwen3Model) -> None:
+    for m in models:
+        if m.device.type == "cuda":
+            torch.cuda.synchronize(m.device)
+
+
+def speculative_generate(
+    target: Qwen3Model,
+    draft: Qwen3Model,
+    prompts: list[list[int]],
+    max_new_tokens: int | list[int],
+    config: SpecConfig | None = None,
+    eos_token_id: int | list[int] | None = None,
+    max_batch: int | None = None,
+    tracer: Tracer | None = None,
+) -> SpecResult:
+    """Generate up to max_new_tokens (one for all, or one per prompt) for every prompt,
+    speculatively with `draft`; greedy output equals kestrel_rt.engine.generate's token for
+    token. At most max_batch sequences run at once (default: all). The generated ids include
+    the end-of-sequence token that stops a sequence; prompt + generated never exceed the
+    context (the smaller max_position_embeddings of the two models)."""
+    config = config or SpecConfig()
+    decoder = SpecDecoder(target, draft, config, tracer)
+    max_new = ([max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int)
+               else list(max_new_tokens))
+    if len(max_new) != len(prompts):
+        raise KestrelError(f"{len(max_new)} max_new_tokens for {len(prompts)} prompts: "
+                           "expected one per prompt (or one number for all)")
+    check_request(decoder, prompts, max_new)
+    if max_batch is not None and max_batch < 1:
+        raise KestrelError(f"max_batch is {max_batch}: expected at least 1 sequence at once")
+    eos = frozenset() if eos_token_id is None else frozenset(
+        [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+    out: list[list[int]] = [[] for _ in prompts]
+    waiting = deque(i for i, n in enumerate(max_new) if n > 0)
+    if not waiting:
+        return SpecResult(out, sum(map(len, prompts)), 0.0, 0.0, 0, decoder.stats)
+    longest = max(len(prompts[i]) + max_new[i] for i in waiting)
+    decoder.allocate_kv(min(len(waiting), max_batch or len(waiting)),
+                        min(longest, decoder.context))
+    running = []
+    prefill_s = decode_s = 0.0
+    rounds = 0
+    while waiting or running:
+        admitted = []
+        while waiting and decoder.can_allocate():
+            i = waiting.popleft()
+            admitted.append(decoder.add(i, prompts[i], max_new[i], eos))
+        if admitted:
+            t0 = time.perf_counter()
+            decoder.prefill(admitted)
+            _sync(target, draft)
+            prefill_s += time.perf_counter() - t0
+            running += admitted
+        if running := finish(decoder, running, out):
+            t0 = time.perf_counter()
+            decoder.round(running)
+            _sync(target, draft)
+            decode_s += time.perf_counter() - t0
+            rounds += 1
+            running = finish(decoder, running, out)
+    return SpecResult(out, sum(map(len, prompts)), prefill_s, decode_s, rounds, decoder.stats)
+
+
+def finish(decoder: SpecDecoder, running: list, out: list[list[int]]) -> list:
+    """Release the sequences that are done (their tokens into `out`); the rest go on."""
+    for s in running:
+        if s.done:
+            out[s.request] = s.generated
+            decoder.release(s)
+    return [s for s in running if not s.done]

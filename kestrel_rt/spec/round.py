@@ -1,0 +1,282 @@
+"""The speculative round: a draft model proposes k tokens, the target verifies them in one
+forward, the caches roll back by length. Two model instances, each with its own backend
+(the draft may run on the CPU while the target runs on a GPU).
+
+What each KV cache holds, for a sequence of L tokens x_1..x_L (prompt + generated):
+
+- target: x_1..x_{L-1}, every token but the last (as in plain decoding);
+- draft:  x_1..x_{L-1}, or x_1..x_{L-2} after a round that accepted all k proposals (the
+  draft proposed d_k but never ran it).
+
+A round, for a sequence that may still emit r tokens (limit = min(k, r - 1) proposals count):
+
+1. draft: step 1 feeds the tokens the draft has not cached (x_L =: t0, with x_{L-1} when it
+   lags), steps 2..k the previous step's proposal: d_1..d_k. The draft cache grows to
+   L + k - 1 (t0, d_1..d_{k-1}).
+2. verify: the target runs [t0, d_1..d_limit] (padded to k+1) in ONE forward: its choice g_i
+   after each position i (greedy: argmax; sampled: probabilities p_i).
+3. accept n <= limit: greedy, the longest prefix with d_i == g_{i-1}; sampled, rejection
+   sampling (kestrel_rt/spec/accept.py); controlled, drawn (kestrel_rt/spec/controlled.py).
+   Emit d_1..d_n and the target's token after them, g_n (the correction, or the bonus when
+   n == limit): the sequence is now L + n + 1 tokens long.
+4. roll back by length (host bookkeeping only): target to L + n (t0, d_1..d_n kept: all but
+   g_n); draft to L + min(n, k - 1) (all but g_n, and but d_k when n == k).
+
+`fused` takes g_n from the verify. `separate` rolls the target back to L + n - 1 (without
+its last accepted input: d_n, or t0 when n = 0) and forwards that token alone, taking g_n
+from that forward (the same token in exact arithmetic; what the simulator prices as
+"correction").
+
+Greedy on a GPU: proposals stay on the device (one step's argmax is the next step's input),
+the verify returns device argmax ids, acceptance is the backend's kernel, and the host reads
+the round once (accepted lengths, the target's tokens and the proposals: it needs them to
+roll back); `separate` reads its correction token a second time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kestrel_rt.model import Qwen3Model
+from kestrel_rt.sampling import probabilities, sample_from
+from kestrel_rt.spec.accept import draft_probs_at, greedy_accept, rejection_sample, residual
+from kestrel_rt.spec.config import SEED_RANGE, SpecConfig
+from kestrel_rt.spec.controlled import ControlledAcceptance, accept_rng
+from kestrel_rt.spec.sequence import SpecSequence
+from kestrel_rt.spec.stats import SpecStats
+from kestrel_rt.trace import NullTracer, Tracer
+from kestrel_sim.errors import KestrelError
+
+
+def worker_name(device: torch.device, role: str) -> str:
+    """A trace worker: "gpu0/target", "cpu/draft", ..."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"gpu{index}/{role}"
+    return f"{device.type}/{role}"
+
+
+class SpecDecoder:
+    """Speculative decoding of a target model with a draft model; see the module docstring.
+
+    The caller owns the running sequences: `add` one (slots in both caches), `prefill` new
+    ones, call `round` on the running ones, `release` the finished ones.
+    """
+
+    def __init__(self, target: Qwen3Model, draft: Qwen3Model, config: SpecConfig | None = None,
+                 tracer: Tracer | None = None) -> None:
+        if target.backend is draft.backend:
+            raise KestrelError("the draft model shares its target's backend: each model "
+                               "instance needs its own backend (weights must never be shared)")
+        if target.shape.vocab_size != draft.shape.vocab_size:
+            raise KestrelError(
+                f"draft '{draft.shape.name}' has vocab_size {draft.shape.vocab_size} but target "
+                f"'{target.shape.name}' has {target.shape.vocab_size}: a draft must share its "
+                "target's vocabulary")
+        self.target, self.draft = target, draft
+        self.config = config or SpecConfig()
+        self.tracer = tracer or NullTracer()
+        self.k = self.config.k
+        self.stats = SpecStats(self.k, controlled=self.config.controlled)
+        self.controlled = (ControlledAcceptance(self.config.acceptance, self.k)
+                           if self.config.controlled else None)
+        self.context = min(target.shape.max_position_embeddings,
+                           draft.shape.max_position_embeddings)
+        self.target_worker = worker_name(target.device, "target")
+        self.draft_worker = worker_name(draft.device, "draft")
+
+    # -- sequences -----------------------------------------------------------------------
+    def allocate_kv(self, num_slots: int, max_len: int) -> None:
+        """Both caches, for sequences of up to max_len tokens (each k more, for proposals)."""
+        self.target.allocate_kv(num_slots, max_len + self.k)
+        self.draft.allocate_kv(num_slots, max_len + self.k)
+
+    @property
+    def room(self) -> int:
+        """The most tokens (prompt + generated) a sequence may reach."""
+        return min(self.context, self.target.kv.max_len - self.k,
+                   self.draft.kv.max_len - self.k)
+
+    def can_allocate(self) -> bool:
+        return self.target.kv.can_allocate() and self.draft.kv.can_allocate()
+
+    def add(self, request: int, prompt: list[int], max_new_tokens: int,
+            eos: frozenset[int] | set[int] = frozenset()) -> SpecSequence:
+        """A new sequence with a slot in each cache and its own generators."""
+        cfg = self.config
+        generator = None
+        if not cfg.greedy:
+            generator = torch.Generator()
+            if cfg.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed((cfg.seed + request) % SEED_RANGE)
+        return SpecSequence(
+            request, list(prompt), len(prompt), max_new_tokens, self.target.kv.allocate(),
+            self.draft.kv.allocate(), frozenset(eos), generator,
+            accept_rng(cfg.seed, request) if self.controlled else None)
+
+    def release(self, seq: SpecSequence) -> None:
+        self.target.kv.free(seq.target_slot)
+        self.draft.kv.free(seq.draft_slot)
+
+    # -- prefill -------------------------------------------------------------------------
+    def prefill(self, seqs: list[SpecSequence]) -> None:
+        """Both models take the prompts; each sequence emits the target's first token."""
+        prompts = [s.tokens for s in seqs]
+        reqs, n = [s.request for s in seqs], sum(map(len, prompts))
+        with self.tracer.span("prefill", self.target_worker, reqs, tokens=n,
+                              on_device=self.target.device.type == "cuda"):
+            logits = self.target.prefill(prompts, [s.target_slot for s in seqs])  # [B, V]
+            if self.config.greedy:
+                first = logits.argmax(dim=-1)  # [B]
+            else:
+                uniforms = torch.cat([torch.rand(1, generator=s.generator) for s in seqs])
+                first = sample_from(self.probs(logits), uniforms.to(logits.device))  # [B]
+        with self.tracer.span("prefill", self.draft_worker, reqs, tokens=n,
+                              on_device=self.draft.device.type == "cuda"):
+            tokens, lengths = padded(prompts)
+            self.draft.forward(tokens, [s.draft_slot for s in seqs], lengths, last_only=True,
+                               greedy=True)
+        room = self.room
+        for s, t in zip(seqs, first.tolist()):
+            s.emit([t], room)
+
+    # -- the round -----------------------------------------------------------------------
+    def round(self, seqs: list[SpecSequence]) -> list[list[int]]:
+        """One speculative round on running sequences; returns the tokens each emitted."""
+        k, room = self.k, self.room
+        if any(s.remaining(room) < 1 for s in seqs):
+            raise ValueError("round() takes running sequences only (one has nothing to emit)")
+        lengths = [len(s.tokens) for s in seqs]  # L before the round
+        limits = [min(k, s.remaining(room) - 1) for s in seqs]  # proposals that may count
+        uniforms = self.uniforms(seqs)  # [B, 2k+1] per request (sampled), or None
+        drafts, q = self.propose(seqs, uniforms)  # [B, k] ids, q [B, k, V] (sampled)
+        span = self.tracer.open("verify", self.target_worker, [s.request for s in seqs],
+                                on_device=self.target.device.type == "cuda",
+                                tokens=sum(limits) + len(seqs), proposed=k,
+                                context=sum(lengths) - len(seqs))
+        verified = self.verify(seqs, drafts, limits)  # target ids [B, k+1] or probs [B, k+1, V]
+        accepted, final = self.judge(seqs, drafts, q, verified, limits, uniforms)  # [B], [B]
+        self.tracer.close(span, on_device=self.target.device.type == "cuda")
+        rows = torch.cat([accepted[:, None], final[:, None], drafts], 1).tolist()  # one read
+        accepted = [row[0] for row in rows]
+        for s, L, n in zip(seqs, lengths, accepted):  # roll back: lengths only
+            self.target.kv.rollback(s.target_slot, L + n)
+            self.draft.kv.rollback(s.draft_slot, L + min(n, k - 1))
+        if self.config.correction == "separate":
+            finals = self.correct(seqs, rows, q, uniforms, limits)
+        else:
+            finals = [row[1] for row in rows]
+        span.accepted = accepted
+        for limit, n in zip(limits, accepted):
+            self.stats.record(limit, n)
+        return [s.emit(row[2: 2 + n] + [g], room) for s, row, n, g in zip(seqs, rows, accepted,
+                                                                            finals)]
+
+    # -- its stages ----------------------------------------------------------------------
+    def uniforms(self, seqs: list[SpecSequence]) -> torch.Tensor | None:
+        """Sampling: 2k+1 uniforms per request from its own generator (k draft draws, k
+        acceptance tests, the final token), [B, 2k+1] on the host; None when greedy."""
+        if self.config.greedy:
+            return None
+        return torch.stack([torch.rand(2 * self.k + 1, generator=s.generator) for s in seqs])
+
+    def propose(self, seqs: list[SpecSequence], uniforms: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """k draft steps -> proposals [B, k] on the target's device and, sampled, their
+        draft probabilities q [B, k, V] there too (None when greedy)."""
+        draft, B, k = self.draft, len(seqs), self.k
+        on_device = draft.device.type == "cuda"
+        slots = [s.draft_slot for s in seqs]
+        tokens, n_new = padded([s.tokens[draft.kv.length(s.draft_slot):] for s in seqs])
+        drafts = torch.empty(B, k, dtype=torch.long, device=draft.device)  # [B, k]
+        q = []
+        if uniforms is not None:
+            uniforms = uniforms[:, :k].to(draft.device)  # [B, k]
+        for i in range(k):
+            context = sum(draft.kv.length(s) for s in slots)
+            with self.tracer.span("draft", self.draft_worker, [s.request for s in seqs],
+                                  on_device=on_device, tokens=sum(n_new), context=context):
+                if uniforms is None:  # greedy: the argmax stays on the device
+                    ids = self.draft_argmax(tokens, slots, n_new)  # [B, 1]
+                else:
+                    q.append(self.probs(draft.forward(tokens, slots, n_new, last_only=True)))
+                    ids = sample_from(q[-1], uniforms[:, i])[:, None]  # [B, 1]
+                drafts[:, i: i + 1].copy_(ids)  # before the next step reuses a graph's buffer
+            tokens, n_new = ids, [1] * B
+        device = self.target.device
+        return drafts.to(device), (torch.stack(q, 1).to(device) if q else None)
+
+    def draft_argmax(self, tokens: torch.Tensor, slots: list[int], n_new: list[int]
+                     ) -> torch.Tensor:
+        """One greedy draft step: tokens [B, M] -> the choice after each row's last real
+        token [B, 1] (M = 1 is a plain decode step, the same CUDA graph as decoding)."""
+        if tokens.shape[1] == 1:
+            return self.draft.forward(tokens, slots, greedy=True)  # [B, 1]
+        return self.draft.forward(tokens, slots, n_new, last_only=True, greedy=True)[:, None]
+
+    def verify(self, seqs: list[SpecSequence], drafts: torch.Tensor, limits: list[int]
+               ) -> torch.Tensor:
+        """The target runs [t0, d_1..d_k] in one forward (n_new = limit + 1 real rows):
+        greedy, its argmax ids [B, k+1]; sampled, its probabilities [B, k+1, V]."""
+        target = self.target
+        last = torch.tensor([[s.tokens[-1]] for s in seqs], device=target.device)  # [B, 1]
+        tokens = torch.cat([last, drafts], 1)  # [B, k+1]
+        slots, n_new = [s.target_slot for s in seqs], [limit + 1 for limit in limits]
+        if self.config.greedy:
+            return target.forward(tokens, slots, n_new, greedy=True)  # [B, k+1]
+        return self.probs(target.forward(tokens, slots, n_new))  # [B, k+1, V]
+
+    def judge(self, seqs, drafts, q, verified, limits, uniforms
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(accepted [B], the token after them [B]) on the target's device."""
+        device, k = self.target.device, self.k
+        limit = torch.tensor(limits, device=device)  # [B]
+        if self.controlled is not None:
+            drawn = self.controlled.draw([s.accept_rng for s in seqs], limits)
+            accepted = torch.tensor(drawn, device=device)  # [B]
+        elif uniforms is None:
+            accepted = greedy_accept(self.target.backend, drafts, verified, limit)
+        else:
+            u = uniforms.to(device)
+            return rejection_sample(verified, q, drafts, u[:, k: 2 * k], u[:, 2 * k], limit)
+        if uniforms is None:
+            return accepted, verified.gather(1, accepted[:, None])[:, 0]  # g_n
+        p_next = verified[torch.arange(len(seqs), device=device), accepted]  # [B, V]
+        return accepted, sample_from(p_next, uniforms[:, 2 * k].to(device))
+
+    def correct(self, seqs, rows, q, uniforms, limits) -> list[int]:
+        """separate: roll the target back past its last accepted input and forward it alone;
+        returns the token after it (argmax, a sample of p, or of the residual)."""
+        target, k = self.target, self.k
+        slots = [s.target_slot for s in seqs]
+        accepted = [row[0] for row in rows]
+        inputs = [[s.tokens[-1]] + row[2:] for s, row in zip(seqs, rows)]  # [t0, d_1..d_k]
+        for s, n in zip(slots, accepted):
+            target.kv.rollback(s, target.kv.length(s) - 1)
+        tokens = torch.tensor([[x[n]] for x, n in zip(inputs, accepted)])  # [B, 1]
+        with self.tracer.span("correction", self.target_worker, [s.request for s in seqs],
+                              on_device=target.device.type == "cuda", tokens=len(seqs),
+                              context=sum(target.kv.length(s) for s in slots)):
+            if uniforms is None:
+                final = target.forward(tokens, slots, greedy=True)[:, 0]  # [B]
+            else:
+                p = self.probs(target.forward(tokens, slots, last_only=True))  # [B, V]
+                if self.controlled is None:
+                    n = torch.tensor(accepted, device=p.device)
+                    p = residual(p, draft_probs_at(q, n, torch.tensor(limits, device=p.device)))
+                final = sample_from(p, uniforms[:, 2 * k].to(p.device))
+        return final.tolist()
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [..., V] -> probabilities after temperature and top-p, same shape."""
+        flat = logits.reshape(-1, logits.shape[-1])  # [N, V]
+        return probabilities(flat, self.config.temperature, self.config.top_p).view(logits.shape)
+
+
+def padded(rows: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+    """Token rows of different lengths -> ([B, M] int64, 0-padded, on the host; lengths)."""
+    lengths = [len(r) for r in rows]
+    M = max(lengths)
+    return torch.tensor([r + [0] * (M - len(r)) for r in rows], dtype=torch.long), lengths
