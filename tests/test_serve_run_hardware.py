@@ -5,6 +5,7 @@ naming the key."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 from pathlib import Path
@@ -59,7 +60,7 @@ def quiet() -> tuple[Console, io.StringIO]:
 
 def test_the_hardware_scenarios_are_there():
     names = {p.stem for p in HARDWARE_SCENARIOS}
-    assert {"cpu-colocated", "cpu-disaggregated", "cpu-closed-loop"} <= names
+    assert {"cpu-colocated", "cpu-disaggregated", "cpu-closed-loop", "cpu-spec"} <= names
     for path in HARDWARE_SCENARIOS:
         sc = load(path)
         assert sc.name == path.stem and sc.hardware == "cpu-xeon"
@@ -67,10 +68,14 @@ def test_the_hardware_scenarios_are_there():
 
 @pytest.mark.parametrize("path", HARDWARE_SCENARIOS, ids=lambda p: p.stem)
 def test_run_on_hardware_writes_what_the_simulator_reads(folder, tmp_path, path):
-    sc = load(path, model=str(folder))
+    drafts = {"draft__model": str(folder)} if "draft" in yaml.safe_load(path.read_text()) else {}
+    if drafts and importlib.util.find_spec("kestrel_rt.spec") is None:
+        pytest.skip("the speculative decoder (kestrel_rt/spec) has not landed")
+    sc = load(path, model=str(folder), **drafts)
     console, _ = quiet()
     trace = run_on_hardware(sc, console)
     assert trace.meta["source"] == "hardware" and trace.meta["scenario"] == sc.name
+    assert trace.meta["k"] == (sc.spec.k if sc.spec else 0)
     metrics, files = render_run(sc, trace)
     assert {"metrics.json", "timeseries.json", "trace.json", "report.html"} <= set(files)
     for name, text in files.items():
@@ -80,6 +85,12 @@ def test_run_on_hardware_writes_what_the_simulator_reads(folder, tmp_path, path)
     assert read.total_output_tokens == sum(r.output_tokens for r in trace.requests)
     assert read.duration > 0 and read.mean_ttft_ms > 0
     assert read.worker_utilization and 0 < max(read.worker_utilization.values()) <= 1
+    if sc.spec is not None:  # the draft is the target's folder: what it proposes is kept
+        stats = trace.meta["spec_decode"]
+        assert stats["spec_decode_accepted_tokens"] == stats["spec_decode_draft_tokens"]
+        assert stats["spec_decode_accepted_tokens"] == sum(
+            sum(s.accepted) for s in trace.spans if s.kind == "verify")
+        assert read.acceptance_rate > 0.5  # per k proposed: fewer count near a request's end
     json.loads((tmp_path / "timeseries.json").read_text())
     json.loads((tmp_path / "trace.json").read_text())
     trace.save(tmp_path / "kestrel_trace.json")  # the Trace itself round-trips

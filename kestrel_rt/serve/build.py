@@ -93,6 +93,11 @@ def device_name(device: torch.device) -> str:
 
 
 def plan_run(sc: Scenario, device: torch.device, dtype, controlled: bool | None) -> RunPlan:
+    if sc.spec is not None:
+        from kestrel_rt.serve.speculate import dummy_weights, spec_config
+
+        controlled = dummy_weights(sc) if controlled is None else controlled
+        spec_config(sc, controlled)  # refused first if the decoder cannot take it
     shape, folder = resolve(sc.model)
     drawn, seqs = draw_requests(sc.workload, shape.vocab_size)
     capacity = kv_capacity_of(sc)
@@ -118,11 +123,7 @@ def plan_run(sc: Scenario, device: torch.device, dtype, controlled: bool | None)
                              sum(kv_bytes(sh, dt, max_len) for sh, dt in shapes),
                              workers * sum(weight_bytes(sh, dt) for sh, dt in shapes),
                              free_bytes(device), max_len)
-    if controlled is None:
-        from kestrel_rt.serve.speculate import dummy_weights
-
-        controlled = sc.spec is not None and dummy_weights(sc)
-    return RunPlan(s, drawn, seqs, max_len, slots, draft_device, controlled)
+    return RunPlan(s, drawn, seqs, max_len, slots, draft_device, bool(sc.spec and controlled))
 
 
 def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: torch.device,
