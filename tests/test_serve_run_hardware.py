@@ -5,7 +5,6 @@ naming the key."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 from pathlib import Path
@@ -69,8 +68,6 @@ def test_the_hardware_scenarios_are_there():
 @pytest.mark.parametrize("path", HARDWARE_SCENARIOS, ids=lambda p: p.stem)
 def test_run_on_hardware_writes_what_the_simulator_reads(folder, tmp_path, path):
     drafts = {"draft__model": str(folder)} if "draft" in yaml.safe_load(path.read_text()) else {}
-    if drafts and importlib.util.find_spec("kestrel_rt.spec") is None:
-        pytest.skip("the speculative decoder (kestrel_rt/spec) has not landed")
     sc = load(path, model=str(folder), **drafts)
     console, _ = quiet()
     trace = run_on_hardware(sc, console)

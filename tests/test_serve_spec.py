@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-pytest.importorskip("kestrel_rt.spec", reason="the speculative decoder has not landed")
-
 from test_serve_engine import Limits, check_run
 from tiny_models import build
 

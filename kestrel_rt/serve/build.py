@@ -12,7 +12,6 @@ warms them up, and runs the engine in wall-clock time.
 
 from __future__ import annotations
 
-import importlib.util
 import platform
 import time
 from dataclasses import dataclass
@@ -29,11 +28,11 @@ from kestrel_rt.serve.models import build_model
 from kestrel_rt.serve.requests import Sequence, draw_requests
 from kestrel_rt.serve.settings import (
     ServeSettings,
-    UnsupportedScenarioError,
     check_lengths,
     refuse_unsupported,
     serve_settings,
 )
+from kestrel_rt.serve.speculate import build_decoder, dummy_weights, spec_config
 from kestrel_rt.serve.worker import Worker
 from kestrel_rt.weights import weight_bytes
 from kestrel_sim.scenario import Scenario
@@ -94,8 +93,6 @@ def device_name(device: torch.device) -> str:
 
 def plan_run(sc: Scenario, device: torch.device, dtype, controlled: bool | None) -> RunPlan:
     if sc.spec is not None:
-        from kestrel_rt.serve.speculate import dummy_weights, spec_config
-
         controlled = dummy_weights(sc) if controlled is None else controlled
         spec_config(sc, controlled)  # refused first if the decoder cannot take it
     shape, folder = resolve(sc.model)
@@ -139,8 +136,6 @@ def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: tor
     for m in models:
         m.allocate_kv(run.slots, run.max_len)
     if sc.spec is not None and role != "prefill":
-        from kestrel_rt.serve.speculate import build_decoder, spec_config
-
         spec = build_decoder(models[0], models[1], spec_config(sc, run.controlled),
                              f"{prefix}/target", draft_name)
     w = Worker(f"{prefix}/target", role, models, run.slots, run.settings.kv_capacity,
@@ -157,10 +152,6 @@ def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, ob
     sc = scenario
     wall0 = time.perf_counter()
     refuse_unsupported(sc)
-    if sc.spec is not None and importlib.util.find_spec("kestrel_rt.spec") is None:
-        raise UnsupportedScenarioError(  # until kestrel_rt/spec lands
-            "spec: speculative decoding on hardware needs kestrel_rt/spec, which is not "
-            "installed here; remove the draft and spec keys or run on the simulator (--on sim)")
     device = torch.device(device)
     run = plan_run(sc, device, dtype, controlled)
     if run.settings.mode == "colocated":
