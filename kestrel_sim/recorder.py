@@ -122,13 +122,11 @@ class Recorder:
 
     # ------------------------------------------------------------------ spans
 
-    def spans(self, spans) -> None:
+    def spans(self, spans: list) -> None:
         """Spans, each worker's in start order; queue waits occupy no worker."""
         workers = self.workers
         accepted: list[list[int]] = []
-        n = 0
         for s in spans:
-            n += 1
             kind = s.kind
             if kind == "queue_wait":
                 continue
@@ -142,11 +140,11 @@ class Recorder:
                 tally = workers[s.worker] = WorkerTally()
             start, end = s.start, s.end
             if start == tally.start and end == tally.end:
-                tally.group.append(s)  # the same forward (tallies.WorkerTally)
-            else:
+                tally.add(s)  # the same forward: a mixed step
+            else:  # WorkerTally.add, inlined for the common case
                 tally.close()
-                tally.start, tally.end, tally.group = start, end, [s]
-        self.spans_seen += n
+                tally.start, tally.end, tally.first = start, end, s
+        self.spans_seen += len(spans)
         if accepted:
             values = np.fromiter(chain.from_iterable(accepted), dtype=np.int64)
             hist = np.bincount(values)

@@ -130,27 +130,31 @@ class WorkerTally:
     step: a decode or verify carrying a prefill chunk): its seconds are split among them in
     proportion to their tokens, so the stages of a worker add up to its busy time."""
 
-    __slots__ = ("busy", "end", "group", "reach", "seconds", "start")
+    __slots__ = ("busy", "end", "first", "more", "reach", "seconds", "start")
 
     def __init__(self):
         self.busy = 0.0
         self.reach = -math.inf  # the latest end so far
-        self.start = self.end = math.nan  # the open forward
-        self.group: list = []  # its spans
+        self.start = self.end = math.nan  # the open forward ...
+        self.first = None  # ... its first span
+        self.more: list | None = None  # ... and any others (a mixed step)
         self.seconds: dict[str, float] = {}
 
     def add(self, span) -> None:
         """The next span of this worker (Recorder.spans inlines this)."""
         if span.start == self.start and span.end == self.end:
-            self.group.append(span)
+            if self.more is None:
+                self.more = [span]
+            else:
+                self.more.append(span)
             return
         self.close()
-        self.start, self.end, self.group = span.start, span.end, [span]
+        self.start, self.end, self.first = span.start, span.end, span
 
     def close(self) -> None:
         """Account for the open forward."""
-        group = self.group
-        if not group:
+        first = self.first
+        if first is None:
             return
         start, end = self.start, self.end
         lo = max(self.reach, start)
@@ -159,12 +163,13 @@ class WorkerTally:
             self.reach = end
         dur = end - start
         seconds = self.seconds
-        if len(group) == 1:
-            kind = group[0].kind
-            seconds[kind] = seconds.get(kind, 0.0) + dur
+        if self.more is None:
+            seconds[first.kind] = seconds.get(first.kind, 0.0) + dur
         else:
+            group = [first, *self.more]
             tokens = sum(s.tokens for s in group)
             for s in group:
                 share = s.tokens / tokens if tokens else 1.0 / len(group)
                 seconds[s.kind] = seconds.get(s.kind, 0.0) + dur * share
-        self.group = []
+            self.more = None
+        self.first = None

@@ -43,8 +43,10 @@ class TraceKeeper:
 
     def add_spans(self, spans: list[Span]) -> None:
         self.seen += len(spans)
-        if self.mode == "full":
+        if self.mode == "full" or (self.mode == "sample" and self.every == 1):
             self.spans.extend(spans)
+            while len(self.spans) > self.budget and self.mode == "sample":
+                self._halve()
         elif self.mode == "sample":
             window, every = self.window, self.every
             self.spans.extend(s for s in spans if (s.start // window) % every == 0)

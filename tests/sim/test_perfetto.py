@@ -75,7 +75,9 @@ def test_waits_derived_from_records_without_queue_wait_spans():
 def test_dumps_is_valid_json_with_counters():
     doc = json.loads(dumps_chrome_trace(_trace()))
     assert doc["displayTimeUnit"] == "ms"
-    assert any(e["ph"] == "C" for e in doc["traceEvents"])
+    counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
+    assert counters and set(counters[0]["args"]) == {"prefill queue", "prefilling",
+                                                     "decode queue", "running"}
     assert doc["otherData"]["source"] == "sim"
 
 
