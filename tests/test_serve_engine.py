@@ -40,9 +40,14 @@ def one_thread():
 
 
 def scenario(folder, serving: dict, requests=10, prompt=(4, 40), output=(1, 16), seed=0,
-             arrivals=None) -> Scenario:
+             arrivals=None, k=0) -> Scenario:
+    """A tiny-model scenario; k > 0 speculates with the target's own folder as the draft
+    (organic greedy acceptance: the output stays plain greedy generation's)."""
+    spec = {} if not k else {
+        "draft": {"model": str(folder), "device": "cpu"},
+        "spec": {"k": k, "correction": "fused", "acceptance": {"alpha": 0.5}}}
     return Scenario.load_from_dict({
-        "name": "tiny", "hardware": "cpu-xeon", "model": str(folder), "serving": serving,
+        "name": "tiny", "hardware": "cpu-xeon", "model": str(folder), "serving": serving, **spec,
         "workload": {
             "arrivals": arrivals or {"process": "poisson", "rate": 400},
             "requests": requests,
@@ -192,13 +197,14 @@ def test_closed_loop_keeps_concurrency(folder, reference):
     max_batch=st.integers(1, 4), max_tokens=st.integers(4, 48), chunk=st.integers(1, 24),
     slack=st.integers(-4, 24), preempt=st.booleans(), order=st.sampled_from(["fifo", "shortest-first"]),
     requests=st.integers(2, 8), prompt_high=st.integers(1, 24), output_high=st.integers(1, 24),
-    closed=st.booleans(), seed=st.integers(0, 2**16),
+    closed=st.booleans(), seed=st.integers(0, 2**16), k=st.sampled_from([0, 0, 2]),
 )
 def test_any_small_workload_finishes_or_is_refused(
         folder, reference, mode, max_batch, max_tokens, chunk, slack, preempt, order,
-        requests, prompt_high, output_high, closed, seed):
-    capacity = prompt_high + output_high + 1 + slack  # near the longest request: KV pressure
-    serving = {"max_batch": max_batch, "max_batched_tokens": max(max_tokens, max_batch),
+        requests, prompt_high, output_high, closed, seed, k):
+    capacity = max(1, prompt_high + output_high + k + 1 + slack)  # near the longest
+    serving = {"max_batch": max_batch,
+               "max_batched_tokens": max(max_tokens, max_batch * (k + 1)),
                "prefill_chunk": chunk, "kv_capacity_tokens": capacity,
                "on_kv_full": "preempt" if preempt else "wait"}
     if mode == "disaggregated":
@@ -206,12 +212,13 @@ def test_any_small_workload_finishes_or_is_refused(
     else:
         serving["prefill_schedule"] = mode.split("-")[1]
     arrivals = {"process": "closed", "concurrency": 2} if closed else None
-    sc = scenario(folder, serving, requests, (1, prompt_high), (1, output_high), seed, arrivals)
+    sc = scenario(folder, serving, requests, (1, prompt_high), (1, output_high), seed, arrivals,
+                  k)
     try:
         served = serve(sc, "cpu", observer=Limits(), threads=False)
     except KestrelError as err:  # refused with a reason: the longest request cannot fit
         assert "kv_capacity_tokens" in str(err)
         event("refused")
         return
-    event(f"ran, {served.trace.meta['preemptions'] > 0 and 'with' or 'no'} preemptions")
+    event(f"ran, {served.trace.meta['preemptions'] > 0 and 'with' or 'no'} preemptions, k={k}")
     check_run(served, reference, sc)
