@@ -103,7 +103,7 @@ def _stats(values: np.ndarray) -> tuple[float, float, float, float]:
 
 def _itl(rec: Recorder, done: np.ndarray) -> tuple[tuple, list[list[float]], str]:
     """ITL (mean, median, std, p99) in ms over completed requests, per-request gap lists in
-    s (all requests), and where the statistics came from."""
+    s (empty for a failed request, as vLLM's), and where the statistics came from."""
     n = rec.count
     exact = rec.itl.exact()
     if exact is None:  # past the bound: histogram quantiles, running sums
@@ -118,7 +118,8 @@ def _itl(rec: Recorder, done: np.ndarray) -> tuple[tuple, list[list[float]], str
     index, gaps = exact
     bounds = np.searchsorted(index, np.arange(n + 1))
     values = gaps.tolist()
-    per_request = [values[bounds[i]:bounds[i + 1]] for i in range(n)]
+    ok = done.tolist()
+    per_request = [values[bounds[i]:bounds[i + 1]] if ok[i] else [] for i in range(n)]
     return _stats(gaps[done[index]] * 1e3), per_request, "exact"
 
 

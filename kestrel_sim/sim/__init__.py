@@ -1,5 +1,5 @@
 """The SimPy model: workers, queues, speculative rounds, KV capacity and transfer links."""
 
-from kestrel_sim.sim.engine import simulate
+from kestrel_sim.sim.engine import SimRun, simulate
 
-__all__ = ["simulate"]
+__all__ = ["SimRun", "simulate"]

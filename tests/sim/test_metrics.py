@@ -138,11 +138,12 @@ def test_stage_share_sums_span_seconds_by_kind():
 def test_unfinished_requests_are_failed_with_zeros_as_vllm():
     trace = _two_requests()
     trace.requests.append(RequestRecord(id=2, arrival=1.2, prompt_tokens=5,
-                                        emit_times=[1.4], emit_counts=[1]))
+                                        emit_times=[1.4, 1.45], emit_counts=[1, 1]))
     m = compute_metrics(trace)
     assert (m.completed, m.failed) == (2, 1)
     assert m.duration == pytest.approx(1.5)
     assert (m.input_lens[2], m.output_lens[2], m.ttfts[2], m.latencies[2]) == (5, 0, 0.0, 0.0)
+    assert m.itls[2] == [] and m.mean_itl_ms == pytest.approx(500.0 / 3)  # its gap left out
     assert m.start_times[2] == pytest.approx(1.2)
 
 
