@@ -8,8 +8,9 @@ decode queue, a round or a prefill step by the simulator's rules), run (forward.
 model execution, timed as spans), postprocess (postprocess.py: emit, finish, join the
 batch or hand the KV over). engine.py holds the shared state and drives the workers;
 requests.py / arrivals.py the workload; queues.py, kv.py the queues and the KV budget and
-slots; handover.py the disaggregated KV copy; settings.py the scenario's serving keys;
-models.py builds model instances; build.py puts it together.
+slots; handover.py the disaggregated KV copy; speculate.py the scenario's speculative
+decoding (kestrel_rt/spec's decoder on a worker); settings.py the scenario's serving keys;
+models.py builds model instances (kestrel_rt/runner.py); build.py puts it together.
 """
 
 from kestrel_rt.serve.build import Served, serve
