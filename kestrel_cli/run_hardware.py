@@ -67,6 +67,9 @@ def notes(sc: Scenario) -> list[str]:
     if sc.serving.mode == "disaggregated" and sc.serving.link is not None:
         out.append("serving.link: the KV hand-over is a real copy between the two workers' "
                    "caches on one GPU; the link only prices the simulator's transfer")
+    if sc.draft is not None and sc.draft.hardware is not None:
+        out.append("draft.hardware: only prices the simulator's CPU draft; a cpu draft runs "
+                   "on this machine's CPU")
     if sc.serving.kv_capacity_tokens is None:
         out.append("serving.kv_capacity_tokens is not set: the KV budget is the simulator's, "
                    "from the hardware description's memory and serving.kv_memory_fraction")

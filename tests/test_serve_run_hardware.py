@@ -15,7 +15,7 @@ import yaml
 from rich.console import Console
 from tiny_models import build
 
-from kestrel_cli.run_hardware import HardwareMismatchError, run_on_hardware
+from kestrel_cli.run_hardware import HardwareMismatchError, notes, run_on_hardware
 from kestrel_cli.simulate import render_run
 from kestrel_rt.serve.settings import UnsupportedScenarioError, check_lengths
 from kestrel_sim.errors import ConfigError
@@ -125,8 +125,13 @@ def test_refuses_requests_longer_than_the_context_or_the_kv_budget():
 
 def test_notes_keys_only_the_simulator_uses(folder):
     path = next(p for p in HARDWARE_SCENARIOS if p.stem == "cpu-disaggregated")
-    sc = load(path, model=str(folder), serving__link="pcie5",
-              workload__requests=2)
+    sc = load(path, model=str(folder), serving__link="pcie5", workload__requests=2)
     console, text = quiet()
     run_on_hardware(sc, console)
     assert "serving.link" in text.getvalue()
+    assert notes(load(path, model=str(folder))) == []
+    spec = next(p for p in HARDWARE_SCENARIOS if p.stem == "cpu-spec")
+    said = notes(load(spec, draft__hardware="cpu-xeon", serving__kv_capacity_tokens=None,
+                      costs={"roofline": {}}))
+    assert [line.split(":")[0] for line in said] == [
+        "costs", "draft.hardware", "serving.kv_capacity_tokens is not set"]
