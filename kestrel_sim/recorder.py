@@ -126,6 +126,7 @@ class Recorder:
         """Spans, each worker's in start order; queue waits occupy no worker."""
         workers = self.workers
         accepted: list[list[int]] = []
+        drafts = self.drafts
         for s in spans:
             kind = s.kind
             if kind == "queue_wait":
@@ -146,7 +147,8 @@ class Recorder:
                 tally.start, tally.end, tally.first = start, end, s
         self.spans_seen += len(spans)
         if accepted:
-            values = np.fromiter(chain.from_iterable(accepted), dtype=np.int64)
+            values = np.fromiter(chain.from_iterable(accepted), dtype=np.int64,
+                                 count=self.drafts - drafts)
             hist = np.bincount(values)
             if hist.size > self.accepted_hist.size:
                 hist[: self.accepted_hist.size] += self.accepted_hist

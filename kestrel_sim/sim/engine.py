@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
@@ -22,7 +22,7 @@ from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec
 from kestrel_sim.metrics import Metrics, metrics_from
 from kestrel_sim.recorder import Recorder
-from kestrel_sim.scenario import Link, Scenario
+from kestrel_sim.scenario import Link, Scenario, Slo
 from kestrel_sim.sim import processes as proc
 from kestrel_sim.sim.keep import TraceKeeper, TraceMode
 from kestrel_sim.sim.kv import kv_capacity, kv_transfer_bytes_per_token
@@ -38,12 +38,25 @@ from kestrel_sim.workload import draw_workload
 class SimRun(Trace):
     """A simulated run: its Trace (spans, requests, meta, as much as `trace=` kept; meta
     "trace" says what), the Recorder that saw all of it, and the metrics (under the
-    scenario's SLO) and time series computed from that Recorder. compute_metrics(run, slo)
-    recomputes from the Recorder for another SLO."""
+    scenario's SLO) and time series computed from that Recorder on first use.
+    compute_metrics(run, slo) computes them for another SLO."""
 
     recorder: Recorder | None = None
-    metrics: Metrics | None = None
-    timeseries: TimeSeries | None = None
+    slo: Slo | None = None
+    _metrics: Metrics | None = field(default=None, repr=False, compare=False)
+    _timeseries: TimeSeries | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def metrics(self) -> Metrics:
+        if self._metrics is None:
+            self._metrics = metrics_from(self.recorder, self.slo)
+        return self._metrics
+
+    @property
+    def timeseries(self) -> TimeSeries:
+        if self._timeseries is None:
+            self._timeseries = timeseries_from(self.recorder)
+        return self._timeseries
 
 
 def _link(sc: Scenario, hw) -> LinkSpec:
@@ -168,7 +181,6 @@ def simulate(
         "trace": keeper.meta(),
     }
     run = SimRun(spans=keeper.spans, requests=keeper.requests(st.rec), meta=meta,
-                 recorder=st.rec, metrics=metrics_from(st.rec, sc.slo),
-                 timeseries=timeseries_from(st.rec))
+                 recorder=st.rec, slo=sc.slo)
     meta["wall_seconds"] = time.perf_counter() - wall0
     return run
