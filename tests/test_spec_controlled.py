@@ -52,6 +52,8 @@ def test_controlled_rounds_emit_the_drafts_and_the_targets_next_token():
     for _ in range(5):
         starts = [list(s.tokens) for s in seqs]
         emitted = dec.round(seqs)
+        opened = next(sp for sp in tracer.spans if sp.kind == "verify")
+        assert opened.extra == {"controlled": True}  # for the trace / metrics to mark
         verify = next(sp for sp in tracer.collect() if sp.kind == "verify")
         assert verify.accepted == [len(e) - 1 for e in emitted]
         accepted += verify.accepted

@@ -31,7 +31,7 @@ import torch
 from kestrel_rt.backend import TorchBackend
 from kestrel_rt.model import Qwen3Model
 from kestrel_rt.quant_weights import QuantizedWeight, is_projection, quantize_weight
-from kestrel_rt.weights import load_dummy, parse_dtype
+from kestrel_rt.weights import dummy_weights, load_dummy, parse_dtype
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.models import ModelShape
 
@@ -49,7 +49,7 @@ def layer_skip_weights(shape: ModelShape, hf: dict[str, torch.Tensor], layers: i
     """(shape, copies of the weights) of the target's first `layers` layers with its
     embedding, final norm and LM head."""
     if not 0 <= layers <= shape.num_hidden_layers:
-        raise KestrelError(f"a layer-skip draft of '{shape.name}' keeps 0..."
+        raise KestrelError(f"a layer-skip draft of '{shape.name}' keeps 0.."
                            f"{shape.num_hidden_layers} layers, not {layers}")
     kept = {name: t.clone() for name, t in hf.items()
             if (layer_of(name) is None or layer_of(name) < layers)}
@@ -82,12 +82,17 @@ def dequantized(hf: dict[str, object], dtype: torch.dtype) -> dict[str, torch.Te
             for n, w in hf.items()}
 
 
-def organic_pair(preset: str, kind: str = "quantized", layers: int = DEFAULT_INT4_LAYERS,
-                 device: str = "cpu", dtype: str = "float32", draft_device: str | None = None,
-                 seed: int = 0) -> tuple[Qwen3Model, Qwen3Model]:
-    """(target, draft) on torch backends: dummy weights of `preset` and a draft of `kind`
-    "quantized" (int4_layers = layers) or "layer_skip" (the first `layers` layers)."""
-    shape, hf = load_dummy(preset, device, dtype, seed)
+def organic_pair(preset: str | ModelShape, kind: str = "quantized",
+                 layers: int = DEFAULT_INT4_LAYERS, device: str = "cpu", dtype: str = "float32",
+                 draft_device: str | None = None, seed: int = 0
+                 ) -> tuple[Qwen3Model, Qwen3Model]:
+    """(target, draft) on torch backends: dummy weights of `preset` (a name or a shape) and
+    a draft of `kind` "quantized" (int4_layers = layers) or "layer_skip" (the first
+    `layers` layers)."""
+    if isinstance(preset, ModelShape):
+        shape, hf = preset, dummy_weights(preset, device, dtype, seed)
+    else:
+        shape, hf = load_dummy(preset, device, dtype, seed)
     if kind == "quantized":
         dshape, dhf = quantized_weights(shape, hf, layers)
     elif kind == "layer_skip":

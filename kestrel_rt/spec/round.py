@@ -145,34 +145,34 @@ class SpecDecoder:
     # -- the round -----------------------------------------------------------------------
     def round(self, seqs: list[SpecSequence]) -> list[list[int]]:
         """One speculative round on running sequences; returns the tokens each emitted."""
-        k, room = self.k, self.room
+        k, room, target, draft = self.k, self.room, self.target, self.draft
         if any(s.remaining(room) < 1 for s in seqs):
             raise ValueError("round() takes running sequences only (one has nothing to emit)")
-        lengths = [len(s.tokens) for s in seqs]  # L before the round
+        lengths = [len(s.tokens) for s in seqs]  # L: tokens before the round
         limits = [min(k, s.remaining(room) - 1) for s in seqs]  # proposals that may count
-        uniforms = self.uniforms(seqs)  # [B, 2k+1] per request (sampled), or None
-        drafts, q = self.propose(seqs, uniforms)  # [B, k] ids, q [B, k, V] (sampled)
-        span = self.tracer.open("verify", self.target_worker, [s.request for s in seqs],
-                                on_device=self.target.device.type == "cuda",
-                                tokens=sum(limits) + len(seqs), proposed=k,
-                                context=sum(lengths) - len(seqs))
-        verified = self.verify(seqs, drafts, limits)  # target ids [B, k+1] or probs [B, k+1, V]
-        accepted, final = self.judge(seqs, drafts, q, verified, limits, uniforms)  # [B], [B]
-        self.tracer.close(span, on_device=self.target.device.type == "cuda")
-        rows = torch.cat([accepted[:, None], final[:, None], drafts], 1).tolist()  # one read
+        uniforms = self.uniforms(seqs)  # [B, 2k+1] from each request's generator, or None
+        drafts, q = self.propose(seqs, uniforms)  # d_1..d_k [B, k]; draft probs [B, k, V]
+        with self.tracer.span("verify", self.target_worker, [s.request for s in seqs],
+                              on_device=target.device.type == "cuda", proposed=k,
+                              tokens=sum(limits) + len(seqs),
+                              context=sum(lengths) - len(seqs),
+                              extra={"controlled": self.config.controlled}) as span:
+            verified = self.verify(seqs, drafts, limits)  # ids [B, k+1] or probs [B, k+1, V]
+            accepted, after = self.judge(seqs, drafts, q, verified, limits, uniforms)  # n, g_n
+        rows = torch.cat([accepted[:, None], after[:, None], drafts], 1).tolist()  # one read
         accepted = [row[0] for row in rows]
-        for s, L, n in zip(seqs, lengths, accepted):  # roll back: lengths only
-            self.target.kv.rollback(s.target_slot, L + n)
-            self.draft.kv.rollback(s.draft_slot, L + min(n, k - 1))
-        if self.config.correction == "separate":
-            finals = self.correct(seqs, rows, q, uniforms, limits)
-        else:
-            finals = [row[1] for row in rows]
+        for s, L, n in zip(seqs, lengths, accepted):  # roll back: host lengths only
+            target.kv.rollback(s.target_slot, L + n)  # t0, d_1..d_n kept
+            draft.kv.rollback(s.draft_slot, L + min(n, k - 1))  # the same, never d_k
+        if self.config.correction == "fused":
+            after = [row[1] for row in rows]  # g_n from the verify
+        else:  # separate: g_n from the target's last accepted input, forwarded alone
+            after = self.correct(seqs, rows, q, uniforms, limits)
         span.accepted = accepted
         for limit, n in zip(limits, accepted):
             self.stats.record(limit, n)
-        return [s.emit(row[2: 2 + n] + [g], room) for s, row, n, g in zip(seqs, rows, accepted,
-                                                                            finals)]
+        return [s.emit(row[2: 2 + n] + [g], room)  # d_1..d_n, g_n
+                for s, row, n, g in zip(seqs, rows, accepted, after)]
 
     # -- its stages ----------------------------------------------------------------------
     def uniforms(self, seqs: list[SpecSequence]) -> torch.Tensor | None:
@@ -253,7 +253,7 @@ class SpecDecoder:
         slots = [s.target_slot for s in seqs]
         accepted = [row[0] for row in rows]
         inputs = [[s.tokens[-1]] + row[2:] for s, row in zip(seqs, rows)]  # [t0, d_1..d_k]
-        for s, n in zip(slots, accepted):
+        for s in slots:  # at L + n after the round's rollback: now without x[n]
             target.kv.rollback(s, target.kv.length(s) - 1)
         tokens = torch.tensor([[x[n]] for x, n in zip(inputs, accepted)])  # [B, 1]
         with self.tracer.span("correction", self.target_worker, [s.request for s in seqs],
