@@ -19,8 +19,9 @@ Names and definitions follow vLLM's `vllm bench serve` result (vllm/benchmarks/s
 - per-request arrays, one entry per request in order (seconds, as vLLM's; a failed request
   has 0): input_lens, output_lens, ttfts, itls, latencies, start_times (arrival). `itls`
   holds each request's gaps while the run has at most ITL_EXACT_LIMIT of them and is empty
-  past that; `itl_source` says whether the ITL statistics came from every gap ("exact") or
-  from a histogram with 0.1% wide bins ("histogram").
+  past that; `itl_source` says whether the ITL statistics came from every gap of the
+  completed requests ("exact") or from a histogram with 0.1% wide bins and running sums of
+  every request's gaps ("histogram": a run's every request completes in the simulator).
 """
 
 from __future__ import annotations
@@ -120,10 +121,8 @@ def _itl(rec: Recorder, done: np.ndarray) -> tuple[tuple, list[list[float]], str
     s (empty for a failed request, as vLLM's), and where the statistics came from."""
     n = rec.count
     exact = rec.itl.exact()
-    if exact is None:  # past the bound: histogram quantiles, running sums
+    if exact is None:  # past the bound: histogram quantiles, running sums (all requests)
         gaps = rec.itl
-        if gaps.count == 0:
-            return (0.0, 0.0, 0.0, 0.0), [[] for _ in range(n)], "histogram"
         mean = gaps.sum / gaps.count
         std = max(gaps.sumsq / gaps.count - mean * mean, 0.0) ** 0.5
         stats = (mean * 1e3, gaps.hist_quantile(0.5) * 1e3, std * 1e3,
@@ -165,9 +164,13 @@ def _spec_decode(rec: Recorder) -> dict:
 
 
 def _stage_seconds(rec: Recorder) -> dict[str, dict[str, float]]:
-    order = {kind: i for i, kind in enumerate(STAGES)}
-    return {w: dict(sorted(rec.workers[w].seconds.items(), key=lambda kv: order.get(kv[0], len(order))))
-            for w in sorted(rec.workers)}
+    """worker -> stage -> busy seconds, workers by name, stages in STAGES order."""
+    rank = {kind: i for i, kind in enumerate(STAGES)}
+
+    def by_stage(seconds: dict[str, float]) -> dict[str, float]:
+        return dict(sorted(seconds.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+
+    return {w: by_stage(rec.workers[w].seconds) for w in sorted(rec.workers)}
 
 
 def metrics_from(rec: Recorder, slo=None) -> Metrics:

@@ -29,9 +29,8 @@ from kestrel_sim.errors import KestrelError
 from kestrel_sim.tallies import ITLGaps, TokenBins, WorkerTally
 from kestrel_sim.trace import Trace
 
-_FLOAT_FIELDS = ("arrival", "prefill_start", "decode_start", "first_emit", "last_emit",
-                 "finish_time")
-_INT_FIELDS = ("prompt", "emits", "output", "preemptions")
+PER_REQUEST = ("arrival", "prefill_start", "decode_start", "first_emit", "last_emit",
+               "finish_time", "prompt", "emits", "output", "preemptions")
 
 
 class Recorder:
@@ -40,11 +39,17 @@ class Recorder:
     time array means "not yet"."""
 
     def __init__(self, capacity: int = 1024):
-        capacity = max(1, capacity)
-        for name in _FLOAT_FIELDS:
-            setattr(self, name, np.full(capacity, np.nan))
-        for name in _INT_FIELDS:
-            setattr(self, name, np.zeros(capacity, dtype=np.int64))
+        n = max(1, capacity)  # arrays grow past it as needed
+        self.arrival = np.full(n, np.nan)  # [n] s
+        self.prefill_start = np.full(n, np.nan)  # [n] s, first scheduled for prefill
+        self.decode_start = np.full(n, np.nan)  # [n] s, first in a decode batch
+        self.first_emit = np.full(n, np.nan)  # [n] s, the first token
+        self.last_emit = np.full(n, np.nan)  # [n] s, the latest emission
+        self.finish_time = np.full(n, np.nan)  # [n] s
+        self.prompt = np.zeros(n, dtype=np.int64)  # [n] prompt tokens
+        self.emits = np.zeros(n, dtype=np.int64)  # [n] emissions
+        self.output = np.zeros(n, dtype=np.int64)  # [n] output tokens emitted
+        self.preemptions = np.zeros(n, dtype=np.int64)  # [n]
         self.count = 0  # requests seen (highest index + 1)
         self.itl = ITLGaps()
         self.tokens = TokenBins()
@@ -61,7 +66,7 @@ class Recorder:
         size = self.arrival.size
         if index >= size:
             new = max(index + 1, 2 * size)
-            for name in _FLOAT_FIELDS + _INT_FIELDS:
+            for name in PER_REQUEST:
                 old = getattr(self, name)
                 grown = np.full(new, np.nan) if old.dtype.kind == "f" else np.zeros(new, old.dtype)
                 grown[:size] = old
