@@ -27,6 +27,9 @@ WINDOW_S = 1.0
 
 
 class TraceKeeper:
+    """Fed the spans and emissions the Recorder is fed; gives the Trace's spans, requests
+    and meta["trace"]."""
+
     def __init__(self, mode: str, budget: int | None = None, window_s: float | None = None):
         if mode not in ("full", "sample", "none"):
             raise ConfigError(f"trace '{mode}': expected full, sample or none")
@@ -35,7 +38,8 @@ class TraceKeeper:
         self.window = WINDOW_S if window_s is None else window_s
         self.every = 1  # kept windows: those whose number is a multiple of this
         self.spans: list[Span] = []
-        self.logged: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # emissions kept
+        self.logged: list[tuple[np.ndarray, ...]] = []  # emissions kept: [m] index, time,
+        # tokens, and the request's arrival
         self.seen = 0
 
     def _kept(self, t: np.ndarray | float):
@@ -56,7 +60,8 @@ class TraceKeeper:
     def _halve(self) -> None:
         """Keep every other kept window."""
         self.every *= 2
-        self.spans = [s for s in self.spans if self._kept(s.start)]
+        window, every = self.window, self.every
+        self.spans = [s for s in self.spans if (s.start // window) % every == 0]
         logged = []
         for chunk in self.logged:
             keep = self._kept(chunk[3])  # by the request's arrival
