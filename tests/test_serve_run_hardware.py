@@ -87,7 +87,8 @@ def test_run_on_hardware_writes_what_the_simulator_reads(folder, tmp_path, path)
         assert stats["spec_decode_accepted_tokens"] == stats["spec_decode_draft_tokens"]
         assert stats["spec_decode_accepted_tokens"] == sum(
             sum(s.accepted) for s in trace.spans if s.kind == "verify")
-        assert read.acceptance_rate > 0.5  # per k proposed: fewer count near a request's end
+        assert read.spec_decode_accepted_tokens == stats["spec_decode_accepted_tokens"]
+        assert read.spec_decode_acceptance_rate > 50  # per k proposed: fewer near the end
     json.loads((tmp_path / "timeseries.json").read_text())
     json.loads((tmp_path / "trace.json").read_text())
     trace.save(tmp_path / "kestrel_trace.json")  # the Trace itself round-trips

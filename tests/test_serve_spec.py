@@ -110,7 +110,9 @@ def test_controlled_acceptance_draws_from_the_scenario(folders):
     for rec, out in zip(served.trace.requests, served.outputs):
         assert rec.finish is not None and len(out) == rec.output_tokens
     metrics = compute_metrics(served.trace, sc.slo)
-    assert 0.5 < metrics.acceptance_rate <= 1 and len(metrics.per_position_acceptance) == 4
+    assert 50 < metrics.spec_decode_acceptance_rate <= 100
+    assert len(metrics.spec_decode_per_position_acceptance_rates) == 4
+    assert metrics.spec_decode_accepted_tokens == meta["spec_decode"]["spec_decode_accepted_tokens"]
     verify = [s for s in served.trace.spans if s.kind == "verify"]
     assert all(s.proposed == 4 and all(0 <= a <= 4 for a in s.accepted) for s in verify)
 
