@@ -84,6 +84,8 @@ class SpecDecoder:
                            draft.shape.max_position_embeddings)
         self.target_worker = worker_name(target.device, "target")
         self.draft_worker = worker_name(draft.device, "draft")
+        self.target_gpu = target.device.type == "cuda"  # spans: CUDA events, else host clock
+        self.draft_gpu = draft.device.type == "cuda"
 
     # -- sequences -----------------------------------------------------------------------
     def allocate_kv(self, num_slots: int, max_len: int) -> None:
@@ -126,7 +128,7 @@ class SpecDecoder:
         prompts = [s.tokens for s in seqs]
         reqs, n = [s.request for s in seqs], sum(map(len, prompts))
         with self.tracer.span("prefill", self.target_worker, reqs, tokens=n,
-                              on_device=self.target.device.type == "cuda"):
+                              on_device=self.target_gpu):
             logits = self.target.prefill(prompts, [s.target_slot for s in seqs])  # [B, V]
             if self.config.greedy:
                 first = logits.argmax(dim=-1)  # [B]
@@ -134,7 +136,7 @@ class SpecDecoder:
                 uniforms = torch.cat([torch.rand(1, generator=s.generator) for s in seqs])
                 first = sample_from(self.probs(logits), uniforms.to(logits.device))  # [B]
         with self.tracer.span("prefill", self.draft_worker, reqs, tokens=n,
-                              on_device=self.draft.device.type == "cuda"):
+                              on_device=self.draft_gpu):
             tokens, lengths = padded(prompts)
             self.draft.forward(tokens, [s.draft_slot for s in seqs], lengths, last_only=True,
                                greedy=True)
@@ -153,7 +155,7 @@ class SpecDecoder:
         uniforms = self.uniforms(seqs)  # [B, 2k+1] from each request's generator, or None
         drafts, q = self.propose(seqs, uniforms)  # d_1..d_k [B, k]; draft probs [B, k, V]
         with self.tracer.span("verify", self.target_worker, [s.request for s in seqs],
-                              on_device=target.device.type == "cuda", proposed=k,
+                              on_device=self.target_gpu, proposed=k,
                               tokens=sum(limits) + len(seqs),
                               context=sum(lengths) - len(seqs),
                               extra={"controlled": self.config.controlled}) as span:
@@ -187,7 +189,6 @@ class SpecDecoder:
         """k draft steps -> proposals [B, k] on the target's device and, sampled, their
         draft probabilities q [B, k, V] there too (None when greedy)."""
         draft, B, k = self.draft, len(seqs), self.k
-        on_device = draft.device.type == "cuda"
         slots = [s.draft_slot for s in seqs]
         tokens, n_new = padded([s.tokens[draft.kv.length(s.draft_slot):] for s in seqs])
         drafts = torch.empty(B, k, dtype=torch.long, device=draft.device)  # [B, k]
@@ -197,7 +198,7 @@ class SpecDecoder:
         for i in range(k):
             context = sum(draft.kv.length(s) for s in slots)
             with self.tracer.span("draft", self.draft_worker, [s.request for s in seqs],
-                                  on_device=on_device, tokens=sum(n_new), context=context):
+                                  on_device=self.draft_gpu, tokens=sum(n_new), context=context):
                 if uniforms is None:  # greedy: the argmax stays on the device
                     ids = self.draft_argmax(tokens, slots, n_new)  # [B, 1]
                 else:
@@ -221,7 +222,7 @@ class SpecDecoder:
         """The target runs [t0, d_1..d_k] in one forward (n_new = limit + 1 real rows):
         greedy, its argmax ids [B, k+1]; sampled, its probabilities [B, k+1, V]."""
         target = self.target
-        last = torch.tensor([[s.tokens[-1]] for s in seqs], device=target.device)  # [B, 1]
+        last = to_device([[s.tokens[-1]] for s in seqs], target.device)  # [B, 1]
         tokens = torch.cat([last, drafts], 1)  # [B, k+1]
         slots, n_new = [s.target_slot for s in seqs], [limit + 1 for limit in limits]
         if self.config.greedy:
@@ -232,10 +233,10 @@ class SpecDecoder:
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """(accepted [B], the token after them [B]) on the target's device."""
         device, k = self.target.device, self.k
-        limit = torch.tensor(limits, device=device)  # [B]
+        limit = to_device(limits, device)  # [B]
         if self.controlled is not None:
             drawn = self.controlled.draw([s.accept_rng for s in seqs], limits)
-            accepted = torch.tensor(drawn, device=device)  # [B]
+            accepted = to_device(drawn, device)  # [B]
         elif uniforms is None:
             accepted = greedy_accept(self.target.backend, drafts, verified, limit)
         else:
@@ -257,7 +258,7 @@ class SpecDecoder:
             target.kv.rollback(s, target.kv.length(s) - 1)
         tokens = torch.tensor([[x[n]] for x, n in zip(inputs, accepted)])  # [B, 1]
         with self.tracer.span("correction", self.target_worker, [s.request for s in seqs],
-                              on_device=target.device.type == "cuda", tokens=len(seqs),
+                              on_device=self.target_gpu, tokens=len(seqs),
                               context=sum(target.kv.length(s) for s in slots)):
             if uniforms is None:
                 final = target.forward(tokens, slots, greedy=True)[:, 0]  # [B]
@@ -273,6 +274,15 @@ class SpecDecoder:
         """logits [..., V] -> probabilities after temperature and top-p, same shape."""
         flat = logits.reshape(-1, logits.shape[-1])  # [N, V]
         return probabilities(flat, self.config.temperature, self.config.top_p).view(logits.shape)
+
+
+def to_device(values: list, device: torch.device) -> torch.Tensor:
+    """Host ints as an int64 tensor on `device`; to a GPU from pinned memory, asynchronously
+    (a pageable copy can stall the host until the stream drains)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def padded(rows: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
