@@ -6,8 +6,8 @@ million-request run of default.yaml.
 reports in each benchmark's extra_info: sim_seconds_per_wall_second (the saturated run timed
 here, best of 3: simulate() feeds the Recorder as it goes), metrics_seconds (the metrics and
 time series then computed from the Recorder, on first use) and
-sim_seconds_per_wall_second_with_metrics (the two together), peak_rss_mb (the largest resident set of a child process running the same simulate(),
-imports included) and rss_after_import_mb (that child before it simulates). Without
+sim_seconds_per_wall_second_with_metrics (the two together), peak_rss_mb (the peak resident set, VmHWM, of a child process running the same
+simulate(), imports included) and rss_after_import_mb (that child before it simulates). Without
 --benchmark-enable the saturated run is a test (run once) and the million-request run, a
 few minutes long, is skipped.
 """
@@ -48,6 +48,15 @@ from kestrel_sim import simulate
 from kestrel_sim.scenario import Scenario, load_scenario
 
 def rss_mb():
+    # the peak resident set of this process image: VmHWM (ru_maxrss would carry over the
+    # parent's peak, since a fork copies its memory and the mark survives the exec)
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 spec = json.loads(sys.argv[1])
