@@ -259,9 +259,8 @@ __device__ void attn_decode_impl(const T* __restrict__ q, long long q_st, T* __r
       if constexpr (RB >= 8) {
         // Eight rows: their dot products reduced together (warp_sum_rows: 7 + 2 shuffles,
         // then 8 broadcasts, all independent), then the online-softmax updates without
-        // branches (a row past `rows` or past its last visible key keeps its state). H200,
-        // qwen3-30b-a3b bf16 decode: 2.975 vs 3.018 ms per step; with four rows (qwen3-8b)
-        // the per-row loop below measured faster (4.422 vs 4.482 ms).
+        // branches (a row past `rows` or past its last visible key keeps its state). With
+        // four rows the per-row loop below measured faster (docs/performance.md).
         if (kk >= k_end) continue;  // warp-uniform
         float s[RB];
 #pragma unroll

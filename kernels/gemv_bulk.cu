@@ -1,5 +1,5 @@
-// Persistent skinny matmuls fed by the SM's bulk-copy engine (sm_90): y[M, N] = x[M, K] @ W^T,
-// M <= 8, bf16 (gemv_bulk_bf16) or int4 weights (gemv_bulk_int4, gemv_int4.cu's layout).
+// Persistent skinny matmul fed by the SM's bulk-copy engine (sm_90): y[M, N] = x[M, K] @ W^T,
+// M <= 8, bf16 weights (gemv_bulk_bf16).
 //
 // One block per SM (grid: the SMs, fewer when there are fewer 16-row tiles), looping over the
 // tiles blockIdx.x, + gridDim.x, ...; an item is C bytes of each of a tile's 16 rows, a slot of
@@ -10,16 +10,14 @@
 // [w C / WARPS, (w + 1) C / WARPS) of every slot row; at a tile's end the consumers' sums meet
 // in shared memory (one named barrier of the consumers per tile, double-buffered by tile
 // parity) and consumer warp 0 stores. The next kernel may launch at the top, or with
-// GEMV_LATE_TRIGGER (Gemv's default) once the producer has issued its last item (its exit) and
-// the consumers start on the last S.
-// Why (H200, bench/results/NOTES_decode.md session 9): the cp.async ring (gemv_ring.cu) issues
-// two copies per thread per 1 KB of weights; on most H200 nodes it streamed at 63% of copy where
-// the tuned kernels made 89%, though a bare cp.async stream of its addresses ran at copy speed
-// (bench/stream_probe.py). A bulk copy moves a row's C bytes with one instruction (a bare bulk
-// stream: 104% of copy, reads only). The producer has a warp of its own: a consumer lane that
-// also refills slots waits on `empty` beside its own warp's waits on `full` (streams at 42-81%
-// of copy that way, 84-86% now), and one lane issues all 16 copies (a bulk copy takes
-// warp-uniform operands: 16 lanes issuing one each are serialized by the compiler).
+// GEMV_LATE_TRIGGER (the runtime's default) once the producer has issued its last item (its
+// exit) and the consumers start on the last S.
+// Why: the cp.async ring (gemv_ring.cu) issues two copies per thread per 1 KB of weights and
+// streams well below copy speed on the H200; a bulk copy moves a row's C bytes with one
+// instruction (docs/performance.md). The producer has a warp of its own: a consumer lane that
+// also refilled slots would wait on `empty` beside its own warp's waits on `full`. One lane
+// issues all 16 copies: a bulk copy takes warp-uniform operands, so 16 lanes issuing one each
+// are serialized by the compiler.
 #include "argmax_key.cuh"
 #include "ring_stage.cuh"
 
@@ -221,7 +219,7 @@ __device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, 
     if constexpr (GEMV_ARGMAX(PRO))
       argmax_take(best, acc[0], at.tile, lane >> 2, lane & 3, M, N);
     else
-      store_out<1, PRO>(y, res, acc, at.tile, lane >> 2, lane & 3, M, N, 1.f, 1.f, nullptr);
+      store_out<1, PRO>(y, res, acc, at.tile, lane >> 2, lane & 3, M, N, 1.f, 1.f);
   }
 #pragma unroll
   for (int c = 0; c < 4; ++c) acc[0][c] = 0.f;
@@ -231,29 +229,29 @@ __device__ __forceinline__ void bulk_tile_store(float (&acc)[1][4], float* red, 
 // bf16 weights W [N, K]: slot row r holds tile row r (tile_rows: r and r + 8 of thread g =
 // r % 8's pair), C bytes (C / 2 k) of it per item; lane (g, t) of consumer warp w multiplies the
 // 16-byte vectors t, t + 4, ... of its columns of rows g, g + 8 with x staged once per block
-// (act(x): x or its RMSNorm, stage_x). Slot rows are C + 64 bytes apart: a quarter warp's
-// 16-byte reads (rows g, g + 1, four vectors each) then cover the 32 banks once.
-// smem: ring [S][16][C + 64] bytes, then xs [M][K / 8] uint4. ARGMAX (PRO + 128): no y (null),
-// the greedy choice into out [M] (and host[*parity][M] when host is not null) through keys [M]
-// and count, zero before the launch and left at zero (argmax_finish); other PROs take them
-// null.
+// (stage_x). Slot rows are C + 64 bytes apart: a quarter warp's 16-byte reads (rows g, g + 1,
+// four vectors each) then cover the 32 banks once. smem: ring [S][16][C + 64] bytes, then
+// xs [M][K / 8] uint4. PRO: plain x, a residual or the SwiGLU epilogue; RSTD (+16, the
+// row-scale RMSNorm with eps: x's sums of squares taken as it is staged), alone or with the
+// SwiGLU epilogue; ARGMAX (+128, after plain x or RSTD): no y (null), the greedy choice into
+// out [M] (and host[*parity][M] when host is not null) through keys [M] and count, zero
+// before the launch and left at zero (argmax_finish); other PROs take them null.
 template <int WARPS, int S, int C, int PRO>
 __global__ void __launch_bounds__(32 * (WARPS + 1), 1)
 gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y, int M, int N,
-               int K, const u16* res, const uint4* __restrict__ nw, float eps, long long* am_out,
-               long long* am_host, const long long* am_parity, unsigned long long* am_keys,
-               unsigned int* am_count) {
+               int K, const u16* res, float eps, long long* am_out, long long* am_host,
+               const long long* am_parity, unsigned long long* am_keys, unsigned int* am_count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
   constexpr int BASE = PRO & ~128;  // what comes before the ARGMAX epilogue
-  static_assert(GEMV_RING_PRO(BASE) || BASE == 16 || BASE == 24, "plain x or its RMSNorm (also "
-                "as a row scale: RSTD), a residual or the SwiGLU epilogue");
-  static_assert(!GEMV_ARGMAX(PRO) || BASE == 0 || BASE == 1 || BASE == 16, "ARGMAX: plain x "
-                "or its RMSNorm, no residual, no SwiGLU epilogue");
+  static_assert(GEMV_RING_PRO(BASE) || BASE == 16 || BASE == 24, "plain x (also with its "
+                "row-scale RMSNorm: RSTD), a residual or the SwiGLU epilogue");
+  static_assert(!GEMV_ARGMAX(PRO) || BASE == 0 || BASE == 16, "ARGMAX: plain x or RSTD, no "
+                "residual, no SwiGLU epilogue");
   constexpr int RS = C + 64, SUB = C / WARPS / 64;  // SUB: 32-k steps per warp and item
   extern __shared__ uint4 smem[];
   __shared__ __align__(8) unsigned long long full[S], empty[S];
   __shared__ float red[2 * WARPS * 4 * 32];
-  __shared__ float part[GEMV_ACT(PRO) == 1 || GEMV_RSTD(PRO) ? (WARPS + 2) * 8 : 1];
+  __shared__ float part[GEMV_RSTD(PRO) ? (WARPS + 1) * 8 : 1];  // RSTD: stage_x's sums
 #ifndef GEMV_LATE_TRIGGER
   pdl_trigger();
 #endif
@@ -269,7 +267,7 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
   if (threadIdx.x == 32 * WARPS) ring.prefill(row);
   pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
   uint4* xs = smem + S * ring.SLOT / 16;
-  stage_x<GEMV_ACT(PRO), WARPS + 1, false, GEMV_RSTD(PRO)>(xs, x, nw, eps, M, kv, part);
+  stage_x<GEMV_RSTD(PRO)>(xs, x, M, kv, part);
   if (ring.producer_done(row, warp, lane)) return;
   float rstd[2] = {1.f, 1.f};  // RSTD: of x rows 2t, 2t + 1 (this lane's result columns)
   if constexpr (GEMV_RSTD(PRO))
@@ -311,103 +309,6 @@ gemv_bulk_bf16(const uint4* __restrict__ w, const uint4* __restrict__ x, u16* y,
     if (warp == 0) argmax_finish(best, ArgmaxOut{am_out, am_host, am_parity, am_keys, am_count},
                                  M, lane);
 #else
-  __trap();  // Gemv routes nothing here below sm_90 (Gemv.bulk_capable)
-#endif
-}
-
-// int4 weights (q [N, K / 8] kernel layout, AWQ zeros / fp16 scales: gemv_int4.cu): slot row r
-// holds row a(r / 2) + r % 2 of the tile (gemv_int4.cu's pairs of adjacent rows, int4_row_a),
-// C bytes (2 C k) of it per item; consumer warp w takes groups [w, w + 1) C / (64 WARPS) of
-// each item (64 bytes of a row per 128-k group), lane (g, t) the 16-byte vectors t of its rows
-// 2g, 2g + 1 in each, and does gemv_int4.cu's dequantizing mma arithmetic (int4_math) on them,
-// the zero points coming off through the group sums of act(x), taken once per block
-// (int4_x_sums: a block does several tiles, so this saves most of the zero-point mmas);
-// x comes from global memory as in gemv_int4.cu (XLoad, L1), the group's zeros word and scale
-// pair by register loads issued one item ahead (their latency behind the wait and the item
-// before). Plain x or its RMSNorm (XLoad's, the rows' rstd taken once per block by all its
-// warps), a residual or the SwiGLU epilogue (PRO 0, 1, 4, 8, 9). Slot rows are C + 32 bytes
-// apart: rows 2g (and 2g + 1) of a quarter warp's lanes then fall in different bank halves.
-// smem: ring [S][16][C + 32] bytes, then the group sums: float2 [K / 128][4].
-template <int WARPS, int S, int C, int PRO>
-__global__ void __launch_bounds__(32 * (WARPS + 1), 1)
-gemv_bulk_int4(const uint4* __restrict__ qw, const u32* __restrict__ zeros,
-               const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M,
-               int N, int K, const u16* res, const uint4* __restrict__ nw, float eps) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies, mbarrier tx counts
-  static_assert(GEMV_RING_PRO(PRO), "plain x or its RMSNorm, a residual or the SwiGLU "
-                "epilogue");
-  static_assert(C % (64 * WARPS) == 0 && S >= 2, "whole 128-k groups per warp");
-  constexpr int RS = C + 32, GPW = C / WARPS / 64;  // GPW: groups per warp and item
-  constexpr bool GLU = GEMV_GLU(PRO);
-  extern __shared__ uint4 smem[];
-  __shared__ __align__(8) unsigned long long full[S], empty[S];
-  __shared__ float red[2 * WARPS * 4 * 32];
-  __shared__ float part[ProShared<PRO, WARPS + 1>::N];
-#ifndef GEMV_LATE_TRIGGER
-  pdl_trigger();
-#endif
-  const int groups = K >> 7;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  BulkRing<WARPS, S, C, RS> ring;
-  ring.init(smem, full, empty, qw, N, K >> 1);
-  auto row = [&](int tile, int r) { return int4_row_a<GLU>(tile, r >> 1, N) + (r & 1); };
-  if (threadIdx.x == 32 * WARPS) ring.prefill(row);
-  pdl_wait();  // PDL: x and y only after the previous kernel is done (see pdl.cuh)
-  XLoad<GEMV_ACT(PRO), 1> xl{};
-  xl.template init<WARPS + 1>(x, nw, part, g, M, K, eps);  // the whole block (PRO 1: rstd)
-  float2* xsum = reinterpret_cast<float2*>(smem + S * ring.SLOT / 16);  // [groups][4]
-  int4_x_sums<1, WARPS + 1>(xsum, xl, groups);
-  __syncthreads();
-  if (ring.producer_done(row, warp, lane)) return;
-  xl.row[0] = kept(xl.row[0]);
-  // The metadata of an item (tile, q): this warp's groups' zeros words and scale pairs.
-  u32 zw[GPW], sw[GPW], nzw[GPW], nsw[GPW];
-  const u32* scales2 = reinterpret_cast<const u32*>(scales);
-  auto meta = [&](int tile, int q, u32 (&z)[GPW], u32 (&s)[GPW]) {
-    const int a = int4_row_a<GLU>(tile, g, N);
-#pragma unroll
-    for (int u = 0; u < GPW; ++u) {
-      const int grp = min(q * (C / 64) + warp * GPW + u, groups - 1);
-      z[u] = __ldg(zeros + (size_t)grp * (N >> 3) + (a >> 3));
-      s[u] = __ldg(scales2 + (((size_t)grp * N + a) >> 1));
-    }
-  };
-  const int total = ring.total, per = ring.per, trigger_at = max(total - S, 0);
-  if (total > 0) meta(blockIdx.x, 0, nzw, nsw);
-  if (total == 0) GEMV_TRIGGER_END();
-  float acc[1][4] = {};
-  BulkTile at;
-  for (int i = 0; i < total; ++i) {
-    if (i == trigger_at) GEMV_TRIGGER_END();
-#pragma unroll
-    for (int u = 0; u < GPW; ++u) {
-      zw[u] = nzw[u];
-      sw[u] = nsw[u];
-    }
-    if (i + 1 < total)
-      meta(at.q + 1 == per ? at.tile + gridDim.x : at.tile, at.q + 1 == per ? 0 : at.q + 1,
-           nzw, nsw);
-    const u32 zsh = 2 * (int4_row_a<GLU>(at.tile, g, N) & 7);
-    const char* rows = ring.wait(i, reinterpret_cast<const char*>(smem)) + 2 * g * RS +
-                       warp * GPW * 64 + 16 * t;
-#pragma unroll
-    for (int u = 0; u < GPW; ++u) {
-      const int grp = at.q * (C / 64) + warp * GPW + u;
-      if (grp >= groups) break;  // past the row's end (the same in the whole warp)
-      Int4Stage<1> st;
-      st.a[0] = *reinterpret_cast<const uint4*>(rows + u * 64);
-      st.b[0] = *reinterpret_cast<const uint4*>(rows + RS + u * 64);
-      st.zw[0] = zw[u];
-      st.sw[0] = sw[u];
-      int4_math<1, 1, true>(acc, st, xl, (u32)grp, (u32)groups, t, zsh, xsum);
-    }
-    ring.release(i, lane);
-    if (++at.q == per) {
-      int4_store_order<1>(acc, g, t);
-      bulk_tile_store<WARPS, PRO>(acc, red, at, warp, lane, y, res, M, N);
-    }
-  }
-#else
-  __trap();  // Gemv routes nothing here below sm_90 (Gemv.bulk_capable)
+  __trap();  // the runtime launches it on sm_90 and later only
 #endif
 }

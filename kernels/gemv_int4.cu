@@ -15,23 +15,146 @@
 // A thread streams two adjacent rows (tile rows 2g, 2g + 1 as the mma's rows g, g + 8): they
 // share a zeros word and a 4-byte scale load; a shuffle after the K loop gives store_out its
 // order. Software pipelined: the next group's loads (weights, zeros, scales) go out before
-// this group's math, the first ones before pdl_wait (weights are immutable). PRO (RMSNorm /
-// SwiGLU of x as it loads) and the optional residual: gemv_mma.cuh.
-#include "int4_math.cuh"
+// this group's math, the first ones before pdl_wait (weights are immutable). PRO (SwiGLU of
+// x as it loads for the expert kernels; the residual and SwiGLU epilogues): gemv_mma.cuh.
+#include "gemv_mma.cuh"
 
-// x: [M, K] (PRO 2: [M, 2K]); nw: PRO 1; eps: PRO 1 and RSTD_IN; res: residual [M, N] or
-// nullptr; ssq_out: SSQ's [M, ceil(N / 16)]; ssq_in: RSTD_IN's [M, ceil(K / 16)]; red: the
-// K-split shared floats; part: ProShared floats.
+// -- the int4 weight stream -------------------------------------------------------------
+
+// p itself, but opaque to the compiler, which then keeps it in registers rather than
+// recomputing it from the kernel's parameters at every use in the loop (ptxas, sm_90).
+template <class T>
+__device__ __forceinline__ const T* kept(const T* p) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(p));
+  return p;
+}
+
+// Chunk c (8 k) of act(x) for n-tile j: XLoad::load, except that PRO 0 reads row 0 again for
+// absent rows (row >= M) instead of zeros: an mma's column of B only reaches the same column
+// of C, never stored for those rows, and an unpredicated load needs no zeroing.
+template <int PRO, int MT>
+__device__ __forceinline__ uint4 x_chunk(const XLoad<PRO, MT>& xl, int j, int c) {
+  if constexpr (PRO == 0)
+    return ld_cached(xl.row[j] + c);
+  else
+    return xl.load(j, c);
+}
+
+// Where a thread reads (32-bit offsets from the arrays' starts: fewer registers than
+// pointers, ptxas sm_90): group grp of its rows a, a + 1 is the 16-byte vector wo + 4 grp of
+// q and that + wrow, their zeros word zo + grp zstep, their two fp16 scales (one u32) so +
+// grp sstep.
+struct Int4Src {
+  const uint4* q;
+  const u32 *zeros, *scales;
+  u32 wo, wrow, zo, zstep, so, sstep;
+};
+
+// One pipeline stage: U groups of the thread's two rows (a, b: 32 k of each), the zeros word
+// and the scales.
+template <int U>
+struct Int4Stage {
+  uint4 a[U], b[U];
+  u32 zw[U], sw[U];
+};
+
+// Loads groups s0 .. s0 + U - 1 (past the end: nothing, never used).
+template <int U, bool PF>
+__device__ __forceinline__ void int4_load(Int4Stage<U>& s, const Int4Src& src, u32 s0,
+                                          u32 groups) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const u32 grp = s0 + u;
+    if (grp < groups) {
+      const u32 w = src.wo + 4 * grp;
+      s.a[u] = ld_stream<PF>(src.q + w);
+      s.b[u] = ld_stream<PF>(src.q + (w + src.wrow));
+      s.zw[u] = __ldg(src.zeros + (src.zo + grp * src.zstep));
+      s.sw[u] = __ldg(src.scales + (src.so + grp * src.sstep));
+    }
+  }
+}
+
+// acc += groups s0 .. s0 + U - 1 (those < groups) of the thread's rows (the mma's rows g,
+// g + 8) times act(x) (n-tile j: rows 8j + g of thread (g, t)); zsh: where the rows' zero
+// points sit in the zeros word.
+template <int MT, int U, class XL>
+__device__ __forceinline__ void int4_math(float (&acc)[MT][4], const Int4Stage<U>& s,
+                                          const XL& xl, u32 s0, u32 groups, int t, u32 zsh) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const u32 grp = s0 + u;
+    if (u > 0 && grp >= groups) break;  // the same in the whole warp
+    const int c0 = 16 * (int)grp + 4 * t;  // the thread's first x chunk of the group
+    const u32 wa[4] = {s.a[u].x, s.a[u].y, s.a[u].z, s.a[u].w};
+    const u32 wb[4] = {s.b[u].x, s.b[u].y, s.b[u].z, s.b[u].w};
+    // -(128 + zero) of rows a, b, each in both bf16 halves
+    const u32 z2 = and_or(s.zw[u] >> zsh, 0x000F000Fu, 0xC300C300u);
+    const u32 nza = __byte_perm(z2, 0u, 0x1010), nzb = __byte_perm(z2, 0u, 0x3232);
+    float cg[MT][4] = {};  // the group's sum of -(128 + z) x + (128 + q) x, one chain
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint4 xv[MT];  // k 8i..8i+7 of this thread's 32
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        xv[j] = x_chunk(xl, j, c0 + i);
+        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].x, xv[j].y);
+        mma_bf16(cg[j], nza, nzb, nza, nzb, xv[j].z, xv[j].w);
+      }
+      u32 pa[4], pb[4];  // 128 + q of k pairs (2p, 2p + 1) of word i, rows a and b
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        pa[p] = and_or(wa[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+        pb[p] = and_or(wb[i] >> (4 * p), 0x000F000Fu, 0x43004300u);
+      }
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        mma_bf16(cg[j], pa[0], pb[0], pa[1], pb[1], xv[j].x, xv[j].y);
+        mma_bf16(cg[j], pa[2], pb[2], pa[3], pb[3], xv[j].z, xv[j].w);
+      }
+    }
+    const float sa = f16_to_f32((u16)s.sw[u]), sb = f16_to_f32((u16)(s.sw[u] >> 16));
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      acc[j][0] = fmaf(sa, cg[j][0], acc[j][0]);
+      acc[j][1] = fmaf(sa, cg[j][1], acc[j][1]);
+      acc[j][2] = fmaf(sb, cg[j][2], acc[j][2]);
+      acc[j][3] = fmaf(sb, cg[j][3], acc[j][3]);
+    }
+  }
+}
+
+// A tile's sums to store_out's order after its K loop: thread (g, t) then holds tile rows g
+// (acc[j][0..1]) and g + 8 (acc[j][2..3]); row g was computed by thread (g / 2, t), row g + 8
+// by (4 + g / 2, t), as its row a (acc[j][0..1]) or b (acc[j][2..3]) for g even or odd. The
+// whole warp calls it.
+template <int MT>
+__device__ __forceinline__ void int4_store_order(float (&acc)[MT][4], int g, int t) {
+  const int from = 4 * (g >> 1) + t;
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float r0a = __shfl_sync(0xffffffffu, acc[j][e], from);
+      const float r0b = __shfl_sync(0xffffffffu, acc[j][e + 2], from);
+      const float r8a = __shfl_sync(0xffffffffu, acc[j][e], from + 16);
+      const float r8b = __shfl_sync(0xffffffffu, acc[j][e + 2], from + 16);
+      acc[j][e] = g & 1 ? r0b : r0a;
+      acc[j][e + 2] = g & 1 ? r8b : r8a;
+    }
+  }
+}
+
+// x: [M, K] (PRO 2: [M, 2K]); res: residual [M, N] or nullptr; red: the K-split shared
+// floats.
 template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
                                                const u32* __restrict__ zeros,
                                                const u16* __restrict__ scales,
                                                const uint4* __restrict__ x, u16* y,
-                                               const uint4* nw, float eps, const u16* res,
-                                               float* ssq_out, const float* ssq_in, int M,
-                                               int N, int K, float* red, float* part) {
-  static_assert(!GEMV_RSTD(PRO), "the per-chunk row-scale RMSNorm is in the bf16 kernel only");
-  static_assert(!GEMV_RSTD_IN(PRO) || GEMV_ACT(PRO) == 0, "RSTD_IN takes plain x");
+                                               const u16* res, int M, int N, int K,
+                                               float* red) {
+  static_assert(!GEMV_RSTD(PRO), "the row-scale RMSNorm is in the bf16 kernels only");
   const TileThread<KSPLIT, TPB, GEMV_GLU(PRO)> th(N);
   const int g = th.g, t = th.t, ks = th.ks;
   const u32 groups = K >> 7;  // = number of sub-steps: 4 threads x 32 k
@@ -64,9 +187,7 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   int4_load<U, PF>(cur, src, grp, groups);  // weights only: before the wait is allowed
   pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;
-  xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
-  // RSTD_IN: the rows' sums of squares from ssq_in (the first weights are in flight)
-  if constexpr (GEMV_RSTD_IN(PRO)) ssq_rows<KSPLIT * TPB>(ssq_in, part, M, (K + 15) >> 4);
+  xl.init(x, g, M, K);
 #pragma unroll
   for (int j = 0; j < MT; ++j) xl.row[j] = kept(xl.row[j]);
   for (; grp < groups; grp += stride) {
@@ -77,25 +198,19 @@ __device__ __forceinline__ void gemv_int4_body(const uint4* __restrict__ q,
   int4_store_order<MT>(acc, g, t);
   GEMV_TRIGGER_END();
   reduce_ksplit<KSPLIT, MT * 4>(&acc[0][0], red, th.tib, ks, th.lane);
-  if (ks == 0) {
-    if constexpr (GEMV_RSTD_IN(PRO)) scale_by_rstd_in<MT, KSPLIT * TPB>(acc, part, t, M, K, eps);
-    store_out<MT, PRO>(y, res, acc, th.tile, g, t, M, N, 1.f, 1.f, ssq_out);
-  }
+  if (ks == 0) store_out<MT, PRO>(y, res, acc, th.tile, g, t, M, N, 1.f, 1.f);
 }
 
-// y [M, N] = res + act(x) @ W^T (res, nw, ssq_out, ssq_in: nullptr when unused; y may alias
-// res). SSQ / RSTD_IN: as gemv_bf16.
+// y [M, N] = res + act(x) @ W^T (res: nullptr when unused; y may alias res), through the
+// epilogue PRO asks for.
 template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_int4(const uint4* __restrict__ q, const u32* __restrict__ zeros,
           const u16* __restrict__ scales, const uint4* __restrict__ x, u16* y, int M, int N,
-          int K, const uint4* __restrict__ nw, float eps, const u16* res, float* ssq_out,
-          const float* __restrict__ ssq_in) {
+          int K, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
-  __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
   GEMV_TRIGGER_TOP();
-  gemv_int4_body<MT, KSPLIT, TPB, U, PF, PRO>(q, zeros, scales, x, y, nw, eps, res, ssq_out,
-                                              ssq_in, M, N, K, red, part);
+  gemv_int4_body<MT, KSPLIT, TPB, U, PF, PRO>(q, zeros, scales, x, y, res, M, N, K, red);
 }
 
 // Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = act(x[p / x_div]) . W[ids[p]]^T,
@@ -117,8 +232,7 @@ gemv_int4_experts(const uint4* __restrict__ q, const u32* __restrict__ zeros,
   const size_t xs = (PRO == 2 ? 2 : 1) * (size_t)(K >> 3);  // chunks per x row
   gemv_int4_body<1, KSPLIT, TPB, U, PF, PRO>(
       q + e * N * (K >> 5), zeros + e * (K >> 7) * (N >> 3), scales + e * (K >> 7) * N,
-      x + (p / x_div) * xs, y + (size_t)p * N, nullptr, 0.f, nullptr, nullptr, nullptr, 1, N, K,
-      red, nullptr);
+      x + (p / x_div) * xs, y + (size_t)p * N, nullptr, 1, N, K, red);
 }
 
 // Dequantize to bf16 for prefill (then cuBLAS): W[n, k] = (q - zero) * scale, rounded once from

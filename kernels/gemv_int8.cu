@@ -8,21 +8,19 @@
 // row's scale is applied once at the end. A word of 4 bytes (k0..k3) gives the pairs
 // (k0, k2) and (k1, k3), so the activation pairs are permuted the same way (prmt).
 // Software pipelined like gemv.cu: the next iteration's loads go out before this one's math.
-// PRO (RMSNorm / SwiGLU of x as it loads) and the optional residual: gemv_mma.cuh.
+// PRO (SwiGLU of x as it loads for the expert kernels; the residual and SwiGLU epilogues):
+// gemv_mma.cuh.
 #include "gemv_mma.cuh"
 
-// x: [M, K] (PRO 2: [M, 2K]); nw: PRO 1; eps: PRO 1 and RSTD_IN; res: residual [M, N] or
-// nullptr; ssq_out: SSQ's [M, ceil(N / 16)]; ssq_in: RSTD_IN's [M, ceil(K / 16)]; red: the
-// K-split shared floats; part: ProShared floats.
+// x: [M, K] (PRO 2: [M, 2K]); res: residual [M, N] or nullptr; red: the K-split shared
+// floats.
 template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
                                                const float* __restrict__ scale,
                                                const uint4* __restrict__ x, u16* y,
-                                               const uint4* nw, float eps, const u16* res,
-                                               float* ssq_out, const float* ssq_in, int M,
-                                               int N, int K, float* red, float* part) {
-  static_assert(!GEMV_RSTD(PRO), "the per-chunk row-scale RMSNorm is in the bf16 kernel only");
-  static_assert(!GEMV_RSTD_IN(PRO) || GEMV_ACT(PRO) == 0, "RSTD_IN takes plain x");
+                                               const u16* res, int M, int N, int K,
+                                               float* red) {
+  static_assert(!GEMV_RSTD(PRO), "the row-scale RMSNorm is in the bf16 kernels only");
   const TileThread<KSPLIT, TPB, GEMV_GLU(PRO)> th(N);
   const int g = th.g, t = th.t, ks = th.ks;
   const int qv = K >> 4;  // 16-byte vectors (16 k) per weight row
@@ -33,10 +31,8 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
   uint4 A[U], B[U], X[U][MT][2];
   pdl_wait();  // PDL: nothing is read before the previous kernel is done (see pdl.cuh)
   XLoad<GEMV_ACT(PRO), MT> xl;
-  xl.template init<KSPLIT * TPB>(x, nw, part, g, M, K, eps);
+  xl.init(x, g, M, K);
   load_stage<MT, U, 2, PF>(A, B, X, qa, qb, xl, ks * U, t, qv);
-  // RSTD_IN: the rows' sums of squares from ssq_in, while the first loads are in flight
-  if constexpr (GEMV_RSTD_IN(PRO)) ssq_rows<KSPLIT * TPB>(ssq_in, part, M, (K + 15) >> 4);
   for (int s0 = ks * U; s0 < nsub; s0 += stride) {
     uint4 An[U], Bn[U], Xn[U][MT][2];
     load_stage<MT, U, 2, PF>(An, Bn, Xn, qa, qb, xl, s0 + stride, t, qv);
@@ -85,26 +81,20 @@ __device__ __forceinline__ void gemv_int8_body(const uint4* __restrict__ q,
       tot[j][c] = 16.f * (acc[1][0][j][c] + acc[1][1][j][c]) + acc[0][0][j][c] + acc[0][1][j][c];
   GEMV_TRIGGER_END();
   reduce_ksplit<KSPLIT, MT * 4>(&tot[0][0], red, th.tib, ks, th.lane);
-  if (ks == 0) {
-    if constexpr (GEMV_RSTD_IN(PRO)) scale_by_rstd_in<MT, KSPLIT * TPB>(tot, part, t, M, K, eps);
+  if (ks == 0)
     store_out<MT, PRO>(y, res, tot, th.tile, g, t, M, N, __ldg(scale + th.ra),
-                       __ldg(scale + th.rb), ssq_out);
-  }
+                       __ldg(scale + th.rb));
 }
 
-// y [M, N] = res + act(x) @ (q * scale)^T (res, nw, ssq_out, ssq_in: nullptr when unused; y
-// may alias res). SSQ / RSTD_IN: as gemv_bf16.
+// y [M, N] = res + act(x) @ (q * scale)^T (res: nullptr when unused; y may alias res),
+// through the epilogue PRO asks for.
 template <int MT, int KSPLIT, int TPB, int U, bool PF, int PRO>
 __global__ void __launch_bounds__(32 * KSPLIT * TPB)
 gemv_int8(const uint4* __restrict__ q, const float* __restrict__ scale,
-          const uint4* __restrict__ x, u16* y, int M, int N, int K,
-          const uint4* __restrict__ nw, float eps, const u16* res, float* ssq_out,
-          const float* __restrict__ ssq_in) {
+          const uint4* __restrict__ x, u16* y, int M, int N, int K, const u16* res) {
   __shared__ float red[KSPLIT > 1 ? TPB * KSPLIT * MT * 4 * 32 : 1];
-  __shared__ float part[ProShared<PRO, KSPLIT * TPB>::N];
   GEMV_TRIGGER_TOP();
-  gemv_int8_body<MT, KSPLIT, TPB, U, PF, PRO>(q, scale, x, y, nw, eps, res, ssq_out, ssq_in, M,
-                                              N, K, red, part);
+  gemv_int8_body<MT, KSPLIT, TPB, U, PF, PRO>(q, scale, x, y, res, M, N, K, red);
 }
 
 // Expert-indexed (MoE): for each pair p = blockIdx.y, y[p] = act(x[p / x_div]) . W[ids[p]]^T,
@@ -125,8 +115,7 @@ gemv_int8_experts(const uint4* __restrict__ q, const float* __restrict__ scale,
   const size_t xs = (PRO == 2 ? 2 : 1) * (size_t)(K >> 3);  // chunks per x row
   gemv_int8_body<1, KSPLIT, TPB, U, PF, PRO>(q + e * N * (K >> 4), scale + e * N,
                                              x + (p / x_div) * xs, y + (size_t)p * N, nullptr,
-                                             0.f, nullptr, nullptr, nullptr, 1, N, K, red,
-                                             nullptr);
+                                             1, N, K, red);
 }
 
 // Dequantize to bf16 for prefill (then cuBLAS): W[n, k] = q * scale[n], rounded once from fp32

@@ -16,8 +16,8 @@
 // Template parameters: MT n-tiles (1: M <= 8, 2: M <= 16); U sub-steps per loop iteration
 // (each thread issues 2U 16-byte weight loads before the first mma: bytes in flight and the
 // length of the contiguous run each row gets); PF the L2 256-byte prefetch hint; PRO the
-// activation prologue (plain, RMSNorm, SwiGLU: below), applied to x chunks as they load.
-// store_tile adds an optional residual.
+// activation prologue (plain x, or its SwiGLU: below), applied to x chunks as they load, and
+// the epilogue bits (a residual, the SwiGLU of the results, the row-scale RMSNorm).
 // Launch geometry (template): KSPLIT warps share one tile and split K between them
 // (interleaved chunks, so the warps of a block read neighbouring bytes); TPB tiles per block;
 // blockDim = 32 * KSPLIT * TPB. The KSPLIT partial sums meet in shared memory.
@@ -44,12 +44,11 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return r;
 }
 
-// Programmatic dependent launch (kernels/pdl.cuh): the dense kernels wait for the previous
-// kernel before their first load. (Issuing the first weight loads before the wait cost 8-12
-// registers, a block per SM at the tuned bf16 geometries: ptxas, sm_90; L2 prefetches of them
-// measured slower on the H200: qwen3-8b bf16 4.675 vs 4.512 ms per step, int4 2.791 vs 2.520,
-// bench/results/ablation_fold_prefetch_h200.log. The int4 kernel does load its first stage
-// before the wait.)
+// Programmatic dependent launch (kernels/pdl.cuh): the bf16 and int8 kernels wait for the
+// previous kernel before their first load (issuing weight loads before the wait costs them
+// 8-12 registers, a block per SM at the tuned bf16 geometries: ptxas, sm_90; L2 prefetches
+// instead measured slower, docs/performance.md). The int4 kernel loads its first stage
+// before the wait.
 
 // Activations are re-read by every block: keep them cached.
 __device__ __forceinline__ uint4 ld_cached(const uint4* p) { return __ldg(p); }
@@ -122,12 +121,11 @@ __device__ __forceinline__ void reduce_ksplit(float* acc, float* red, int tile_i
 // What the kernels multiply is act(x), computed on each 16-byte chunk (8 k) of x as it is
 // loaded (no extra pass, no shared-memory copy of x):
 //   PRO 0: x itself; x [M, K].
-//   PRO 1: RMSNorm, x [M, K], norm weight nw [K]: bf16(nw[k] * bf16(x * rstd[m])),
-//          rstd[m] = rsqrt(sum_k x^2 / K + eps) — kernels/rmsnorm.cu's rounding.
 //   PRO 2: SwiGLU, x [M, 2K] (gate columns then up columns): bf16(bf16(silu(g)) * u),
-//          silu(g) = g / (1 + expf(-g)) — kernels/swiglu.cu's rounding.
-// The products bf16 * bf16 above are exact in fp32, so one fma.rn.bf16x2 (+ -0) rounds them
-// exactly as the fp32 multiply then store-rounding of the reference kernels.
+//          silu(g) = g / (1 + expf(-g)) — kernels/swiglu.cu's rounding. The expert kernels'
+//          down projection reads the gate|up rows this way (kestrel_rt/cuda/gemv_moe.py).
+// The product bf16 * bf16 is exact in fp32, so one fma.rn.bf16x2 (+ -0) rounds it exactly as
+// the fp32 multiply then store-rounding of the reference kernel.
 
 __device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xFFFF0000u); }
@@ -147,29 +145,21 @@ __device__ __forceinline__ u32 bf16x2_mul(u32 a, u32 b) {
   return d;
 }
 
-__device__ __forceinline__ u32 rmsnorm2(u32 x, u32 w, float rstd) {
-  return bf16x2_mul(w, pack_bf16(bf16_lo(x) * rstd, bf16_hi(x) * rstd));
-}
-
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
 __device__ __forceinline__ u32 swiglu2(u32 g, u32 u) {
   return bf16x2_mul(pack_bf16(silu(bf16_lo(g)), silu(bf16_hi(g))), u);
 }
 
-// PRO, the kernels' template parameter: bits 0-1 the activation prologue (0 plain, 1 RMSNorm,
-// 2 SwiGLU), bit 2 (+4) the residual epilogue, bit 3 (+8) the SwiGLU epilogue (GLU: W is
-// [gate; up], 2I rows, and y = silu(x.gate) * (x.up) [M, I]), bit 4 (+16) the row-scale
-// RMSNorm (RSTD: below; bf16 kernel), bit 5 (+32) the sums of squares of the stored tile
-// (SSQ: store_tile, with the residual epilogue), bit 6 (+64) the row-scale RMSNorm from those
-// sums (RSTD_IN: ssq_rows, plain x), bit 7 (+128) the greedy choice instead of y (ARGMAX: the
-// bulk bf16 kernel's epilogue, kernels/gemv_bulk.cu). Helpers take the parts.
+// PRO, the kernels' template parameter: bits 0-1 the activation prologue (0 plain, 2 SwiGLU),
+// bit 2 (+4) the residual epilogue, bit 3 (+8) the SwiGLU epilogue (GLU: W is [gate; up], 2I
+// rows, and y = silu(x.gate) * (x.up) [M, I]), bit 4 (+16) the row-scale RMSNorm (RSTD:
+// below; bf16 kernels), bit 7 (+128) the greedy choice instead of y (ARGMAX: the bulk bf16
+// kernel's epilogue, kernels/gemv_bulk.cu). Helpers take the parts.
 #define GEMV_ACT(PRO) ((PRO) & 3)
 #define GEMV_RES(PRO) (((PRO) & 4) != 0)
 #define GEMV_GLU(PRO) (((PRO) & 8) != 0)
 #define GEMV_RSTD(PRO) (((PRO) & 16) != 0)
-#define GEMV_SSQ(PRO) (((PRO) & 32) != 0)
-#define GEMV_RSTD_IN(PRO) (((PRO) & 64) != 0)
 #define GEMV_ARGMAX(PRO) (((PRO) & 128) != 0)
 
 // The two weight rows thread (g, .) of tile `tile` streams (the mma's rows g and g + 8).
@@ -227,45 +217,6 @@ __device__ __forceinline__ void load_stage(uint4 (&A)[U], uint4 (&B)[U],
   }
 }
 
-// Shared floats of a block of WARPS warps: row_rstd's (RMSNorm prologue), ssq_rows' (RSTD_IN).
-template <int PRO, int WARPS>
-struct ProShared {
-  static constexpr int N = GEMV_ACT(PRO) == 1 ? (WARPS + 1) * GEMV_TILE
-                           : GEMV_RSTD_IN(PRO) ? WARPS * GEMV_TILE : 1;
-};
-
-// PRO 1: rstd of each of the M rows of x [M, K], into part[WARPS * 16 + m]. Every thread sums
-// the squares of chunks tid, tid + 32 WARPS, ... in order (fp32), warps reduce with the same
-// shuffle tree, thread m adds the WARPS partials in order: deterministic, and the same value
-// in every block. All threads of the block must call it (two __syncthreads).
-template <int WARPS>
-__device__ __forceinline__ void row_rstd(const uint4* x, float* part, int M, int K,
-                                         float eps) {
-  const int kv = K >> 3, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int m = 0; m < M; ++m) {
-    float ss = 0.f;
-    for (int v = threadIdx.x; v < kv; v += WARPS * 32) {
-      const uint4 c = ld_cached(x + (size_t)m * kv + v);
-      const u32 w[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        ss = fmaf(bf16_lo(w[i]), bf16_lo(w[i]), ss);
-        ss = fmaf(bf16_hi(w[i]), bf16_hi(w[i]), ss);
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) part[warp * GEMV_TILE + m] = ss;
-  }
-  __syncthreads();
-  if (threadIdx.x < M) {
-    float ss = 0.f;
-    for (int w = 0; w < WARPS; ++w) ss += part[w * GEMV_TILE + threadIdx.x];
-    part[WARPS * GEMV_TILE + threadIdx.x] = rsqrtf(ss / (float)K + eps);
-  }
-  __syncthreads();
-}
-
 // The activation-loader policy of all three kernels: load(j, v) is chunk v (8 k) of act(x)
 // for activation row g + 8 j of thread (g, t), zero for rows >= M. The caller guards v, the
 // same for the 8 lanes of a t-group (PRO 2 shuffles within it).
@@ -278,28 +229,20 @@ __device__ __forceinline__ void row_rstd(const uint4* x, float* part, int M, int
 // elements per lane instead of 8 elements.
 template <int PRO, int MT>
 struct XLoad {
-  const uint4* row[MT];  // chunk 0 of the row (PRO 0, 1)
+  const uint4* row[MT];  // chunk 0 of the row (PRO 0)
   bool ok[MT];           // row < M
-  float rstd[MT];        // PRO 1
-  const uint4* nw;       // PRO 1: the norm weight [K]
   const u32* xw;         // PRO 2: x as bf16 pairs [M, K] (a row: K / 2 gate, K / 2 up words)
   int kv, rows_m, g, t;  // PRO 2: chunks per K half, rows M, this lane's (g, t)
 
-  // x: [M, K] (PRO 2: [M, 2K]); part: row_rstd's shared floats (PRO 1). Call after
-  // pdl_wait: PRO 1 reads all of x once here (block-wide).
-  template <int WARPS>
-  __device__ __forceinline__ void init(const uint4* x, const uint4* nw_, float* part, int g,
-                                       int M, int K, float eps) {
+  // x: [M, K] (PRO 2: [M, 2K]). Call after pdl_wait.
+  __device__ __forceinline__ void init(const uint4* x, int g, int M, int K) {
     const int kv = K >> 3;
-    if constexpr (PRO == 1) row_rstd<WARPS>(x, part, M, K, eps);
 #pragma unroll
     for (int j = 0; j < MT; ++j) {
       const int m = g + 8 * j;
       ok[j] = m < M;
       row[j] = x + (size_t)(ok[j] ? m : 0) * (PRO == 2 ? 2 * kv : kv);
-      if constexpr (PRO == 1) rstd[j] = ok[j] ? part[WARPS * GEMV_TILE + m] : 0.f;
     }
-    nw = nw_;
     xw = reinterpret_cast<const u32*>(x);
     this->kv = kv;
     rows_m = M;
@@ -328,14 +271,7 @@ struct XLoad {
       return ok[j] ? make_uint4(o[0], o[1], o[2], o[3]) : zero4();
     } else {
       if (!ok[j]) return zero4();
-      uint4 c = ld_cached(row[j] + v);
-      if constexpr (PRO == 1) {
-        const uint4 w = ld_cached(nw + v);
-        const float r = rstd[j];
-        c = make_uint4(rmsnorm2(c.x, w.x, r), rmsnorm2(c.y, w.y, r), rmsnorm2(c.z, w.z, r),
-                       rmsnorm2(c.w, w.w, r));
-      }
-      return c;
+      return ld_cached(row[j] + v);
     }
   }
 };
@@ -345,16 +281,9 @@ struct XLoad {
 // bf16. RES: y = bf16(res + that), torch's `res + linear(x)` in bf16; y may alias res (each
 // element is read and written by the same thread). A compile-time choice: the residual's code
 // costs the kernels without one up to 12 registers (ptxas, sm_90), hence occupancy.
-// SSQ: also ssq_out[m, r0 / 16] = the sum over the tile's rows r < N of the stored bf16 y[m, r]
-// squared (fp32), for m < M; ssq_out [M, ceil(N / 16)]. Each lane sums its rows g, g + 8 in
-// that order, then a shuffle tree over g (lanes t, t + 4, ..., t + 28); lane t writes rows
-// 2t + 8j + {0,1}. Every element of ssq_out (m < M) is written by exactly one lane of one
-// block: deterministic, no atomics, nothing to zero first. The whole warp calls it.
-template <int MT, bool RES, bool SSQ>
+template <int MT, bool RES>
 __device__ __forceinline__ void store_tile(u16* y, const u16* res, const float (*acc)[4], int r0,
-                                           int g, int t, int M, int N, float sa, float sb,
-                                           float* ssq_out) {
-  float ss[MT][2] = {};  // SSQ: [n-tile][row parity]
+                                           int g, int t, int M, int N, float sa, float sb) {
 #pragma unroll
   for (int j = 0; j < MT; ++j) {
 #pragma unroll
@@ -366,22 +295,6 @@ __device__ __forceinline__ void store_tile(u16* y, const u16* res, const float (
         u16 v = f32_to_bf16(acc[j][c] * (c >> 1 ? sb : sa));
         if constexpr (RES) v = f32_to_bf16(bf16_to_f32(res[i]) + bf16_to_f32(v));
         y[i] = v;
-        if constexpr (SSQ) ss[j][c & 1] = fmaf(bf16_to_f32(v), bf16_to_f32(v), ss[j][c & 1]);
-      }
-    }
-  }
-  if constexpr (SSQ) {
-    const int parts = (N + GEMV_TILE - 1) / GEMV_TILE;
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        float s = ss[j][p];
-        s += __shfl_xor_sync(0xffffffffu, s, 4);
-        s += __shfl_xor_sync(0xffffffffu, s, 8);
-        s += __shfl_xor_sync(0xffffffffu, s, 16);
-        const int m = 8 * j + 2 * t + p;
-        if (g == 0 && m < M && r0 < N) ssq_out[(size_t)m * parts + r0 / GEMV_TILE] = s;
       }
     }
   }
@@ -412,25 +325,22 @@ __device__ __forceinline__ void store_glu(u16* y, const float (*acc)[4], int til
 }
 
 // The tile's results through the epilogue PRO asks for.
-// ssq_out: SSQ's sums of squares [M, ceil(N / 16)] (store_tile), else unused.
 template <int MT, int PRO>
 __device__ __forceinline__ void store_out(u16* y, const u16* res, const float (*acc)[4],
                                           int tile, int g, int t, int M, int N, float sa,
-                                          float sb, float* ssq_out) {
+                                          float sb) {
   static_assert(!(GEMV_GLU(PRO) && GEMV_RES(PRO)), "a SwiGLU epilogue takes no residual");
-  static_assert(!GEMV_SSQ(PRO) || GEMV_RES(PRO), "SSQ comes with the residual epilogue");
   if constexpr (GEMV_GLU(PRO))
     store_glu<MT>(y, acc, tile, g, t, M, N, sa, sb);
   else
-    store_tile<MT, GEMV_RES(PRO), GEMV_SSQ(PRO)>(y, res, acc, tile * GEMV_TILE, g, t, M, N, sa,
-                                                sb, ssq_out);
+    store_tile<MT, GEMV_RES(PRO)>(y, res, acc, tile * GEMV_TILE, g, t, M, N, sa, sb);
 }
 
-// PRO + 16 (RSTD, bf16 kernel): an RMSNorm of x whose weight is folded into W at load
+// PRO + 16 (RSTD, bf16 kernels): an RMSNorm of x whose weight is folded into W at load
 // (kestrel_rt/fold.py), applied as a per-row scale of the result: y[m] = rstd[m] (x[m] . W)
 // with rstd[m] = rsqrt(mean(x[m]^2) + eps). The sums of squares come from the x chunks each
-// thread loads anyway (sum_squares), so x is used as loaded: no transform in the pipelined
-// loads (what made the RMSNorm prologue slow) and no block-wide pass before the K loop.
+// thread loads anyway (sum_squares), so x is used as loaded: nothing is added to the
+// pipelined loads and there is no block-wide pass over x before the K loop.
 __device__ __forceinline__ float sum_squares(uint4 c, float ss) {
   const u32 w[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
@@ -459,51 +369,5 @@ __device__ __forceinline__ void scale_by_rstd(const float (*tot)[5], float (*acc
     acc[j][1] = tot[j][1] * r1;
     acc[j][2] = tot[j][2] * r0;
     acc[j][3] = tot[j][3] * r1;
-  }
-}
-
-// PRO + 64 (RSTD_IN): the row-scale RMSNorm of RSTD with the sums of squares written by the
-// kernel that produced x (SSQ: ssq_in [M, P], P = ceil(K / 16) tile sums per row), so the K
-// loop does no per-chunk squares: rstd[m] = rsqrt(sum_p ssq_in[m, p] / K + eps).
-// ssq_rows: every thread of the block sums the partials p = tid, tid + 32 WARPS, ... of each
-// row m < M in order (fp32), the warps reduce with one shuffle tree and lane 0 of warp w
-// writes part[w * 16 + m]. All threads of the block must call it (one __syncthreads);
-// rstd_in then adds the WARPS values of a row in warp order: deterministic, and the same
-// value in every block.
-template <int WARPS>
-__device__ __forceinline__ void ssq_rows(const float* ssq_in, float* part, int M, int P) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int m = 0; m < M; ++m) {
-    float ss = 0.f;
-    for (int p = threadIdx.x; p < P; p += WARPS * 32) ss += __ldg(ssq_in + (size_t)m * P + p);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) part[warp * GEMV_TILE + m] = ss;
-  }
-  __syncthreads();
-}
-
-// rstd of activation row m from ssq_rows' shared floats (0 for rows m >= M, never stored).
-template <int WARPS>
-__device__ __forceinline__ float rstd_in(const float* part, int m, int M, int K, float eps) {
-  if (m >= M) return 0.f;
-  float ss = 0.f;
-#pragma unroll
-  for (int w = 0; w < WARPS; ++w) ss += part[w * GEMV_TILE + m];
-  return rsqrtf(ss / (float)K + eps);
-}
-
-// acc[j][c] *= rstd of its activation row 8j + 2t + (c & 1) (store_tile's order).
-template <int MT, int WARPS>
-__device__ __forceinline__ void scale_by_rstd_in(float (*acc)[4], const float* part, int t,
-                                                 int M, int K, float eps) {
-#pragma unroll
-  for (int j = 0; j < MT; ++j) {
-    const float r0 = rstd_in<WARPS>(part, 8 * j + 2 * t, M, K, eps);
-    const float r1 = rstd_in<WARPS>(part, 8 * j + 2 * t + 1, M, K, eps);
-    acc[j][0] *= r0;
-    acc[j][1] *= r1;
-    acc[j][2] *= r0;
-    acc[j][3] *= r1;
   }
 }

@@ -12,12 +12,6 @@
 //               T(res + T(sum_k w[n, k] * T(act[n, k] . down[e_k, h]))) (no res: without it).
 //               Grid (N, ceil(H / 8)), 8 warps, one output element per warp, the experts'
 //               rows MOE_ROWS at a time.
-// Without the moe_route launch (CupyBackend.moe_fused_route; ops.moe_experts_routed):
-// moe_gate_up_route: logits [N, E] in place of experts: warp 0 of each block routes the block's
-//               token as moe_route does (route_token: the same experts and weights, bit for
-//               bit); blocks with blockIdx.y == 0 also write weights and experts [N, K].
-// moe_down_route: logits in place of experts and weights: warp 0 of each block routes its
-//               token again, before pdl_wait (so the early loads stay possible).
 // Both GEMVs: a block stages its token's activations (x, or act [K, I]) in shared memory once
 // (cp.async, after pdl_wait); each lane issues all its weight loads of a chunk of columns
 // before the first FMA (one DRAM round trip per chunk; Qwen3-30B-A3B bf16: one chunk), then
@@ -33,8 +27,7 @@
 #define MOE_THREADS 256  // block size of moe_gate_up and moe_down
 
 // One warp routes token tok (logits [N, E]; lane = threadIdx.x & 31); lane k < top_k then
-// calls keep(weight k in fp32, renormalised when renorm != 0, expert k). The body of moe_route
-// and of moe_gate_up_route: both pick the same experts and weights, bit for bit.
+// calls keep(weight k in fp32, renormalised when renorm != 0, expert k).
 template <typename T, typename Keep>
 __device__ __forceinline__ void route_token(const T* logits, long long tok, int lane, int n_exp,
                                             int top_k, int renorm, Keep keep) {
@@ -91,8 +84,7 @@ __device__ __forceinline__ void route_token(const T* logits, long long tok, int 
   if (lane < top_k) keep(renorm ? mine / picked : mine, mine_e);
 }
 
-// (logits not __restrict__: with it nvcc emits .nc loads; without, the same PTX as before
-// route_token was split out, up to two register names.)
+// One warp per token. (logits is not __restrict__: plain global loads, not .nc.)
 template <typename T>
 __device__ void moe_route_impl(const T* logits, T* __restrict__ weights,
                                long long* __restrict__ experts, int n_tok, int n_exp, int top_k,
@@ -195,13 +187,10 @@ __device__ __forceinline__ void dot_rows(const uint4 (&wv)[R][U], const T* xs, f
 
 // One warp per output column n of one (token, expert) pair: the gate and up rows side by side,
 // all their loads of a chunk in flight at once; x [H] of the token staged in shared memory.
-// The pair's expert: experts[pair] (moe_route's), or *chosen (ROUTED: moe_gate_up_route_impl's,
-// in shared memory).
-template <typename T, int U, bool ROUTED = false>
+template <typename T, int U>
 __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ gate_up,
                                  const long long* __restrict__ experts, T* __restrict__ act,
-                                 int top_k, int hidden, int inter, float eps,
-                                 const long long* chosen = nullptr) {
+                                 int top_k, int hidden, int inter, float eps) {
   constexpr int W = 32 * U * Vec<T>::N;
   __shared__ __align__(16) T xs[W];  // x[tok, c0 : c0 + W]
   const int lane = threadIdx.x & 31;
@@ -209,7 +198,7 @@ __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ 
   const long long tok = pair / top_k;
   const int n = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const bool live = n < inter;  // a warp past I still stages and syncs
-  const long long e = ROUTED ? *chosen : experts[pair];
+  const long long e = experts[pair];
   const T* wg = gate_up + (e * 2 * inter + (live ? n : 0)) * (long long)hidden;
   const T* const w[2] = {wg, wg + (long long)inter * hidden};
   float s[2] = {0.f, 0.f}, ss = 0.f;  // ss: the lane's sum of x^2 (eps >= 0)
@@ -238,33 +227,6 @@ __device__ void moe_gate_up_impl(const T* __restrict__ x, const T* __restrict__ 
     act[pair * inter + n] = Num<T>::store(Num<T>::round(g / (1.f + expf(-g))) * u);
 }
 
-// The pair's expert routed here from the logits [N, E] (moe_route's work, no launch of its
-// own): after pdl_wait warp 0 routes the block's token (route_token, as moe_route does) and
-// hands expert k of pair = token * K + k to the block through shared memory; the blocks with
-// blockIdx.y == 0 write weights [pair] and experts [pair] (moe_down reads them after its wait).
-template <typename T, int U>
-__device__ void moe_gate_up_route_impl(const T* __restrict__ x, const T* __restrict__ gate_up,
-                                       const T* logits, T* __restrict__ weights,
-                                       long long* __restrict__ experts, T* __restrict__ act,
-                                       int n_exp, int top_k, int renorm, int hidden, int inter,
-                                       float eps) {
-  __shared__ long long chosen;
-  const int lane = threadIdx.x & 31;
-  const long long pair = blockIdx.x, tok = pair / top_k;
-  const int k = (int)(pair - tok * top_k);
-  if (threadIdx.x < 32)
-    route_token<T>(logits, tok, lane, n_exp, top_k, renorm, [&](float w, long long e) {
-      if (lane != k) return;
-      chosen = e;
-      if (blockIdx.y == 0) {
-        weights[pair] = Num<T>::store(w);
-        experts[pair] = e;
-      }
-    });
-  __syncthreads();
-  moe_gate_up_impl<T, U, true>(x, gate_up, experts, act, top_k, hidden, inter, eps, &chosen);
-}
-
 // The warp's chunk at column c0 of the rows of experts k0 .. k0 + rows (lane r < rows holds
 // expert k0 + r in my_e) of down [E, H, I], at output h: load_rows of those rows.
 template <typename T, int U>
@@ -279,18 +241,6 @@ __device__ __forceinline__ void load_down_rows(uint4 (&wv)[MOE_ROWS][U], const T
   load_rows<T, MOE_ROWS, U>(wv, w, live ? rows : 0, c0, inter);
 }
 
-// load_down_rows with the experts k0 + r in shared memory, e[r] (r < rows), not in lanes.
-template <typename T, int U>
-__device__ __forceinline__ void load_down_rows_at(uint4 (&wv)[MOE_ROWS][U], const T* down,
-                                                  const long long* e, int rows, bool live, int h,
-                                                  int hidden, int inter, int c0) {
-  const T* w[MOE_ROWS];
-#pragma unroll
-  for (int r = 0; r < MOE_ROWS; ++r)
-    w[r] = down + ((r < rows ? e[r] : 0) * hidden + (live ? h : 0)) * (long long)inter;
-  load_rows<T, MOE_ROWS, U>(wv, w, live ? rows : 0, c0, inter);
-}
-
 // One warp per output element (token, h): the rows of MOE_ROWS experts at a time, all their
 // loads of a chunk in flight at once; act [top_k, I] of the token staged in shared memory.
 // Summed in expert order; + residual (rounded as torch's residual + moe_out) when res is given.
@@ -298,19 +248,11 @@ __device__ __forceinline__ void load_down_rows_at(uint4 (&wv)[MOE_ROWS][U], cons
 // still runs (its last blocks). That reads `experts` before the wait: it was written before
 // moe_gate_up passed its own pdl_wait, and moe_gate_up lets this kernel launch only after
 // that (MOE_GATE_UP_ENTRY: pdl_trigger after pdl_wait), so it is complete and visible here.
-// ROUTED (after moe_gate_up_route, which writes experts and weights itself: this kernel's
-// immediate predecessor, so they may be read only after the wait): warp 0 routes the block's
-// token again from logits [N, E] (route_token, the same bits as moe_gate_up_route's) into
-// shared memory before pdl_wait, and neither experts nor weights are read. The logits may be
-// read before the wait: the router gemv wrote them two kernels back, moe_gate_up_route passes
-// its own pdl_wait (that gemv complete and its writes visible) before its pdl_trigger, and
-// this kernel launches only after every block of it triggered.
-template <typename T, int U, bool ROUTED = false>
+template <typename T, int U>
 __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ down,
                               const long long* __restrict__ experts,
                               const T* __restrict__ weights, const T* __restrict__ res,
-                              T* __restrict__ out, int top_k, int hidden, int inter, int early,
-                              const T* logits = nullptr, int n_exp = 0, int renorm = 0) {
+                              T* __restrict__ out, int top_k, int hidden, int inter, int early) {
   constexpr int R = MOE_ROWS, W = 32 * U * Vec<T>::N;
   __shared__ __align__(16) T xs[R * W];  // act[tok, k0 + r, c0 : c0 + W]
   const int lane = threadIdx.x & 31;
@@ -320,23 +262,9 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
   const long long o = tok * hidden + h;
   uint4 wv[R][U];
   long long my_e = 0;  // lane r < rows: expert k0 + r
-  __shared__ long long route_e[32];  // ROUTED: expert k < top_k, route_w its weight
-  __shared__ float route_w[32];       // (rounded to T, as moe_route stores it)
-  if constexpr (ROUTED) {
-    if (threadIdx.x < 32)
-      route_token<T>(logits, tok, lane, n_exp, top_k, renorm, [&](float w, long long e) {
-        route_w[lane] = Num<T>::round(w);
-        route_e[lane] = e;
-      });
-    __syncthreads();
-  }
   if (early) {
-    if constexpr (ROUTED) {
-      load_down_rows_at<T, U>(wv, down, route_e, min(R, top_k), live, h, hidden, inter, 0);
-    } else {
-      my_e = lane < min(R, top_k) ? experts[tok * top_k + lane] : 0;
-      load_down_rows<T, U>(wv, down, my_e, min(R, top_k), live, h, hidden, inter, 0);
-    }
+    my_e = lane < min(R, top_k) ? experts[tok * top_k + lane] : 0;
+    load_down_rows<T, U>(wv, down, my_e, min(R, top_k), live, h, hidden, inter, 0);
   }
   pdl_wait();
   if (res && live && lane == 0)  // into L1 now, read at the end (no register held meanwhile)
@@ -346,21 +274,14 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
   for (int k0 = 0; k0 < top_k; k0 += R) {
     const int rows = min(R, top_k - k0);
     const long long pair = tok * top_k + k0 + lane;
-    float my_w = 0.f;  // (ROUTED: route_w in shared memory instead)
-    if constexpr (!ROUTED) {
-      if (k0 || !early) my_e = lane < rows ? experts[pair] : 0;
-      my_w = lane < rows ? Num<T>::load(weights[pair]) : 0.f;
-    }
+    if (k0 || !early) my_e = lane < rows ? experts[pair] : 0;
+    const float my_w = lane < rows ? Num<T>::load(weights[pair]) : 0.f;
     float s[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) s[r] = 0.f;
     for (int c0 = 0; c0 < inter; c0 += W) {
-      if (k0 || c0 || !early) {
-        if constexpr (ROUTED)
-          load_down_rows_at<T, U>(wv, down, route_e + k0, rows, live, h, hidden, inter, c0);
-        else
-          load_down_rows<T, U>(wv, down, my_e, rows, live, h, hidden, inter, c0);
-      }
+      if (k0 || c0 || !early)
+        load_down_rows<T, U>(wv, down, my_e, rows, live, h, hidden, inter, c0);
       if (!first) __syncthreads();  // the previous chunk of xs is read
       first = false;
       stage_rows<T, R, U>(xs, act + (tok * top_k + k0) * inter, inter, rows, c0, inter);
@@ -371,11 +292,7 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float yr = Num<T>::round(__shfl_sync(0xffffffffu, y, r * (32 / R)));
-      float wr;
-      if constexpr (ROUTED)
-        wr = r < rows ? route_w[k0 + r] : 0.f;
-      else
-        wr = __shfl_sync(0xffffffffu, my_w, r);
+      const float wr = __shfl_sync(0xffffffffu, my_w, r);
       if (r < rows) acc += Num<T>::round(yr * wr);
     }
   }
@@ -400,25 +317,6 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
     moe_gate_up_impl<T, U>(x, gate_up, experts, act, top_k, hidden, inter, eps);                \
   }
 
-// moe_route and moe_gate_up in one launch (CupyBackend.moe_fused_route): logits [N, E] in place
-// of experts; writes weights [N, K] and experts [N, K] as well. Same PDL order as moe_gate_up:
-// everything it reads or writes is after pdl_wait (the logits come from the kernel right
-// before it, the router gemv), and pdl_trigger after that wait. The dependency rule for the
-// moe_down after it: the experts and weights written here come from its immediate
-// predecessor, so moe_down may read them only after its own pdl_wait (early = 0); early loads
-// need moe_down_route, which reads only the logits (written two kernels back) before its wait.
-#define MOE_GATE_UP_ROUTE_ENTRY(SUFFIX, T, U)                                                   \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2)                                  \
-      moe_gate_up_route_##SUFFIX##_u##U(const T* x, const T* gate_up, const T* logits,         \
-                                        T* weights, long long* experts, T* act, int n_exp,      \
-                                        int top_k, int renorm, int hidden, int inter,           \
-                                        float eps) {                                            \
-    pdl_wait();                                                                                  \
-    pdl_trigger();                                                                               \
-    moe_gate_up_route_impl<T, U>(x, gate_up, logits, weights, experts, act, n_exp, top_k,      \
-                                 renorm, hidden, inter, eps);                                   \
-  }
-
 #define MOE_DOWN_ENTRY(SUFFIX, T, U)                                                            \
   extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2)                                  \
       moe_down_##SUFFIX##_u##U(const T* act, const T* down, const long long* experts,          \
@@ -426,19 +324,6 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
                                int inter, int early) {                                          \
     pdl_trigger();                                                                               \
     moe_down_impl<T, U>(act, down, experts, weights, res, out, top_k, hidden, inter, early);    \
-  }
-
-// moe_down after moe_gate_up_route with its routing recomputed before pdl_wait (moe_down_impl,
-// ROUTED): logits [N, E] in place of experts and weights, so early != 0 is allowed here. Only
-// after moe_gate_up_route (its pdl_trigger after its pdl_wait is what makes the logits safe).
-#define MOE_DOWN_ROUTE_ENTRY(SUFFIX, T, U)                                                      \
-  extern "C" __global__ void __launch_bounds__(MOE_THREADS, 2)                                  \
-      moe_down_route_##SUFFIX##_u##U(const T* act, const T* down, const T* logits,             \
-                                     const T* res, T* out, int n_exp, int top_k, int renorm,    \
-                                     int hidden, int inter, int early) {                        \
-    pdl_trigger();                                                                               \
-    moe_down_impl<T, U, true>(act, down, nullptr, nullptr, res, out, top_k, hidden, inter,     \
-                              early, logits, n_exp, renorm);                                    \
   }
 
 // U: 16-byte vectors per lane and row of a chunk; the host (kestrel_rt/cuda/ops.py) takes the
@@ -452,14 +337,6 @@ __device__ void moe_down_impl(const T* __restrict__ act, const T* __restrict__ d
   MOE_GATE_UP_ENTRY(SUFFIX, T, 4) MOE_GATE_UP_ENTRY(SUFFIX, T, 8)                               \
   MOE_DOWN_ENTRY(SUFFIX, T, 1) MOE_DOWN_ENTRY(SUFFIX, T, 2)
 
-#define MOE_ROUTE_ENTRIES(SUFFIX, T)                                                            \
-  MOE_GATE_UP_ROUTE_ENTRY(SUFFIX, T, 1) MOE_GATE_UP_ROUTE_ENTRY(SUFFIX, T, 2)                   \
-  MOE_GATE_UP_ROUTE_ENTRY(SUFFIX, T, 4) MOE_GATE_UP_ROUTE_ENTRY(SUFFIX, T, 8)                   \
-  MOE_DOWN_ROUTE_ENTRY(SUFFIX, T, 1) MOE_DOWN_ROUTE_ENTRY(SUFFIX, T, 2)
-
 MOE_ENTRIES(bf16, bf16_t)
 MOE_DOWN_ENTRY(bf16, bf16_t, 3)
 MOE_ENTRIES(f32, float)
-MOE_ROUTE_ENTRIES(bf16, bf16_t)
-MOE_DOWN_ROUTE_ENTRY(bf16, bf16_t, 3)
-MOE_ROUTE_ENTRIES(f32, float)
