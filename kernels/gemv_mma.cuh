@@ -329,6 +329,8 @@ template <int MT, int PRO>
 __device__ __forceinline__ void store_out(u16* y, const u16* res, const float (*acc)[4],
                                           int tile, int g, int t, int M, int N, float sa,
                                           float sb) {
+  static_assert((PRO & ~(2 | 4 | 8 | 16)) == 0, "PRO: 2 the SwiGLU prologue, + 4 a residual, "
+                "+ 8 the SwiGLU epilogue, + 16 the row-scale RMSNorm (ARGMAX: no store)");
   static_assert(!(GEMV_GLU(PRO) && GEMV_RES(PRO)), "a SwiGLU epilogue takes no residual");
   if constexpr (GEMV_GLU(PRO))
     store_glu<MT>(y, acc, tile, g, t, M, N, sa, sb);
