@@ -110,10 +110,13 @@ def test_tuned_plans_use_the_sweep_then_the_default_rule():
 
 
 # -- the launches ------------------------------------------------------------------------------
-def recording_gemv(target: GemvDevice):
+def recording_gemv(target: GemvDevice, monkeypatch):
     """A Gemv whose launches are recorded, not run: (kernel name, grid, block, #args, smem).
     Its modules check that each name is one the module compiles for that (file, PRO)."""
+    from kestrel_rt.cuda import gemv as gemv_module
     from kestrel_rt.cuda.gemv import Gemv
+
+    monkeypatch.setattr(gemv_module, "ensure_dynamic_shared", lambda fn, nbytes: None)
 
     gemv = Gemv.__new__(Gemv)  # no device: only the launch logic runs
     gemv.target, gemv.sms, gemv.tuned, gemv.sweep = target, target.sms, {}, False
@@ -135,8 +138,6 @@ def recording_gemv(target: GemvDevice):
     gemv.module = module
     gemv._run = lambda fn, grid, block, args, smem=0: calls.append(
         (fn, grid, block, len(args), smem))
-    gemv._shared_set = {n: 1 << 30 for src in ("gemv_ring", "gemv_bulk")
-                        for pro in V.persistent_pros(src) for n in V.persistent_names(src, pro)}
     return gemv, calls
 
 
@@ -147,11 +148,11 @@ def weight(kind: str, n: int, k: int):
     return (Int8Weight if kind == "int8" else Int4Weight).from_float(w)
 
 
-def test_each_call_picks_its_prologue_and_epilogue_kernel():
+def test_each_call_picks_its_prologue_and_epilogue_kernel(monkeypatch):
     """PRO = 4 residual + 8 SwiGLU epilogue + 16 row scale; the SwiGLU epilogue halves the output and keeps the grid of the plain kernel; the argument
     lists are the kernels' (bf16 w, x, y, M, N, K, eps, res; int8 q, scale, ...; int4 q,
     zeros, scales, ...)."""
-    gemv, calls = recording_gemv(device())
+    gemv, calls = recording_gemv(device(), monkeypatch)
     m, n, k = 3, 256, 256
     x = torch.randn(m, k).bfloat16()
     res = torch.zeros(m, n).bfloat16()
@@ -170,12 +171,12 @@ def test_each_call_picks_its_prologue_and_epilogue_kernel():
             assert nargs == {"bf16": 8, "int8": 8, "int4": 9}[kind]
 
 
-def test_persistent_launches():
+def test_persistent_launches(monkeypatch):
     """bulk: one block per SM at most, WARPS + 1 warps, slots' and x's shared bytes, 13
     arguments (ARGMAX's five null); ring: KSPLIT warps, 7 arguments."""
     k = 512
     for target, kernel in ((device(bulk=True), "bulk"), (device(ring=True), "ring")):
-        gemv, calls = recording_gemv(target)
+        gemv, calls = recording_gemv(target, monkeypatch)
         for n, m in ((256, 1), (8192, 2)):
             x = torch.randn(m, k).bfloat16()
             for kw, pro in (({}, 0), ({"residual": torch.zeros(m, n).bfloat16()}, 4),
@@ -196,8 +197,8 @@ def test_persistent_launches():
                 assert grid == (min(n // 16, 132),)
 
 
-def test_refusals_launch_nothing():
-    gemv, calls = recording_gemv(device(bulk=True))
+def test_refusals_launch_nothing(monkeypatch):
+    gemv, calls = recording_gemv(device(bulk=True), monkeypatch)
     x = torch.randn(1, 128).bfloat16()
     with pytest.raises(ValueError, match="row-scale RMSNorm"):
         gemv.matmul(x, weight("int8", 32, 128), rstd=True)
@@ -210,12 +211,12 @@ def test_refusals_launch_nothing():
     assert not calls
 
 
-def test_argmax_goes_to_the_bulk_kernels_argmax_epilogue():
+def test_argmax_goes_to_the_bulk_kernels_argmax_epilogue(monkeypatch):
     """Gemv.argmax launches gemv_bulk_bf16 with ARGMAX (after plain x or the row scale) and
     its five extra arguments; where the bulk kernel does not take the shape (no bulk kernel,
     more than BULK_MAX_ROWS rows, an int4 weight, the row scale on a MoE model) it launches
     nothing and says so; a wrong state raises."""
-    gemv, calls = recording_gemv(device(bulk=True))
+    gemv, calls = recording_gemv(device(bulk=True), monkeypatch)
     gemv.supports = lambda x, w, k=None: True  # CPU tensors stand in for device ones
     k, n = 512, 50000
     w, x = weight("bf16", n, k), torch.randn(1, k).bfloat16()

@@ -50,11 +50,11 @@ from kestrel_rt.cuda.gemv_variants import (
 from kestrel_rt.cuda.gemv_weights import FORMATS, kernel_reads, output, weight_format
 from kestrel_rt.cuda.module import (
     current_stream,
+    ensure_dynamic_shared,
     f32,
     full_source,
     i32,
     ptr,
-    set_max_dynamic_shared,
 )
 from kestrel_rt.cuda.ops import check_host_out
 from kestrel_rt.quant import int4_fits
@@ -98,7 +98,6 @@ class Gemv:
         self.sweep = sweep
         self._modules: dict[tuple[str, int], object] = {}
         self._streams: dict[int, object] = {}
-        self._shared_set: dict[str, int] = {}  # kernel -> dynamic shared bytes allowed
         self._pdl = None
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
             from kestrel_rt.cuda.pdl import Launcher
@@ -202,9 +201,7 @@ class Gemv:
                     threads: int, args: tuple) -> None:
         """One wave of `blocks` blocks of kernels/SOURCE.cu:NAME with smem dynamic bytes."""
         fn = self.module(source, pro).get_function(name)
-        if self._shared_set.get(name, 0) < smem:
-            set_max_dynamic_shared(fn, smem)
-            self._shared_set[name] = smem
+        ensure_dynamic_shared(fn, smem)
         self._run(fn, (blocks,), (threads,), args, smem)
 
     # -- what the backend calls ------------------------------------------------------------

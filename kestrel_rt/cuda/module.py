@@ -9,6 +9,7 @@ scalars: tensors as their device address (`ptr`), so no DLPack round trip per la
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -46,15 +47,28 @@ def full_source(name: str) -> str:
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute (cuda.h)
 
 
-def set_max_dynamic_shared(fn, nbytes: int) -> None:
-    """Let compiled kernel `fn` (a cupy Function or RawKernel) launch with up to `nbytes` of
-    dynamic shared memory (above 48 KiB a kernel must ask for it: cuFuncSetAttribute)."""
+@functools.cache
+def driver():
+    """The CUDA driver library (for the function attributes cupy does not expose)."""
     import ctypes
 
-    driver = ctypes.CDLL("libcuda.so.1")
-    func = getattr(fn, "kernel", fn).ptr
-    err = driver.cuFuncSetAttribute(ctypes.c_void_p(func), MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    ctypes.c_int(nbytes))
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def ensure_dynamic_shared(fn, nbytes: int) -> None:
+    """Let compiled kernel `fn` (a cupy Function or RawKernel) launch with at least `nbytes`
+    of dynamic shared memory (above 48 KiB a kernel must ask for it). The attribute belongs
+    to the function, which every backend of the process shares (cupy loads a source once),
+    so it is read from the driver and only ever raised: one backend never lowers what
+    another's launches, or its captured graphs, need."""
+    import ctypes
+
+    func = ctypes.c_void_p(getattr(fn, "kernel", fn).ptr)
+    current = ctypes.c_int(0)
+    err = driver().cuFuncGetAttribute(ctypes.byref(current), MAX_DYNAMIC_SHARED_SIZE_BYTES, func)
+    if err == 0 and current.value >= nbytes:
+        return
+    err = driver().cuFuncSetAttribute(func, MAX_DYNAMIC_SHARED_SIZE_BYTES, ctypes.c_int(nbytes))
     if err != 0:
         raise KestrelError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes}) "
                            f"failed with CUresult {err}")
