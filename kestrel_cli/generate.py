@@ -245,7 +245,7 @@ def generate(
 
     t0 = time.perf_counter()
     runner = build_model(model, dev, dt, quant, options, seed=0)
-    prepare(runner, 1, len(ids) + max_new_tokens)
+    prepare(runner, 1, len(ids) + max_new_tokens, prefill=(len(ids),))
     load_s = time.perf_counter() - t0
 
     result = run_generate(

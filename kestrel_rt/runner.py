@@ -68,15 +68,16 @@ def build_model(model: str | Path, device: str | torch.device = "cpu",
 
 
 def prepare(model: Qwen3Model, num_slots: int, max_len: int,
-            batches: tuple[int, ...] = (1,), new_tokens: tuple[int, ...] = (1,)) -> None:
+            batches: tuple[int, ...] = (1,), new_tokens: tuple[int, ...] = (1,),
+            prefill: tuple[int, ...] = (32,)) -> None:
     """Allocate the model's KV cache (num_slots sequences of max_len tokens) and warm it up:
-    on a GraphModel, a short prefill and the greedy decode graphs of `batches` x
-    `new_tokens` (M) run on the scratch slot, so the kernels they need are compiled and the
-    graphs captured now (the cupy kernel cache keeps compiled modules on disk for the next
-    process). Nothing of the sequences' slots is touched."""
+    on a GraphModel, the greedy prefill graphs of prompts of `prefill` tokens and the greedy
+    decode graphs of `batches` x `new_tokens` (M) run on the scratch slot, so the kernels
+    they need are compiled and the graphs captured now (the cupy kernel cache keeps compiled
+    modules on disk for the next process). Nothing of the sequences' slots is touched."""
     model.allocate_kv(num_slots, max_len)
     warm = getattr(model, "warm", None)
     if warm is not None:
-        warm(batches, new_tokens)
+        warm(batches, new_tokens, prefill)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)

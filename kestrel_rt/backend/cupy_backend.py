@@ -100,12 +100,16 @@ class CupyBackend(TorchBackend):
 
     def graph_safe(self, batch: int, m: int) -> bool:
         """True when a forward of [batch, m] tokens runs only kernels and torch ops with no
-        host sync and no host-side bound (the torch attention slices keys to step.max_ctx),
-        so it may be captured in a CUDA graph."""
+        host sync, so it may be captured in a CUDA graph: decode and verify (m <= 16) on the
+        kernels; a prefill (m > 16) of a dense model, whose attention is torch's over a Step
+        of static length (the graph's step.max_ctx is the cache's max_len). A MoE prefill is
+        not: the torch experts pick their tokens on the host."""
         s = self.shape
         vec = 16 // torch.empty((), dtype=self.dtype).element_size()
-        if not self.kernel_dtype() or m > MAX_KERNEL_M or s.head_dim % vec or s.head_dim > 256:
+        if not self.kernel_dtype() or s.head_dim % vec or s.head_dim > 256:
             return False
+        if m > MAX_KERNEL_M:
+            return not s.is_moe
         return not s.is_moe or self.moe_kernels.takes(batch * m)
 
     # -- ops -------------------------------------------------------------------------------

@@ -1,23 +1,26 @@
-"""CUDA graphs of decode and verify forwards, per batch-size bucket, with static buffers.
+"""CUDA graphs of decode, verify and prefill forwards, per shape bucket, with static buffers.
 
     model = GraphModel(shape, weights, CupyBackend("cuda", torch.bfloat16))
     model.allocate_kv(num_slots, max_len)      # reserves one extra scratch slot for padding
     model.forward(tokens, slots)               # same contract as Qwen3Model.forward
 
-A forward of B sequences x M new tokens is *graphable* when M <= max_m and the backend says
-the shape runs without host syncs (`CupyBackend.graph_safe`). Its batch is padded up to a
-bucket (1, 2, 4, ..., 64); padding rows write K/V only into the scratch slot. The first call
-of a (bucket, M, last_only, greedy) runs eagerly on the capture stream (its real result, which also
-warms up cuBLAS and compiles the kernels), then the same computation is captured; later
-calls copy the Step into the static buffers with one host-to-device copy (tokens already on
-the device are copied there device to device, or not at all when they are the buffer itself)
+A forward of B sequences x M new tokens replays a graph where the backend says the shape runs
+without host syncs (`CupyBackend.graph_safe`): decode and verify (M <= max_m) with the batch
+padded up to a bucket (1, 2, 4, ..., 64; padding rows write K/V only into the scratch slot),
+and a one-sequence prefill with its tokens padded up to a PREFILL_BUCKETS length (padding
+tokens are not read back and write K/V only past the sequence's length), its attention over
+the next power of two of cached keys (an eager prefill is bound by the host's Python:
+qwen3-0.6b's 512 tokens take 33 ms eagerly, 4.9 ms replayed; docs/performance.md). The
+first call of a shape runs eagerly on the capture stream (its real result, which also warms
+up cuBLAS and compiles the kernels), then the same computation is captured; later calls
+copy the Step into the static buffers with one host-to-device copy (tokens already on the
+device are copied there device to device, or not at all when they are the buffer itself)
 and replay. `forward(..., greedy=True)` captures the argmax too (Backend.greedy_tokens): a
 decode step's token ids come back in the graph's token input, ready for the next replay;
 `forward_greedy` also has the argmax kernel write them into pinned host memory (two halves,
 alternate replays), so an overlapped decode loop reads them with no copy on the stream (a
 device-to-host copy there cost ~10 us per step on the H200: docs/performance.md).
-Anything else (prefill, larger batches) runs eagerly: the fallback is Qwen3Model.forward
-itself.
+Anything else (larger batches, a MoE prefill) runs eagerly: Qwen3Model.forward itself.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ from kestrel_rt.kv_cache import KVCache, Step
 from kestrel_rt.model import Chosen, Qwen3Model
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Prompt lengths a one-sequence prefill is padded up to and replayed at (at most a third of
+# padding from 64 on); longer prompts, or chunks that would pad past the cache, run eagerly.
+PREFILL_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
+                   6144, 8192)
 
 
 class _Captured:
@@ -46,11 +53,14 @@ class _Captured:
 class GraphModel(Qwen3Model):
     """Qwen3Model whose decode / verify forwards replay CUDA graphs (backend: CupyBackend)."""
 
-    def __init__(self, *args, buckets: tuple[int, ...] = BUCKETS, max_m: int = 16, **kwargs):
+    def __init__(self, *args, buckets: tuple[int, ...] = BUCKETS, max_m: int = 16,
+                 prefill_buckets: tuple[int, ...] = PREFILL_BUCKETS, **kwargs):
         super().__init__(*args, **kwargs)
         self.buckets = tuple(sorted(buckets))
         self.max_m = max_m
-        self.graphs: dict[tuple[int, int, bool, bool], _Captured] = {}
+        self.prefill_buckets = tuple(sorted(prefill_buckets))
+        # (rows, new tokens, last_only, greedy, keys attention reads) -> its graph
+        self.graphs: dict[tuple[int, int, bool, bool, int], _Captured] = {}
         self.scratch_slot: int | None = None
         self.replays = 0  # forwards served by a graph replay (for tests and reports)
 
@@ -66,19 +76,22 @@ class GraphModel(Qwen3Model):
 
     @torch.inference_mode()
     def warm(self, batches: tuple[int, ...] = (1,), new_tokens: tuple[int, ...] = (1,),
-             prefill: int = 32) -> None:
-        """Compile and capture now what a run will need, on the scratch slot only: an eager
-        prefill of `prefill` tokens (the prefill path's kernels and cuBLAS), then the greedy
+             prefill: tuple[int, ...] = (32,)) -> None:
+        """Compile and capture now what a run will need, on the scratch slot only: the
+        greedy prefill graph of each prompt length's bucket in `prefill` (eager where it has
+        none: the prefill path's kernels and cuBLAS warm up either way), then the greedy
         graphs of each batch's bucket x M in new_tokens (decode: M = 1, verify: k + 1)."""
         kv, scratch = self.kv, self.scratch_slot
-        n = min(prefill, kv.max_len)
-        super().forward(torch.zeros(1, n, dtype=torch.long), [scratch])
-        kv.rollback(scratch, 0)
+        for n in prefill:
+            n = min(n, kv.max_len)
+            self.forward(torch.zeros(1, n, dtype=torch.long), [scratch], last_only=True,
+                         greedy=True)
+            kv.rollback(scratch, 0)
         safe = getattr(self.backend, "graph_safe", None)
         for batch in batches:
             bucket = self._bucket(batch)
             for m in new_tokens:
-                key = (bucket, m, False, True)
+                key = (bucket, m, False, True, kv.max_len)
                 if (bucket is None or m > self.max_m or m > kv.max_len or key in self.graphs
                         or safe is None or not safe(bucket, m)):
                     continue
@@ -89,6 +102,27 @@ class GraphModel(Qwen3Model):
 
     def _bucket(self, batch: int) -> int | None:
         return next((b for b in self.buckets if b >= batch), None)
+
+    def _shape(self, B: int, M: int, last_only: bool, start: list[int]
+               ) -> tuple[int, int, int] | None:
+        """(rows, new tokens, keys attention reads) a forward of [B, M] replays at, or None
+        (eager): decode and verify (M <= max_m) at the batch's bucket (the attention kernel
+        reads each sequence's own length); a one-sequence prefill at its length's bucket,
+        where the padded chunk still fits the cache (its last token's result only), its
+        torch attention over the next power of two of keys that holds the chunk."""
+        safe = getattr(self.backend, "graph_safe", None)
+        if safe is None or self.scratch_slot is None:
+            return None
+        max_len = self.kv.max_len
+        if M <= self.max_m:
+            bucket = self._bucket(B)
+            return (bucket, M, max_len) if bucket is not None and safe(bucket, M) else None
+        if B != 1 or not last_only:
+            return None
+        bucket = next((m for m in self.prefill_buckets if m >= M), None)
+        if bucket is None or start[0] + bucket > max_len or not safe(1, bucket):
+            return None
+        return 1, bucket, min(max_len, 1 << (start[0] + bucket - 1).bit_length())
 
     @torch.inference_mode()
     def forward(self, tokens, slots, n_new=None, last_only=False, greedy=False):
@@ -116,33 +150,33 @@ class GraphModel(Qwen3Model):
         if not isinstance(tokens, torch.Tensor):
             tokens = torch.tensor(tokens, dtype=torch.long)
         B, M = tokens.shape
-        bucket = self._bucket(B)
-        safe = getattr(self.backend, "graph_safe", None)
-        if (bucket is None or M > self.max_m or self.scratch_slot is None or safe is None
-                or not safe(bucket, M)):
-            return super().forward(tokens, slots, n_new, last_only, greedy), None
         slots = list(slots)
         n_new = [M] * B if n_new is None else list(n_new)
         kv = self.kv
         start = kv.check(slots, M, n_new)
+        shape = self._shape(B, M, last_only, start)
+        if shape is None:
+            return super().forward(tokens, slots, n_new, last_only, greedy), None
+        bucket, Mb, keys = shape  # M real tokens per row at most, padded to Mb
+        kv.check(slots, Mb, n_new)
         pad = bucket - B
         starts = start + [0] * pad
-        key = (bucket, M, bool(last_only), bool(greedy))
+        key = (bucket, Mb, bool(last_only), bool(greedy), keys)
         cap = self.graphs.get(key)
         parity = 0 if cap is None else cap.parity
         # slots | start | n_new | positions | parity, one pinned host tensor: its copy to the
         # device is asynchronous (a pageable one may wait for the stream, which would stall
         # an overlapped decode loop); torch's pinned allocator keeps it until the copy is done
         meta = torch.tensor(
-            slots + [self.scratch_slot] * pad + starts + n_new + [M] * pad
-            + [st + i for st in starts for i in range(M)] + [parity], dtype=torch.long,
+            slots + [self.scratch_slot] * pad + starts + n_new + [Mb] * pad
+            + [st + i for st in starts for i in range(Mb)] + [parity], dtype=torch.long,
             pin_memory=True)
         if cap is None:
             out, cap = self._capture(key, tokens, meta)
             out = out[:B]
         else:
             cap.inputs.copy_(meta, non_blocking=True)
-            mine = cap.tokens[:B]
+            mine = cap.tokens[:B, :M]  # (a prefill's columns past M: padding, not read)
             if not (tokens.data_ptr() == mine.data_ptr() and tokens.stride() == mine.stride()):
                 mine.copy_(tokens, non_blocking=True)  # device tokens stay on the device
             cap.graph.replay()
@@ -158,17 +192,17 @@ class GraphModel(Qwen3Model):
             host = cap.host[parity, :rows].view(out[:, 0].shape if last_only else out.shape)
         return (out[:, 0] if last_only else out), host
 
-    def _capture(self, key: tuple[int, int, bool, bool], tokens: torch.Tensor,
+    def _capture(self, key: tuple[int, int, bool, bool, int], tokens: torch.Tensor,
                  meta: torch.Tensor) -> tuple[torch.Tensor, _Captured]:
         """Run the forward eagerly on the capture stream (this call's result), then capture
         it. A greedy forward writes its ids to pinned host memory too where the backend's
         argmax can (else its caller copies them back)."""
-        bucket, M, last_only, greedy = key
+        bucket, M, last_only, greedy, keys = key
         be = self.backend
         inputs = meta.to(self.device)
         static_tokens = torch.zeros(bucket, M, dtype=torch.long, device=self.device)
-        static_tokens[: tokens.shape[0]] = tokens.to(self.device)
-        step = _step(inputs, bucket, M, self.kv.max_len)
+        static_tokens[: tokens.shape[0], : tokens.shape[1]] = tokens.to(self.device)
+        step = _step(inputs, bucket, M, keys)
         # greedy decode (one token in, one out per row) writes its choice over its own input
         into = static_tokens if greedy and M == 1 else None
         host = None
@@ -197,10 +231,10 @@ class GraphModel(Qwen3Model):
         return eager, cap
 
 
-def _step(inputs: torch.Tensor, bucket: int, m: int, max_len: int) -> Step:
+def _step(inputs: torch.Tensor, bucket: int, m: int, max_ctx: int) -> Step:
     """A Step whose tensors are views into the static metadata buffer."""
     slots = inputs[:bucket]
     start = inputs[bucket: 2 * bucket]
     n_new = inputs[2 * bucket: 3 * bucket]
     positions = inputs[3 * bucket: 3 * bucket + bucket * m].view(bucket, m)
-    return Step(slots=slots, start=start, n_new=n_new, positions=positions, max_ctx=max_len)
+    return Step(slots=slots, start=start, n_new=n_new, positions=positions, max_ctx=max_ctx)

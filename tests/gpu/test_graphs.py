@@ -17,6 +17,11 @@ from kestrel_rt.engine import generate
 TOL = {torch.float32: 1e-6, torch.bfloat16: 1e-2}
 
 
+def _keys(graphed) -> set:
+    """(rows, new tokens, last_only, greedy) of every captured graph."""
+    return {key[:4] for key in graphed.graphs}
+
+
 def _pair(name: str, dtype: torch.dtype, slots: int = 8):
     eager = gm.model(name, CupyBackend("cuda", dtype), slots=slots)
     graphed = gm.model(name, CupyBackend("cuda", dtype), cls=GraphModel, slots=slots)
@@ -34,7 +39,7 @@ def test_replay_equals_eager(name, dtype):
         errs = [gm.rel_err(g, r) for g, r in zip(got, ref)]
         assert max(errs) <= TOL[dtype], errs
     assert graphed.replays > 0
-    assert {(4, 1, False, False), (4, 4, False, False), (4, 9, True, False)} <= set(graphed.graphs)
+    assert {(4, 1, False, False), (4, 4, False, False), (4, 9, True, False)} <= _keys(graphed)
 
 
 @pytest.mark.parametrize("batch", [1, 2, 5, 16])
@@ -53,7 +58,7 @@ def test_buckets_and_verify_widths(batch, m):
         assert gm.rel_err(b.cpu(), a.cpu()) <= TOL[torch.float32]
     assert graphed.replays >= 2
     bucket = next(x for x in graphed.buckets if x >= batch)
-    assert (bucket, m, False, False) in graphed.graphs
+    assert (bucket, m, False, False) in _keys(graphed)
 
 
 def _greedy_case(dtype: torch.dtype, batch: int, m: int, seed: int):
@@ -93,7 +98,7 @@ def test_greedy_replay_is_the_argmax_of_the_replayed_logits(dtype, batch, m, las
         assert [kv.length(s) for s in slots] == [n + m for n in before]
         if m == 1 and not last_only:
             tok = chosen  # [B, 1]: the next step's input
-    key = (next(b for b in graphed.buckets if b >= batch), m, last_only, True)
+    key = (next(b for b in graphed.buckets if b >= batch), m, last_only, True, kv.max_len)
     assert key in graphed.graphs and graphed.replays >= 6
     if m == 1 and not last_only:
         assert tok.data_ptr() == graphed.graphs[key].tokens.data_ptr()
@@ -136,7 +141,8 @@ def test_forward_greedy_ids_reach_the_host_by_replay(dtype, batch, m, last_only)
         pending, pending_ref = chosen, ref
         if m == 1 and not last_only:
             tok = chosen.tokens
-    key = (next(b for b in graphed.buckets if b >= batch), m, last_only, True)
+    key = (next(b for b in graphed.buckets if b >= batch), m, last_only, True,
+           graphed.kv.max_len)
     assert graphed.graphs[key].host is not None and graphed.replays >= 10
 
 
@@ -182,3 +188,50 @@ def test_overlapped_decode_gives_the_same_tokens(max_batch):
     assert any(len(t) < 14 for t in runs[1].token_ids)  # the EOS did stop one
     assert generate(graphed, prompts, max_new_tokens=14, max_batch=max_batch,
                     overlap=True).token_ids == plain.token_ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_replays_its_length_bucket(dtype):
+    """A one-sequence prefill longer than max_m replays the graph of its length's bucket
+    (tokens padded, attention over the next power of two of keys): the same greedy token and
+    K/V as the eager prefill, for a whole prompt and for a second chunk after it; a chunk
+    whose padded bucket would not fit the cache runs eagerly."""
+    eager = gm.model("wide", CupyBackend("cuda", dtype), max_len=512)
+    graphed = gm.model("wide", CupyBackend("cuda", dtype), cls=GraphModel, max_len=512)
+    vocab = eager.shape.vocab_size
+    for n, chunk in ((40, 25), (100, 60), (33, 200)):
+        prompt = gm.prompts(vocab, [n + chunk], seed=n)[0]
+        got = []
+        for model in (eager, graphed):
+            slot = model.kv.allocate()
+            first = model.forward(torch.tensor([prompt[:n]]), [slot], last_only=True,
+                                  greedy=True)  # [1]
+            second = model.forward(torch.tensor([prompt[n:]]), [slot], last_only=True,
+                                   greedy=True)
+            got.append((first.cpu(), second.cpu(), model.kv.k[:, slot, :n + chunk].cpu()))
+            assert model.kv.length(slot) == n + chunk
+            model.kv.free(slot)
+        (a1, a2, ak), (b1, b2, bk) = got
+        assert torch.equal(a1, b1) and torch.equal(a2, b2)
+        assert gm.rel_err(bk, ak) <= TOL[dtype]
+    keys = _keys(graphed)
+    assert (1, 64, True, True) in keys and (1, 128, True, True) in keys  # 40, 60 / 100
+    slot = graphed.kv.allocate()
+    graphed.forward(torch.zeros(1, 490, dtype=torch.long), [slot], last_only=True, greedy=True)
+    before = set(graphed.graphs)
+    graphed.forward(torch.zeros(1, 20, dtype=torch.long), [slot], last_only=True, greedy=True)
+    assert set(graphed.graphs) == before  # 490 + a 32-token bucket > 512: eager
+
+
+def test_prefill_graph_replays_again_with_other_tokens():
+    eager = gm.model("wide", CupyBackend("cuda", torch.float32), max_len=256)
+    graphed = gm.model("wide", CupyBackend("cuda", torch.float32), cls=GraphModel, max_len=256)
+    for seed in range(3):  # capture, then two replays of the same bucket
+        prompt = torch.tensor([gm.prompts(eager.shape.vocab_size, [50 + seed], seed=seed)[0]])
+        outs = []
+        for model in (eager, graphed):
+            slot = model.kv.allocate()
+            outs.append(model.forward(prompt, [slot], last_only=True).cpu())  # logits [1, V]
+            model.kv.free(slot)
+        assert gm.rel_err(outs[1], outs[0]) <= TOL[torch.float32]
+    assert graphed.replays >= 2

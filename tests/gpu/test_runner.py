@@ -65,7 +65,7 @@ def test_built_bf16_model_as_accurate_as_torch_bf16(folders, name):
     folded = fold_helps(model.shape, None, be.options.bulk_gemv)
     assert be.options.fold_norms == folded and be.is_unit_norm("norm") == folded
     prepare(model, 4, 128, batches=(4,), new_tokens=(1,))
-    assert (4, 1, False, True) in model.graphs  # the greedy decode graph, captured now
+    assert (4, 1, False, True, 128) in model.graphs  # the greedy decode graph, captured now
     got = gm.run_script(model, LENGTHS, 6)
     assert model.replays > 0
     errs = [(gm.rel_err(g, e), gm.rel_err(r, e)) for g, r, e in zip(got, ref, exact, strict=True)]
@@ -84,7 +84,7 @@ def test_built_fp32_model_generates_the_reference_tokens(folders):
     assert isinstance(model, GraphModel) and model.backend.dtype == torch.float32
     prepare(model, 3, 64, batches=(3,), new_tokens=(1,))
     captured = set(model.graphs)
-    assert (4, 1, False, True) in captured  # batch 3: bucket 4
+    assert (4, 1, False, True, 64) in captured  # batch 3: bucket 4
     got = generate(model, prompts, max_new_tokens=12)
     assert got.token_ids == want
     assert model.replays > 0 and set(model.graphs) >= captured
