@@ -195,8 +195,21 @@ def generate(
         help="none, int8 or int4: quantize the projection weights at load (default: none; "
         "an AWQ folder is int4 as stored).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    draft: Annotated[str | None, typer.Option(
+        help="Speculative decoding: the draft model (folder, hub id or preset), its own "
+        "instance on its own backend.")] = None,
+    k: Annotated[int, typer.Option(help="Draft tokens per round (1..16).")] = 4,
+    correction: Annotated[str, typer.Option(
+        help="fused (the correction / bonus token from the verify logits) or separate (an "
+        "extra one-token target forward every round).")] = "fused",
+    draft_device: Annotated[str | None, typer.Option(
+        help="Where the draft runs: cpu or cuda[:N] (default: the target's device).")] = None,
+    alpha: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help="Controlled acceptance: each draft token accepted with this "
+        "probability (the real draft, verify and correction work still runs).")] = None,
 ) -> None:
-    """Generate tokens with the runtime from a model folder or a dummy preset."""
+    """Generate tokens with the runtime from a model folder or a dummy preset, plainly or
+    speculatively with --draft."""
     import torch
 
     from kestrel_rt.engine import check_sampling
@@ -243,15 +256,34 @@ def generate(
         print(f"compiling the CUDA kernels (first run on this machine: cupy caches them in "
               f"{kernel_cache_dir()})", file=sys.stderr)
 
+    if draft is not None:
+        from kestrel_cli.draft import check_draft
+
+        check_draft(draft, k, correction, shape)
+
     t0 = time.perf_counter()
     runner = build_model(model, dev, dt, quant, options, seed=0)
-    prepare(runner, 1, len(ids) + max_new_tokens, prefill=(len(ids),))
+    spec_k = k if draft is not None else 0
+    prepare(runner, 1, len(ids) + max_new_tokens + spec_k, prefill=(len(ids),),
+            new_tokens=(1, spec_k + 1) if spec_k else (1,))
     load_s = time.perf_counter() - t0
 
-    result = run_generate(
-        runner, [ids], max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-        eos_token_id=eos,
-    )
+    spec = {}
+    if draft is None:
+        result = run_generate(
+            runner, [ids], max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+            eos_token_id=eos,
+        )
+    else:
+        from kestrel_cli.draft import run_speculative
+
+        ddev = parse_device(draft_device) if draft_device else dev
+        result, draft_load_s = run_speculative(
+            runner, draft, ddev, ids, max_new_tokens, k, correction, temperature, top_p, seed,
+            eos, alpha)
+        load_s += draft_load_s
+        spec = {"draft": draft, "draft_device": str(ddev), "correction": correction,
+                **result.stats.as_dict()}
     new_ids = result.token_ids[0]
     text = tokenizer.decode(new_ids, skip_special_tokens=True) if tokenizer else None
     report = {
@@ -275,6 +307,7 @@ def generate(
         "temperature": temperature,
         "top_p": top_p,
         "seed": seed,
+        **spec,
     }
     if as_json:
         typer.echo(json.dumps(report))
@@ -287,3 +320,8 @@ def generate(
         f"load {load_s:.1f} s, kernel compilation and graph capture included)",
         file=sys.stderr,
     )
+    if spec:
+        print(f"speculative: draft {draft} on {spec['draft_device']}, k {k}, {correction}; "
+              f"acceptance length {spec['spec_decode_acceptance_length']:.2f}, rate "
+              f"{spec['spec_decode_acceptance_rate']:.1f}%"
+              + (" (controlled)" if spec["spec_decode_controlled"] else ""), file=sys.stderr)
