@@ -66,7 +66,7 @@ def test_every_launched_kernel_is_compiled(tmp_path):
             assert f"moe_down_{ops.SUFFIX[dtype]}_u{u}" in entries
 
 
-# -- ops.moe_experts_routed on the host: what it launches, against the kernels' signatures --
+# -- ops.moe_experts on the host: what it launches, against the kernels' signatures --
 KINDS = {"int": np.int32, "float": np.float32}
 
 

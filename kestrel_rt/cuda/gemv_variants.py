@@ -108,7 +108,7 @@ def bulk_shared_bytes(warps: int, slots: int, row_bytes: int, m: int, k: int) ->
 def bulk_static_bytes(warps: int, slots: int) -> int:
     """Static shared memory of a bulk kernel: its mbarriers, two tiles' per-warp sums and the
     row-scale partials."""
-    return 16 * slots + 4 * 2 * warps * 4 * 32 + 4 * (warps + 2) * 8
+    return 16 * slots + 4 * 2 * warps * 4 * 32 + 4 * (warps + 1) * 8
 
 
 def pros_of(file: str) -> tuple[int, ...]:
