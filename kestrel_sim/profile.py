@@ -1,73 +1,203 @@
 """The Profile: measured stage costs of one model on one device, with a fingerprint.
 
-Written by calibration (kestrel_rt measuring a grid of steps), read by the simulator's
-profile cost model (kestrel_sim.costs.profile). One measurement is the median time of
-a step of `batch` sequences x `tokens_per_seq` new tokens at `context` tokens already
-cached per sequence.
+Written by calibration (`kestrel calibrate`: kestrel_rt timing a grid of steps), read by
+the simulator's profile cost model (kestrel_sim.costs.profile), which fits physical
+terms to it (kestrel_sim.costs.fit) and reports their error on held-out points
+(kestrel_sim.costs.report).
 
-A profile measures single-stage steps only. The simulator's mixed steps (colocated
-`prefill_schedule: mixed`: a decode or verify forward carrying a prefill chunk) are
-priced from them as the step alone plus the chunk's marginal cost along the measured
-prefill curve, kept between max(step, chunk) and step + chunk, erring high; see
-kestrel_sim.costs.profile. Measuring prefill at two or more contexts lets that chunk's
-attention over its already-prefilled part be fitted rather than borrowed from decode.
+Schema version 2. One Measurement is one timed forward (or one KV hand-over):
+
+  stage        prefill | decode | verify | draft | correction | mixed | kv_transfer
+  batch        sequences in the step (kv_transfer: requests handed over together)
+  tokens_per_seq  M, new tokens per sequence (decode, draft, correction: 1; verify: k+1;
+               prefill: the prompt tokens this forward carries per sequence, i.e. the
+               chunk when a prompt is prefilled in chunks; mixed: the decode or verify
+               part's M; kv_transfer: cached tokens sent per request)
+  context      tokens already cached per sequence before the step (prefill: the part of
+               the prompt prefilled by earlier chunks; 0 for a whole prompt)
+  chunk_batch, chunk_tokens, chunk_context   mixed only: the prefill chunk the forward
+               carries besides its decode/verify part: prompts in it, prompt tokens in
+               all (the sum over its prompts), tokens already prefilled per prompt (mean)
+  bytes        kv_transfer only: bytes moved
+  device       gpu | cpu: where the stage ran (a draft may run on the CPU)
+  ms, samples, p10, p90   median time over `samples` timed repeats, and its spread
+
+A chunked prefill is measured as its chunks: one prefill row per chunk, `tokens_per_seq`
+the chunk and `context` the prompt tokens before it. `chunk_*` fields belong to mixed rows
+only, so that each row has one reading.
+
+Version 1 files (no `schema_version`; bench/h200_decode.py wrote them) load as version 2:
+the new fields take their defaults and a preset model's shape hash is derived from the
+preset. `Profile.load(old).save(new)` converts one.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kestrel_sim.errors import ConfigError
-from kestrel_sim.yamlio import count_problems, describe_errors, key_name
+from kestrel_sim.yamlio import count_problems, describe_errors, key_name, read_yaml
 
-ProfileStage = Literal["prefill", "decode", "verify", "draft", "correction"]
+ProfileStage = Literal["prefill", "decode", "verify", "draft", "correction", "mixed",
+                       "kv_transfer"]
+STEP_STAGES = ("prefill", "decode", "verify", "draft", "correction")
+# fingerprint fields two profiles must share to be merged, and those a flag lets differ
+SAME_SETUP = ("device", "model", "model_shape_hash", "dtype", "quant", "draft_model",
+              "draft_shape_hash", "draft_device", "backend", "options")
+VERSIONS = ("git_commit", "date", "driver", "cuda", "torch", "cupy")
+
+
+def _preset_hash(name: str | None) -> str | None:
+    from kestrel_sim.costs.shape import shape_hash
+    from kestrel_sim.models import PRESETS
+
+    if name is None or name.lower() not in PRESETS:
+        return None
+    return shape_hash(PRESETS[name.lower()])
 
 
 class Fingerprint(BaseModel):
-    """Where and how the measurements were taken."""
+    """Where and how the measurements were taken: enough to refuse mixing two setups."""
 
     model_config = ConfigDict(extra="forbid")
 
-    device: str = Field(description="e.g. 'NVIDIA H200'")
+    device: str = Field(description="GPU name (e.g. 'NVIDIA H200') or CPU model the target ran on")
+    host_cpu: str | None = Field(default=None, description="CPU model of the host")
     driver: str | None = None
     cuda: str | None = None
     torch: str | None = None
-    backend: str | None = Field(default=None, description="torch | cupy | ...")
-    model: str = Field(description="target model preset, e.g. qwen3-8b")
-    draft_model: str | None = Field(default=None, description="model the draft stage ran")
-    dtype: str = "bfloat16"
-    date: str | None = None
+    cupy: str | None = None
     git_commit: str | None = None
+    date: str | None = Field(default=None, description="UTC, ISO 8601")
+    model: str = Field(description="target model: a preset name or a folder's name")
+    model_shape_hash: str | None = Field(
+        default=None, description="kestrel_sim.costs.shape.shape_hash of the target; derived "
+        "for a preset, required otherwise")
+    dtype: str = "bfloat16"
+    quant: Literal["none", "int8", "int4"] = "none"
+    draft_model: str | None = Field(default=None, description="model the draft stage ran")
+    draft_shape_hash: str | None = None
+    draft_device: Literal["gpu", "cpu"] | None = None
+    backend: str | None = Field(default=None, description="torch | cupy | ...")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="the runtime's options, e.g. RuntimeOptions")
+    grid: str | None = Field(default=None, description="name of the measured grid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_hashes(cls, data):
+        if isinstance(data, dict):
+            data = dict(data)
+            if data.get("model_shape_hash") is None:
+                data["model_shape_hash"] = _preset_hash(data.get("model"))
+            if data.get("draft_model") and data.get("draft_shape_hash") is None:
+                data["draft_shape_hash"] = _preset_hash(data["draft_model"])
+            if data.get("draft_model") and data.get("draft_device") is None:
+                data["draft_device"] = "gpu"
+        return data
+
+    @model_validator(mode="after")
+    def _hash_known(self):
+        if self.model_shape_hash is None:
+            raise ValueError(
+                f"model '{self.model}' is not a preset, so fingerprint.model_shape_hash is "
+                "needed (kestrel_sim.costs.shape.shape_hash of its shape)")
+        return self
 
 
 class Measurement(BaseModel):
+    """One timed step; see the module docstring for each field's reading per stage."""
+
     model_config = ConfigDict(extra="forbid")
 
     stage: ProfileStage
     batch: int = Field(ge=1)
     tokens_per_seq: int = Field(ge=1, description="M: new tokens per sequence")
-    context: int = Field(ge=0, description="tokens already cached per sequence")
-    ms: float = Field(gt=0, description="median step time")
+    context: int = Field(default=0, ge=0, description="tokens already cached per sequence")
+    chunk_batch: int | None = Field(default=None, ge=1, description="mixed: prompts in the chunk")
+    chunk_tokens: int | None = Field(default=None, ge=1,
+                                     description="mixed: prompt tokens the step carries")
+    chunk_context: int | None = Field(default=None, ge=0,
+                                      description="mixed: tokens already prefilled per prompt")
+    bytes: int | None = Field(default=None, ge=1, description="kv_transfer: bytes moved")
+    device: Literal["gpu", "cpu"] = "gpu"
+    ms: float = Field(gt=0, description="median time")
     samples: int = Field(default=1, ge=1)
+    p10: float | None = Field(default=None, gt=0)
+    p90: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _fields_of_the_stage(self):
+        chunk = [n for n in ("chunk_batch", "chunk_tokens", "chunk_context")
+                 if getattr(self, n) is not None]
+        if self.stage == "mixed" and self.chunk_tokens is None:
+            raise ValueError("a mixed step needs chunk_tokens (prompt tokens it carries)")
+        if self.stage != "mixed" and chunk:
+            raise ValueError(f"{', '.join(chunk)} only apply to stage mixed (a chunked "
+                             "prefill is one prefill row per chunk: tokens_per_seq, context)")
+        if (self.stage == "kv_transfer") != (self.bytes is not None):
+            raise ValueError("bytes is needed by stage kv_transfer, and only by it")
+        if (self.p10 is not None and self.p10 > self.ms) or (self.p90 is not None and self.p90 < self.ms):
+            raise ValueError(f"expected p10 <= ms <= p90 (got {self.p10}, {self.ms}, {self.p90})")
+        return self
+
+    @property
+    def chunk(self) -> tuple[int, float, float]:
+        """Mixed rows: (prompts, tokens per prompt, context per prompt) of the chunk."""
+        nb = self.chunk_batch or 1
+        return nb, (self.chunk_tokens or 0) / nb, float(self.chunk_context or 0)
 
 
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    schema_version: Literal[2] = 2
     fingerprint: Fingerprint
     measurements: list[Measurement] = Field(min_length=1)
+    parts: list[Fingerprint] = Field(
+        default_factory=list,
+        description="fingerprints of profiles merged in whose commit, date or versions differ")
 
     def stages(self) -> set[str]:
         return {m.stage for m in self.measurements}
 
+    def rows(self, stage: str, device: str = "gpu") -> list[Measurement]:
+        return [m for m in self.measurements if m.stage == stage and m.device == device]
+
+    def merge(self, other: Profile, allow_version_drift: bool = False) -> Profile:
+        """One profile holding both sets of measurements (e.g. grid parts measured by
+        several workers). Refused when the setups differ (device, model and its shape,
+        dtype, quant, draft, backend, options; the host CPU where CPU rows are involved);
+        a different commit, date or software version only with allow_version_drift."""
+        a, b = self.fingerprint, other.fingerprint
+        differ = [f for f in SAME_SETUP if getattr(a, f) != getattr(b, f)]
+        cpu_rows = any(m.device == "cpu" for m in self.measurements + other.measurements)
+        if cpu_rows and a.host_cpu != b.host_cpu:
+            differ.append("host_cpu")
+        if differ:
+            what = "; ".join(f"{f}: {getattr(a, f)!r} vs {getattr(b, f)!r}" for f in differ)
+            raise ConfigError(f"cannot merge profiles of different setups ({what}): measure "
+                              "both with the same device, model, dtype, quant and draft")
+        drift = [f for f in VERSIONS if getattr(a, f) != getattr(b, f)]
+        if drift and not allow_version_drift:
+            what = "; ".join(f"{f}: {getattr(a, f)!r} vs {getattr(b, f)!r}" for f in drift)
+            raise ConfigError(f"the profiles were measured by different runs ({what}); merge "
+                              "them with allow_version_drift=True if that is intended")
+        grid = a.grid if a.grid == b.grid else "+".join(g for g in (a.grid, b.grid) if g) or None
+        parts = list(self.parts) + ([b] if drift or a.grid != b.grid else []) + list(other.parts)
+        return Profile(fingerprint=a.model_copy(update={"grid": grid}),
+                       measurements=list(self.measurements) + list(other.measurements),
+                       parts=parts)
+
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        """Read and validate a Profile JSON, or raise ConfigError naming the file, and the
-        line (bad JSON) or key path (a value that does not validate) of each problem."""
+        """Read and validate a Profile JSON (version 1 or 2), or raise ConfigError naming
+        the file, and the line (bad JSON) or line and key path (a value that does not
+        validate) of each problem."""
         path = Path(path)
         try:
             data = json.loads(path.read_text())
@@ -81,12 +211,30 @@ class Profile(BaseModel):
             return cls.model_validate(data)
         except ValidationError as err:
             problems = describe_errors(err, data, cls)
-            lines = [f"{key_name(key)}: {what}" for key, what in problems]
+            where = _key_lines(path)
+            lines = [f"{where(key)}{key_name(key)}: {what}" for key, what in problems]
             raise ConfigError(f"profile {path} does not validate "
                               f"({count_problems(len(lines))}):\n" + "\n".join(lines)) from None
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.model_dump(mode="json"), indent=1))
+        tmp.write_text(json.dumps(self.model_dump(mode="json", exclude_none=True), indent=1))
         tmp.replace(path)
+
+
+def _key_lines(path: Path):
+    """A function: key path -> 'FILE:LINE: ' where the JSON file holds it (JSON is YAML,
+    whose reader keeps lines), or '' where it cannot tell."""
+    try:
+        _, located = read_yaml(path)
+        lines = located.lines
+    except ConfigError:
+        lines = {}
+
+    def where(key: tuple) -> str:
+        for n in range(len(key), 0, -1):
+            if tuple(key[:n]) in lines:
+                return f"{path.name}:{lines[tuple(key[:n])]}: "
+        return ""
+    return where
