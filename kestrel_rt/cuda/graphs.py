@@ -36,6 +36,10 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # padding from 64 on); longer prompts, or chunks that would pad past the cache, run eagerly.
 PREFILL_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
                    6144, 8192)
+# Keys a prefill graph's attention reads, at least (then the next power of two): one graph per
+# length bucket covers every chunk of a cache this long, so chunks at growing contexts do not
+# each capture their own mid-run.
+PREFILL_MIN_KEYS = 2048
 
 
 class _Captured:
@@ -109,7 +113,8 @@ class GraphModel(Qwen3Model):
         (eager): decode and verify (M <= max_m) at the batch's bucket (the attention kernel
         reads each sequence's own length); a one-sequence prefill at its length's bucket,
         where the padded chunk still fits the cache (its last token's result only), its
-        torch attention over the next power of two of keys that holds the chunk."""
+        torch attention over the next power of two of keys that holds the chunk (at least
+        PREFILL_MIN_KEYS)."""
         safe = getattr(self.backend, "graph_safe", None)
         if safe is None or self.scratch_slot is None:
             return None
@@ -122,7 +127,8 @@ class GraphModel(Qwen3Model):
         bucket = next((m for m in self.prefill_buckets if m >= M), None)
         if bucket is None or start[0] + bucket > max_len or not safe(1, bucket):
             return None
-        return 1, bucket, min(max_len, 1 << (start[0] + bucket - 1).bit_length())
+        keys = max(PREFILL_MIN_KEYS, 1 << (start[0] + bucket - 1).bit_length())
+        return 1, bucket, min(max_len, keys)
 
     @torch.inference_mode()
     def forward(self, tokens, slots, n_new=None, last_only=False, greedy=False):
