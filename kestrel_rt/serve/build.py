@@ -140,7 +140,7 @@ def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: tor
                              f"{prefix}/target", draft_name)
     w = Worker(f"{prefix}/target", role, models, run.slots, run.settings.kv_capacity,
                draft_name, spec)
-    warm_up(w, run.settings.max_batch, run.settings.k)
+    warm_up(w, run.settings.max_batch, run.settings.k, min(run.settings.chunk, run.max_len))
     return w
 
 

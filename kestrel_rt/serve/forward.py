@@ -11,12 +11,12 @@ the chunks with the decode or verify span's start and end; a prefill-only step i
 `prefill` span; the draft's own pass over the chunks follows as a `prefill` span on the
 draft's worker.
 
-Today a mixed step runs two forwards inside its span: the decode forward ([b, 1], or the
-verify's [b, k+1], through the CUDA graphs of a GraphModel) and one padded forward of the
-chunks ([chunks, longest], eager, each row's KV continuing from the tokens it already
-prefilled). MIXED_FORWARD says so in the trace's meta. The packed (varlen) forward that
-runs decode rows and chunks in one pass without padding replaces the inside of this
-module, nothing around it.
+A mixed step runs its forwards one after the other inside its span: the decode forward
+([b, 1], or the verify's [b, k+1]) and one forward per prompt chunk ([1, n], each chunk's KV
+continuing from the tokens it already prefilled), all replays of a GraphModel's CUDA graphs
+on a GPU (an eager forward would be bound by the host). MIXED_FORWARD says so in the trace's
+meta. kestrel_rt/packed.py runs decode rows and chunks in one pass over the weights; it is
+not yet captured in graphs, so eagerly it would be slower here than these replays.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from kestrel_rt.model import Qwen3Model
 from kestrel_rt.trace import OpenSpan, Tracer
 
-MIXED_FORWARD = "separate: the decode or verify forward, then a padded forward of the chunks"
+MIXED_FORWARD = "separate: the decode or verify forward, then one forward per prompt chunk"
 
 
 @dataclass
@@ -87,24 +87,28 @@ def decode_forward(model: Qwen3Model, rows) -> torch.Tensor:
 
 
 def prefill_forward(model: Qwen3Model, chunks) -> torch.Tensor:
-    """Append each chunk to its sequence's KV (one padded batch, eager: chunk shapes vary,
-    so no CUDA graph is captured mid-run); the greedy token after each: int64 [chunks]."""
-    width = max(n for _, n in chunks)
-    tokens = torch.zeros(len(chunks), width, dtype=torch.long)  # [chunks, width], 0-padded
-    for i, (job, n) in enumerate(chunks):
-        tokens[i, :n] = torch.tensor(job.seq.tokens[job.done:job.done + n], dtype=torch.long)
-    slots = [job.seq.slot for job, _ in chunks]
-    return Qwen3Model.forward(model, tokens, slots, [n for _, n in chunks], last_only=True,
-                              greedy=True)
+    """Append each chunk to its sequence's KV, one forward per chunk ([1, n]: on a GraphModel
+    the replay of its length's prefill graph, whose eager run would be bound by the host);
+    the greedy token after each: int64 [chunks]."""
+    out = []
+    for job, n in chunks:
+        tokens = torch.tensor([job.seq.tokens[job.done:job.done + n]], dtype=torch.long)
+        out.append(model.forward(tokens, [job.seq.slot], last_only=True, greedy=True))  # [1]
+    return torch.cat(out) if len(out) > 1 else out[0]
 
 
-def warm_up(w, max_batch: int, k: int) -> None:
+def warm_up(w, max_batch: int, k: int, longest_chunk: int = 0) -> None:
     """Run the step shapes once before the clock starts (on a GPU: kernels compile and a
     GraphModel captures its graphs for every batch bucket up to max_batch: the target's
-    decode, or verify at M = k + 1; the draft's steps at M = 1 and 2), then empty the slots
+    decode, or verify at M = k + 1; the draft's steps at M = 1 and 2; and both models'
+    prefill graphs of every length bucket up to longest_chunk's), then empty the slots
     used."""
     rows_max = min(max_batch, w.slots.num_slots)
     for model in w.models:
+        for n in prefill_lengths(model, longest_chunk):
+            model.forward(torch.zeros(1, n, dtype=torch.long), [0], last_only=True,
+                          greedy=True)
+            model.kv.rollback(0, 0)
         if model is w.draft:
             shapes = [(1, False), (2, True)]  # (M, last_only)
         else:
@@ -127,3 +131,11 @@ def warm_up(w, max_batch: int, k: int) -> None:
             model.kv.rollback(s, 0)
         if model.device.type == "cuda":
             torch.cuda.synchronize(model.device)
+
+
+def prefill_lengths(model: Qwen3Model, longest: int) -> list[int]:
+    """The prefill graph lengths a model replays for chunks of up to `longest` tokens (none
+    for a model without prefill graphs)."""
+    buckets = getattr(model, "prefill_buckets", ())
+    top = next((b for b in buckets if b >= longest), None)
+    return [b for b in buckets if top is not None and b <= min(top, model.kv.max_len)]
