@@ -86,20 +86,6 @@ class Metrics(BaseModel):
     latencies: list[float]
     start_times: list[float]
 
-    # the names before vLLM's (acceptance_rate a fraction), for code not yet moved to them
-    @property
-    def acceptance_rate(self) -> float | None:
-        rate = self.spec_decode_acceptance_rate
-        return None if rate is None else rate / 100.0
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        return self.spec_decode_acceptance_length
-
-    @property
-    def per_position_acceptance(self) -> list[float]:
-        return self.spec_decode_per_position_acceptance_rates
-
 
 def _slo_value(slo, name: str) -> float | None:
     if slo is None:
