@@ -111,9 +111,9 @@ def plan_run(sc: Scenario, device: torch.device, dtype, controlled: bool | None)
     check_lengths(sc.model, int(drawn.prompt.max()), int(drawn.output.max()), s.k, context,
                   capacity)
     longest = int((drawn.prompt + drawn.output).max())
-    # + the widest padded chunk: a padded row writes K/V past its own tokens (the packed
-    # forward will not need this)
-    max_len = longest + s.k + 1 + min(s.chunk, s.max_tokens, longest)
+    # + room for a prefill graph's padding (a chunk padded up to its length's bucket, at
+    # most half again plus 32 tokens, writes K/V past its own tokens: kestrel_rt/cuda/graphs.py)
+    max_len = longest + s.k + 1 + min(s.chunk, s.max_tokens, longest) // 2 + 32
     n, workers = len(seqs), 1 if s.mode == "colocated" else 2
     want = min(s.max_batch * (1 if workers == 1 else 1 + SPARE_SLOTS_PER_BATCH), n)
     slots = slots_per_worker(want, min(s.max_batch, n), workers,
