@@ -90,7 +90,8 @@ class OutputFolder:
         """Write `files` (name -> contents) and put the folder in place as `out`."""
         assert self.staging is not None and not self.committed, "commit() once, when staged"
         for name, content in files.items():
-            path = self.staging / name
+            path = self.staging / name  # "sub/name" makes the sub-folder
+            path.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(content, bytes):
                 path.write_bytes(content)
             else:

@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -35,6 +36,7 @@ from kestrel_sim.models import PRESETS
 from kestrel_sim.profile import Profile
 from kestrel_sim.schema_base import StrictModel, in_base_dir, resolve_file
 from kestrel_sim.serving_spec import Link, Serving, Slo  # noqa: F401  (re-exported)
+from kestrel_sim.validate_spec import Validate
 from kestrel_sim.workload_spec import (  # noqa: F401  (re-exported: the Scenario's parts)
     Arrivals,
     ClosedLoopArrivals,
@@ -190,6 +192,17 @@ class Scenario(StrictModel):
     workload: Workload
     slo: Slo = Field(default_factory=Slo)
     costs: Costs | None = None
+    # `validate` in YAML and in dumps; `validate_` in Python (BaseModel has a `validate`)
+    validate_: Validate = Field(
+        default_factory=Validate, alias="validate",
+        description="tolerances of `kestrel run --on both` (kestrel_sim.validate_spec)")
+
+    @model_serializer(mode="wrap")
+    def _dump_validate_by_its_key(self, handler):
+        data = handler(self)
+        if isinstance(data, dict) and "validate_" in data:
+            data["validate"] = data.pop("validate_")
+        return data
 
     @field_validator("serving")
     @classmethod

@@ -1,0 +1,130 @@
+"""`kestrel run SCENARIO --on both`: the scenario on this machine's runtime and on the
+simulator, held against each other.
+
+    both = run_both(scenario, console)     # measures, then predicts
+    both.files                             # hardware/*, sim/*, parity.html, comparison.json
+    failures(both.rows)                    # checked metrics past validate.tolerance_pct
+
+The simulator's costs are built first (a scenario it cannot price is refused before the
+runtime spends any time); each side's files are the ones `kestrel run --on sim|hardware`
+writes, in OUT/hardware/ and OUT/sim/. comparison.json holds every row of the comparison
+with the date and the fingerprint of the machine that measured (for committed results).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from kestrel_sim.comparison import Row, compare, failures
+from kestrel_sim.errors import KestrelError
+from kestrel_sim.metrics import Metrics
+from kestrel_sim.scenario import Scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class PendingScenarioError(KestrelError):
+    """The scenario says the runtime cannot run it yet (validate.pending)."""
+
+
+def refuse_pending(sc: Scenario) -> None:
+    if sc.validate_.pending:
+        raise PendingScenarioError(
+            f"validate.pending: scenario {sc.name} cannot run on hardware yet: "
+            f"{sc.validate_.pending.strip()} (run it on the simulator: --on sim)")
+
+
+@dataclass
+class Both:
+    measured: Metrics
+    predicted: Metrics
+    rows: list[Row]
+    files: dict[str, str]
+    measured_on: str  # the device, as the runtime names it
+    predicted_with: str  # the simulator's costs label
+
+    @property
+    def failed(self) -> list[Row]:
+        return failures(self.rows)
+
+
+def git_commit() -> str | None:
+    """This tree's commit (with '+dirty' when files differ), or None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10,
+                               check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty.strip() else "")
+
+
+def fingerprint(meta: dict) -> dict:
+    """Where the measurement ran: the runtime's device, backend and dtype, torch and CUDA
+    versions, the GPU driver, the host and the commit."""
+    out = {k: meta.get(k) for k in ("device", "backend", "dtype")}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            out["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10, check=False
+            ).stdout.strip().splitlines()[0]
+    except (ImportError, OSError, IndexError, subprocess.SubprocessError):
+        pass
+    out["host"] = platform.node()
+    out["git_commit"] = git_commit()
+    return out
+
+
+def comparison_doc(sc: Scenario, rows: list[Row], measured_meta: dict, costs: str) -> dict:
+    """comparison.json: the verdict, every row, and where and when it was measured."""
+    return {
+        "scenario": sc.name,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "held_out": sc.validate_.held_out,
+        "note": sc.validate_.note,
+        "predicted_with": costs,
+        "acceptance_controlled": bool(measured_meta.get("acceptance_controlled")),
+        "fingerprint": fingerprint(measured_meta),
+        "checks": sc.validate_.checks(),
+        "failed": [r.metric for r in failures(rows)],
+        "rows": [r.to_dict() for r in rows],
+    }
+
+
+def run_both(sc: Scenario, console: Console, trace: str = "sample",
+             include_raw: bool = False) -> Both:
+    """Measure `sc` on this machine, predict it on the simulator, compare; the files of
+    both runs and of the comparison, not yet written."""
+    from kestrel_cli.run_hardware import run_on_hardware
+    from kestrel_cli.simulate import costs_label, render_run, simulate_with_progress
+    from reports.parity import parity_report
+
+    refuse_pending(sc)
+    costs = costs_label(sc)  # the simulator can price it: checked before measuring
+    measured_trace = run_on_hardware(sc, console)
+    predicted_trace = simulate_with_progress(sc, console, trace)
+    measured, hw_files = render_run(sc, measured_trace, include_raw)
+    predicted, sim_files = render_run(sc, predicted_trace, include_raw)
+    controlled = bool(measured_trace.meta.get("acceptance_controlled"))
+    rows = compare(measured, predicted, sc.validate_, controlled)
+    doc = comparison_doc(sc, rows, measured_trace.meta, costs)
+    files = {f"hardware/{name}": text for name, text in hw_files.items()}
+    files |= {f"sim/{name}": text for name, text in sim_files.items()}
+    files["parity.html"] = parity_report(sc.name, rows, measured, predicted, measured_trace,
+                                         predicted_trace, sc.model_dump(mode="json"))
+    files["comparison.json"] = json.dumps(doc, indent=2)
+    return Both(measured, predicted, rows, files, str(measured_trace.meta.get("device")), costs)
