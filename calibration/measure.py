@@ -1,0 +1,221 @@
+"""Timing one grid point on a built model: the runtime's own forwards, CUDA events on a GPU,
+the host clock on the CPU.
+
+    bench = Bench("target@gpu", model, slots=list(range(64)), warmup=2, repeats=7)
+    record = measure(bench, point)          # Record: median ms, p10 / p90, samples
+
+Every point runs `warmup` untimed times first (a CUDA graph captured, kernels compiled,
+cuBLAS warmed: nothing compiles inside a timed run), then `repeats` timed times; the record is
+their median. Before each run the sequences' KV lengths are set to the point's context by
+bookkeeping alone (`KVCache.rollback` / `advance`: the content does not matter, the attention
+reads that many cached keys), and the rows rotate over the bench's slots from run to run, so
+consecutive runs read different cache memory where the bench has spare slots.
+
+On a GPU, run n + 1 is enqueued before the host waits for run n (as the serving loop overlaps
+its steps), and each run's time is its CUDA events' interval on the stream: device time plus
+any gap the host leaves. What each stage runs:
+
+- decode, verify, draft: `model.forward([b, M] tokens, greedy=True)` (a graph replay on a
+  GraphModel for M <= 16 and b <= 64);
+- correction: a verify of after_k + 1 tokens (untimed, enqueued first), then the timed
+  one-token forward at the same context;
+- prefill: `model.forward([b, C] chunk, last_only=True, greedy=True)` at the chunk's context;
+- mixed: `kestrel_rt.packed.forward_packed` with the rows' group and the chunk's group;
+- kv_transfer: `kestrel_rt.serve.handover.copy_rows` of n tokens between two caches of the
+  model's geometry, on a stream of its own on a GPU (as the serving link copies).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from calibration.grid import Point
+from kestrel_rt.kv_cache import KVCache
+from kestrel_rt.model import Qwen3Model
+
+
+@dataclass
+class Record:
+    """A measured point (kestrel_sim's Measurement once converted: calibration/record.py)."""
+
+    point: Point
+    ms: float  # median of the timed runs
+    samples: int
+    p10: float
+    p90: float
+    bytes: int | None = None  # kv_transfer: bytes copied
+
+
+@dataclass
+class Bench:
+    """One built model instance, the KV slots it owns, and how many runs a point gets."""
+
+    name: str  # "target@gpu", ...
+    model: Qwen3Model
+    slots: list[int]
+    warmup: int
+    repeats: int
+    turn: int = 0  # rotation of the rows over the slots
+    transfer: tuple[KVCache, KVCache] | None = field(default=None, repr=False)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.model.device.type == "cuda"
+
+    def take(self, n: int) -> list[int]:
+        """n distinct slots, a different window of the bench's slots each call."""
+        pool = self.slots
+        if n > len(pool):
+            raise ValueError(f"{self.name}: a point needs {n} KV slots, the bench has "
+                             f"{len(pool)}")
+        start = (self.turn * n) % len(pool)
+        self.turn += 1
+        return [pool[(start + i) % len(pool)] for i in range(n)]
+
+    def tokens(self, b: int, m: int) -> torch.Tensor:
+        """Random token ids [b, m] on the model's device."""
+        return torch.randint(0, self.model.shape.vocab_size, (b, m), device=self.model.device)
+
+
+def set_lengths(kv: KVCache, slots: list[int], length: int) -> None:
+    """Every slot holds `length` cached tokens (bookkeeping only)."""
+    for s in slots:
+        kv.rollback(s, 0)
+    kv.advance(slots, [length] * len(slots))
+
+
+def percentile(sorted_ms: list[float], q: float) -> float:
+    """Linear-interpolated q-quantile (0..1) of sorted values."""
+    pos = q * (len(sorted_ms) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_ms) - 1)
+    return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (pos - lo)
+
+
+def timed(bench: Bench, point: Point, setup, run, nbytes: int | None = None) -> Record:
+    """setup() -> state, untimed (host bookkeeping, device work to come before); run(state),
+    timed; warmup + repeats times. Returns the record of the timed runs."""
+    times: list[float] = []
+    if bench.on_gpu:
+        events, previous = [], None
+        for i in range(bench.warmup + bench.repeats):
+            state = setup()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            run(state)
+            end.record()
+            if previous is not None:
+                previous.synchronize()  # at most one run ahead of the device
+            previous = end
+            if i >= bench.warmup:
+                events.append((start, end))
+        torch.cuda.synchronize(bench.model.device)
+        times = [s.elapsed_time(e) for s, e in events]
+    else:
+        for i in range(bench.warmup + bench.repeats):
+            state = setup()
+            t0 = time.perf_counter()
+            run(state)
+            elapsed = (time.perf_counter() - t0) * 1e3
+            if i >= bench.warmup:
+                times.append(elapsed)
+    times.sort()
+    return Record(point, statistics.median(times), len(times), percentile(times, 0.1),
+                  percentile(times, 0.9), nbytes)
+
+
+def measure(bench: Bench, point: Point) -> Record:
+    """Time one point on the bench's model; see the module docstring."""
+    stage = point.stage
+    if stage == "kv_transfer":
+        return measure_transfer(bench, point)
+    if stage == "mixed":
+        return measure_mixed(bench, point)
+    model, kv = bench.model, bench.model.kv
+    b, m, c = point.batch, point.m, point.context
+    tokens = bench.tokens(b, m)  # [b, M]
+    last_only = stage == "prefill"
+    verify = bench.tokens(b, point.after_k + 1) if stage == "correction" else None  # [b, k+1]
+
+    def setup() -> list[int]:
+        slots = bench.take(b)
+        set_lengths(kv, slots, c)
+        if verify is not None:  # the verify the correction follows, untimed
+            model.forward(verify, slots, greedy=True)
+            set_lengths(kv, slots, c)
+        return slots
+
+    def run(slots: list[int]) -> None:
+        model.forward(tokens, slots, last_only=last_only, greedy=True)
+
+    try:
+        return timed(bench, point, setup, run)
+    finally:
+        set_lengths(kv, bench.slots, 0)
+
+
+def measure_mixed(bench: Bench, point: Point) -> Record:
+    """Decode / verify rows and one prompt chunk in one packed forward."""
+    from kestrel_rt.packed import Group, forward_packed
+
+    model, kv = bench.model, bench.model.kv
+    b = point.batch
+    rows = bench.tokens(b, point.m)  # [b, M]
+    chunk = bench.tokens(1, point.chunk_tokens)  # [1, C]
+
+    def setup() -> list[int]:
+        slots = bench.take(b + 1)
+        set_lengths(kv, slots[:b], point.context)
+        set_lengths(kv, slots[b:], point.chunk_context)
+        return slots
+
+    def run(slots: list[int]) -> None:
+        forward_packed(model, [Group(rows, slots[:b]),
+                               Group(chunk, slots[b:], last_only=True)])
+
+    try:
+        return timed(bench, point, setup, run)
+    finally:
+        set_lengths(kv, bench.slots, 0)
+
+
+def transfer_caches(model: Qwen3Model, tokens: int) -> tuple[KVCache, KVCache]:
+    """Two one-slot caches of the model's geometry (the sending and receiving instance's)."""
+    s, be = model.shape, model.backend
+    dims = (s.num_hidden_layers, 1, tokens, s.num_key_value_heads, s.head_dim)
+    return (KVCache(*dims, model.device, be.dtype), KVCache(*dims, model.device, be.dtype))
+
+
+def transfer_bytes(model: Qwen3Model, tokens: int) -> int:
+    """Bytes of K and V that n tokens hold in the model's cache (all layers)."""
+    return tokens * model.shape.kv_elements_per_token * model.backend.dtype.itemsize
+
+
+def measure_transfer(bench: Bench, point: Point) -> Record:
+    """The serving hand-over's copy of n tokens' KV rows between two caches."""
+    from kestrel_rt.serve.handover import copy_rows
+
+    n = point.m
+    if bench.transfer is None or bench.transfer[0].max_len < n:
+        bench.transfer = None  # free the smaller pair first
+        bench.transfer = transfer_caches(bench.model, n)
+    src, dst = bench.transfer
+
+    def setup() -> None:
+        dst.rollback(0, 0)
+
+    def run(_: None) -> None:
+        copy_rows(src, 0, dst, 0, n)
+
+    nbytes = transfer_bytes(bench.model, n)
+    if not bench.on_gpu:
+        return timed(bench, point, setup, run, nbytes)
+    link = torch.cuda.Stream(bench.model.device)
+    link.wait_stream(torch.cuda.current_stream(bench.model.device))
+    with torch.cuda.stream(link):  # the events and copies on the link's stream
+        return timed(bench, point, setup, run, nbytes)

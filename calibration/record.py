@@ -1,0 +1,40 @@
+"""Measured points into kestrel_sim's Profile (schema 2): the one place that knows it.
+
+    profile = to_profile(records, fingerprint)   # validated; Profile.save writes it atomically
+
+`records` are calibration/measure.py's Records; `fingerprint` the Fingerprint's fields
+(calibration/driver.py `fingerprint`). Each Measurement carries the stage, the step's shape
+(batch, tokens per sequence, context; a mixed step's one prompt chunk; a transfer's bytes),
+the device it ran on ("gpu" or "cpu") and the median time with its p10 / p90.
+"""
+
+from __future__ import annotations
+
+from kestrel_sim.profile import Fingerprint, Measurement, Profile
+
+
+def to_measurement(rec) -> Measurement:
+    """A Record as a Measurement (kestrel_sim/profile.py says how each stage reads)."""
+    p = rec.point
+    mixed = p.stage == "mixed"
+    return Measurement(
+        stage=p.stage,
+        batch=p.batch,
+        tokens_per_seq=p.m,
+        context=p.context,
+        chunk_batch=1 if mixed else None,  # one prompt's chunk rides along
+        chunk_tokens=p.chunk_tokens if mixed else None,
+        chunk_context=p.chunk_context if mixed else None,
+        bytes=rec.bytes,
+        device=p.device,
+        ms=rec.ms,
+        samples=rec.samples,
+        p10=rec.p10,
+        p90=rec.p90,
+    )
+
+
+def to_profile(records, fingerprint: dict) -> Profile:
+    """The Profile of a calibration: its fingerprint and one Measurement per record."""
+    return Profile(fingerprint=Fingerprint(**fingerprint),
+                   measurements=[to_measurement(r) for r in records])

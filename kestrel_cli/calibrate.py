@@ -1,0 +1,200 @@
+"""`kestrel calibrate`: time the runtime's stages over a grid and write a Profile.
+
+    kestrel calibrate --model qwen3-8b --draft qwen3-0.6b --out profile.json
+    kestrel calibrate --model qwen3-8b --quant int4 --grid quick --max-minutes 3 --out p.json
+    kestrel calibrate --model tiny/ --device cpu --grid tiny --out p.json
+
+The grid (calibration/grids/*.yaml or a file, calibration/grid.py) is checked and the run
+estimated (printed) before any model is built. A point that fails is named and the others
+go on; the Profile holds what was measured, is written at once (never half), and the command
+exits 1 when any point failed or was skipped, 2 on a usage error (bad grid, model, option).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from kestrel_sim.errors import KestrelError, OutputError
+
+
+class ProgressReporter:
+    """A progress bar over the plan's estimated seconds (so the ETA weighs long points and
+    model builds as they are), with the current point and failures as they happen."""
+
+    def __init__(self, console: Console, plan):
+        self.console, self.plan = console, plan
+        self.bar = Progress(TextColumn("{task.description}", style="cyan"), BarColumn(),
+                            TextColumn("{task.fields[done]}/{task.fields[points]} points"),
+                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                            console=console, transient=True)
+        self.task = self.bar.add_task("starting", total=plan.estimate.seconds, done=0,
+                                      points=len(plan.estimate.points))
+        self.done = 0
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+    def building(self, bp) -> None:
+        self.bar.update(self.task, description=f"building {bp.name} ({bp.model})")
+
+    def built(self, bp, error: str | None) -> None:
+        self.bar.advance(self.task, self.plan.estimate.builds.get(bp.name, 0.0))
+        if error:
+            self.console.print(f"[bold red]failed[/] {escape(error)}", highlight=False)
+
+    def measuring(self, point) -> None:
+        self.bar.update(self.task, description=point.id)
+
+    def measured(self, point, record, error: str | None) -> None:
+        self.done += 1
+        self.bar.update(self.task, done=self.done)
+        self.bar.advance(self.task, self.plan.estimate.points.get(point.id, 0.0))
+        if error:
+            self.console.print(f"[bold red]failed[/] {point.id}: {escape(error)}",
+                               highlight=False)
+
+
+def check_out(out: Path) -> None:
+    """Refuse, before measuring, an --out that cannot be written."""
+    if out.is_dir():
+        raise OutputError(f"--out {out} is a folder; expected a file name, e.g. "
+                          f"{out / 'profile.json'}")
+    parent = out.resolve().parent
+    if not parent.is_dir():
+        raise OutputError(f"--out {out}: folder {parent} does not exist")
+
+
+def check_device(device: str) -> None:
+    from kestrel_rt.weights import parse_device
+
+    parse_device(device)  # a KestrelError naming what is missing
+
+
+def print_fit_report(console: Console, plan, profile, name: str) -> None:
+    """The held-out errors of the simulator's fits to this profile (kestrel_sim's
+    fit_report, given the measured shapes); the profile is written already, so a fit that
+    fails is only reported."""
+    try:
+        from kestrel_sim.costs.profile import ProfileFits
+        from kestrel_sim.costs.report import fit_report
+    except ImportError:
+        return
+    shapes = {b.name.split("@")[0]: b.shape for b in plan.benches}
+    try:
+        fits = ProfileFits(profile, shapes.get("target"), shapes.get("draft"))
+        text = fit_report(profile, name, fits=fits).table()
+    except Exception as err:  # noqa: BLE001 - the measurements stand; the fit is a report
+        console.print(f"[yellow]fit report failed[/]: {escape(f'{type(err).__name__}: {err}')}",
+                      highlight=False)
+        return
+    console.print(escape(text), highlight=False)
+
+
+def calibrate(
+    model: Annotated[str, typer.Option(
+        help="The target: a preset (qwen3-8b: random weights, real shapes) or a Hugging Face "
+        "model folder.")],
+    out: Annotated[Path | None, typer.Option(
+        help="The Profile JSON to write (replaced at once when done).")] = None,
+    draft: Annotated[str | None, typer.Option(
+        help="A draft model (preset or folder): its steps are measured too.")] = None,
+    draft_device: Annotated[str | None, typer.Option(
+        help="Where the draft steps are measured: gpu, cpu or both (default: both with "
+        "--device cuda, cpu with --device cpu).")] = None,
+    quant: Annotated[str | None, typer.Option(
+        help="none, int8 or int4: the target's projections quantized at load.")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="bfloat16, float16 or float32 (default: bfloat16 on CUDA for presets, the "
+        "folder's dtype, float32 on the CPU).")] = None,
+    grid: Annotated[str, typer.Option(
+        help="A bundled grid (default, quick, tiny) or a grid YAML file.")] = "default",
+    device: Annotated[str, typer.Option(help="cuda[:N] or cpu: where the target runs.")] = "cuda",
+    max_minutes: Annotated[float | None, typer.Option(
+        min=0.1, help="A time budget: fewer timed runs per point where the estimate is over "
+        "it (an error if even 3 are); measuring stops once it is spent.")] = None,
+    commit: Annotated[str | None, typer.Option(
+        help="The code's commit for the fingerprint (default: git rev-parse HEAD).")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the plan and its time estimate; build nothing.")] = False,
+) -> None:
+    """Measure the runtime's stage costs over a grid and write a Profile for the simulator."""
+    from calibration.driver import Request, fit_budget, make_plan
+    from calibration.grid import load_grid
+
+    console = Console(stderr=True, soft_wrap=True)
+    the_grid, name = load_grid(grid)  # before torch: a bad grid fails fast
+    if out is None and not dry_run:
+        raise KestrelError("--out FILE.json is required (or --dry-run to see the plan)")
+    if out is not None:
+        check_out(out)
+    if not dry_run:  # a plan and its estimate need no device
+        check_device(device)
+    request = Request(model, the_grid, name, grid, device, draft, draft_device,
+                      check_quant_option(quant, model), dtype, commit)
+    plan = make_plan(request)
+    if max_minutes is not None:
+        plan = fit_budget(plan, max_minutes)
+    t = plan.request.grid.timing
+    console.print(f"calibrating {model}" + (f" + draft {draft}" if draft else "")
+                  + f" on {device}, grid {name}: {len(plan.points)} points on "
+                  + ", ".join(b.name for b in plan.benches)
+                  + f"; {t.warmup} warm-up + {t.repeats} timed runs per point (CPU "
+                  f"{t.cpu_warmup} + {t.cpu_repeats})", highlight=False)
+    console.print(f"estimated {plan.estimate.describe()}", highlight=False)
+    if dry_run:
+        for p in plan.points:
+            print(f"{p.id}\t{plan.estimate.points[p.id]:.2f} s")
+        return
+    measure_and_write(plan, out, console, max_minutes)
+
+
+def check_quant_option(quant: str | None, model: str) -> str | None:
+    """The --quant value the runtime takes (None: unquantized), refusing what cannot apply."""
+    from kestrel_cli.generate import check_quant
+    from kestrel_rt.loading import is_awq_checkpoint, resolve
+
+    shape, folder = resolve(model)
+    awq = folder is not None and is_awq_checkpoint(folder)
+    where = f"model folder {folder}" if folder is not None else f"preset '{model}'"
+    chosen = check_quant(quant, shape, awq, where)
+    return None if chosen == "none" else chosen
+
+
+def measure_and_write(plan, out: Path, console: Console, max_minutes: float | None) -> None:
+    from calibration.driver import fingerprint, run
+    from calibration.record import to_profile
+
+    with ProgressReporter(console, plan) as reporter:
+        outcome = run(plan, reporter, max_minutes)
+    failed = outcome.failures
+    console.print(f"measured {len(outcome.records)} of {len(plan.points)} points in "
+                  f"{outcome.seconds / 60:.1f} min (estimated "
+                  f"{plan.estimate.seconds / 60:.1f} min)", highlight=False)
+    if not outcome.records:
+        console.print("[bold red]no point was measured[/]: no profile written")
+        raise typer.Exit(1)
+    profile = to_profile(outcome.records, fingerprint(plan, outcome))
+    profile.save(out)
+    console.print(f"wrote {out} ({len(profile.measurements)} measurements)", highlight=False)
+    print_fit_report(console, plan, profile, str(out))
+    if failed:
+        console.print(f"[bold red]{len(failed)} point(s) failed[/]:", highlight=False)
+        for point_id, why in failed.items():
+            console.print(f"  {point_id}: {escape(why)}", highlight=False)
+        raise typer.Exit(1)
