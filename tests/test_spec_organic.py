@@ -61,9 +61,10 @@ def test_layer_skip_draft_is_a_copy_of_the_first_layers():
 
 def test_quantized_draft_mixes_int4_and_int8_layers():
     hf = dummy_weights(SHAPE, "cpu", "float32")
-    shape, draft = quantized_weights(SHAPE, hf, 2)
-    assert isinstance(draft["model.layers.1.mlp.down_proj.weight"], Int4Weight)
-    assert isinstance(draft["model.layers.2.self_attn.q_proj.weight"], Int8Weight)
+    shape, draft = quantized_weights(SHAPE, hf, 2)  # the last 2 of 3 layers in int4
+    assert isinstance(draft["model.layers.0.mlp.down_proj.weight"], Int8Weight)
+    assert isinstance(draft["model.layers.1.self_attn.q_proj.weight"], Int4Weight)
+    assert isinstance(draft["model.layers.2.mlp.gate_proj.weight"], Int4Weight)
     assert torch.equal(draft["model.norm.weight"], hf["model.norm.weight"])
     # dequantized values compute what the quantized objects compute (the CPU measurement)
     prompt = torch.tensor([sm.prompts(SHAPE.vocab_size, [6])[0]])
