@@ -1,239 +1,265 @@
-"""Stage costs fitted to a measured Profile.
+"""Stage costs fitted to a measured Profile: physical terms plus a measured correction.
 
-Per stage, a least-squares fit of
+Per stage and device (fit.py):
 
-    ms = f(T) + g(T) * b*c        (T = b*M new tokens, c = context per sequence)
+    ms = overhead + max(W * weights, F * gemm) + F * serial + K * kv + A * attention
+       + correction(batch, M, context)
 
-where f and g are piecewise linear in T with a knot at every measured T: f captures the
-bend from memory-bound to compute-bound, g the KV read per cached token (which depends on
-the batch: attention kernels change shape with it). When the measurements cannot pin a g
-per knot, one constant g = a is fitted, plus `e` per (new token x cached token) where the
-data separate it.
+W, F, K, A are the step's weight bytes, gemm flops, KV bytes and attention flops counted
+from the model shape (work.py); the coefficients are rates, fitted by non-negative least
+squares on relative error and never faster than the device's stated rates (fit.py). The
+correction (correction.py) returns each measured point's residual exactly and
+interpolates it between points; `correction=False` prices by the physical terms alone
+(report.py gives the held-out error of both).
 
-Context terms are fitted only from context the measurements actually vary (two or more
-contexts at one (b, M)), and never negative: more cached tokens do not make a step
-faster. A target stage measured at one context only (e.g. verify at c = 128 over b and
-M) takes its KV-read slope from the profile's `decode` fit at the same number of
-sequences: every target forward reads the same KV per cached token. Without that rule a
-fit reads batch effects at fixed T as a (negative) context slope.
+Fit order and borrowing: `decode` first (its context slope, ms per KV byte, is the one
+every stage measured at a single context borrows: verify at c = 128, prefill at c = 0, a
+draft, a correction), then `prefill` (whose attention rate a mixed stage borrows where its
+rows cannot fit one), then the rest. A `correction` step is priced as `decode` when the
+profile has no correction rows. A stage the scenario needs but the profile lacks is a
+ConfigError naming the stage and the file.
 
-Above a stage's largest measured T, f continues to the profile's `prefill` curve where
-prefill was measured at larger T (a target forward of T tokens costs about the same
-whatever the stage), and along its last segment beyond that. Below the smallest measured
-T, f is clamped. A `correction` step (one token per sequence through the target) is
-priced as `decode` when the profile has no correction measurements. A stage the scenario
-needs but the profile lacks is a ConfigError naming the stage and the file.
+Mixed steps (one forward carrying a decode or verify step and a prefill chunk):
+  - fitted from the profile's `mixed` rows when it has them (source "fitted");
+  - otherwise priced as the step alone plus the chunk's marginal cost on the prefill fit:
+    what its flops and newly touched experts add to the roofline term, and its serial,
+    KV and attention terms, without a second overhead or weight read.
+Either way the result is kept between max(step alone, chunk alone) and their sum.
 
-Mixed steps (a decode or verify step of T = b*M tokens carrying a prefill chunk of P
-tokens in one forward) are not measured; they are priced as the step alone plus the
-chunk's marginal cost along the prefill curve,
-
-    marginal = f_prefill(T' + P) - f_prefill(T') + the chunk's own KV-context terms,
-    T' = max(T, smallest measured prefill T),
-
-i.e. what P more tokens add to a forward that already reads the weights. Starting at
-T' rather than T keeps it conservative: f is clamped below its first knot and gets
-steeper with T (memory-bound, then compute-bound), so a higher start never underprices.
-The result is kept between max(step alone, chunk alone) and step alone + chunk alone.
+kv_transfer rows fit a link: ms = latency + bytes / bandwidth (`link()`).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-
 import numpy as np
 
 from kestrel_sim.costs.base import Chunk
+from kestrel_sim.costs.correction import Correction
+from kestrel_sim.costs.fit import (
+    ATTENTION_STAGES,
+    Terms,
+    fit_terms,
+    stated_rates,
+    step_features,
+    varies_context,
+)
+from kestrel_sim.costs.shape import model_shape
+from kestrel_sim.costs.work import DTYPE_BYTES, StepWork, bytes_per_param
 from kestrel_sim.errors import ConfigError
-from kestrel_sim.profile import Profile
+from kestrel_sim.hardware import LinkSpec, hardware_for_device
+from kestrel_sim.models import ModelShape
+from kestrel_sim.profile import Measurement, Profile
 
-TARGET_STAGES = ("prefill", "verify", "correction", "decode")
-
-
-def _hats(t: np.ndarray, knots: np.ndarray) -> np.ndarray:
-    """[len(t), len(knots)] piecewise-linear basis: column j is 1 at knot j, 0 at the others."""
-    hats = np.zeros((len(t), len(knots)))
-    if len(knots) == 1:
-        hats[:, 0] = 1.0
-        return hats
-    for j, k in enumerate(knots):
-        if j > 0:
-            left = knots[j - 1]
-            sel = (t >= left) & (t <= k)
-            hats[sel, j] = (t[sel] - left) / (k - left)
-        if j + 1 < len(knots):
-            right = knots[j + 1]
-            sel = (t >= k) & (t <= right)
-            hats[sel, j] = (right - t[sel]) / (right - k)
-    return hats
+TARGET_STAGES = ("prefill", "verify", "correction", "decode", "mixed")
+FIT_ORDER = ("decode", "prefill", "verify", "correction", "draft", "mixed")
 
 
-def _varies_context(b: np.ndarray, m: np.ndarray, c: np.ndarray) -> bool:
-    """True where some (b, M) pair was measured at two or more contexts."""
-    seen: dict[tuple[float, float], float] = {}
-    for bi, mi, ci in zip(b.tolist(), m.tolist(), c.tolist()):
-        if seen.setdefault((bi, mi), ci) != ci:
-            return True
-    return False
+class StageModel:
+    """One stage's fitted step time on one device: the terms, the work they price, and
+    the correction (None: physical terms only)."""
 
+    __slots__ = ("_att", "_kv", "_lm", "_tok", "_w_const", "correction", "device", "rows",
+                 "stage", "terms", "work")
 
-def _interp(ks: list[float], vs: list[float], t: float) -> float:
-    """Piecewise linear through (ks, vs): clamped below, along the last segment above."""
-    if len(ks) == 1 or t <= ks[0]:
-        return vs[0]
-    i = min(bisect_right(ks, t), len(ks) - 1)
-    return vs[i - 1] + (vs[i] - vs[i - 1]) * (t - ks[i - 1]) / (ks[i] - ks[i - 1])
+    def __init__(self, stage: str, device: str, work: StepWork, terms: Terms,
+                 correction: Correction | None, rows: int):
+        self.stage, self.device, self.work, self.terms = stage, device, work, terms
+        self.correction, self.rows = correction, rows
+        # precomputed for the inner loop
+        self._tok, self._lm = work.flops_tok, work.lm_flops
+        self._kv = terms.kv * work.kv_tok
+        self._att = terms.attention * work.attn_c if stage in ATTENTION_STAGES else 0.0
+        self._w_const = None if work.E else terms.weights * work.w_fixed
 
-
-def _lstsq(columns: list[np.ndarray], ms: np.ndarray) -> np.ndarray | None:
-    """Least-squares coefficients, or None when the columns are not independent."""
-    design = np.column_stack(columns)
-    if np.linalg.matrix_rank(design) < design.shape[1]:
-        return None
-    return np.linalg.lstsq(design, ms, rcond=None)[0]
-
-
-class _StageFit:
-    __slots__ = ("a", "borrow", "e", "floor", "knots", "own", "slopes", "values")
-
-    def __init__(self, rows: list[tuple[int, int, int, float]], borrow: _StageFit | None = None):
-        """`borrow`: a fit (decode's) whose KV slope this stage takes if its rows do not
-        vary the context."""
-        b, m, c, ms = (np.array(col, dtype=float) for col in zip(*rows))
+    def physical_ms(self, b: float, m: float, c: float) -> float:
         t = b * m
-        knots = np.unique(t)
-        hats = _hats(t, knots)
-        n = len(knots)
-        self.slopes: list[float] | None = None  # g per knot
-        self.a = self.e = 0.0
-        self.borrow: _StageFit | None = None  # decode's fit, for a stage without context data
-        self.floor = float(ms.min()) * 0.1
-        coef = None
-        varies = _varies_context(b, m, c)
-        if not varies and borrow is not None and borrow.fits_context:
-            self.borrow = borrow
-            ms = ms - np.array([self.kv_slope(bi, bi) * bi * ci for bi, ci in zip(b, c)])
-        elif varies:
-            coef = _lstsq([hats, hats * (b * c)[:, None]], ms)
-            if coef is not None and (coef[n:] >= 0).all():
-                self.slopes = [float(v) for v in coef[n:]]
-            else:
-                coef = self._constant_terms(hats, {"a": b * c, "e": b * m * c}, ms)
-        if coef is None:
-            coef = _lstsq([hats], ms)
-        self.own = [float(k) for k in knots]  # measured T (g lives on these)
-        self.knots = list(self.own)  # f's knots, maybe extended by the prefill curve
-        self.values = [float(v) for v in coef[:n]]
+        tm = self.terms
+        wms = (self._w_const if self._w_const is not None
+               else tm.weights * self.work.weight_bytes(t))
+        f = t * self._tok + (t if self.stage == "verify" else b) * self._lm
+        fms = f * tm.gemm
+        return (tm.overhead + max(wms, fms) + f * tm.serial
+                + self._kv * (b * c + 2.0 * t) + self._att * b * (m * c + 0.5 * m * (m + 1.0)))
 
-    def _constant_terms(self, hats, extra: dict[str, np.ndarray], ms) -> np.ndarray | None:
-        """Fit f plus constant a and e, dropping terms the data cannot separate or that
-        come out negative; sets self.a / self.e."""
-        names = list(extra)
-        while names:
-            kept: list[str] = []
-            for name in names:
-                if _lstsq([hats] + [extra[x] for x in (*kept, name)], ms) is not None:
-                    kept.append(name)
-            coef = _lstsq([hats] + [extra[x] for x in kept], ms)
-            rest = dict(zip(kept, coef[hats.shape[1]:]))
-            negative = [k for k, v in rest.items() if v < 0]
-            if not negative:
-                self.a, self.e = float(rest.get("a", 0.0)), float(rest.get("e", 0.0))
-                return coef
-            names = [k for k in names if k not in negative]
-        return None
+    def ms(self, b: float, m: float, c: float) -> float:
+        phys = self.physical_ms(b, m, c)
+        if self.correction is None:
+            return phys
+        return max(phys + self.correction.ms((b, m), c), 0.5 * phys)
 
-    @property
-    def fits_context(self) -> bool:
-        return self.slopes is not None or self.a > 0 or self.e > 0
+    def mixed_ms(self, b: float, m: float, c: float, chunk: Chunk) -> float:
+        """A mixed stage's forward: a step of b x m at c and a prefill chunk."""
+        f = step_features(self.work, "mixed", b, m, c, (chunk.batch, chunk.m, chunk.context))
+        phys = self.terms.ms(*f)
+        if self.correction is None:
+            return phys
+        return max(phys + self.correction.ms((b, m, chunk.tokens), c), 0.5 * phys)
 
-    def extend(self, other: _StageFit) -> None:
-        """Continue f to `other`'s knots above this fit's largest measured T."""
-        top = self.knots[-1]
-        for k, v in zip(other.knots, other.values):
-            if k > top:
-                self.knots.append(k)
-                self.values.append(v)
+    def marginal_ms(self, stage: str, b: float, m: float, chunk: Chunk) -> float:
+        """What a prefill chunk adds, on these (prefill) terms, to a `stage` forward of
+        b x m tokens: the roofline of the weight read against the math grows by the
+        chunk's flops and the experts it newly touches; its serial, KV and attention
+        terms add; no second overhead."""
+        tm, work = self.terms, self.work
+        w0, f0, _, _ = step_features(work, stage, b, m, 0.0)
+        _, fp, kp, ap = step_features(work, "prefill", chunk.batch, chunk.m, chunk.context)
+        w1 = work.weight_bytes(b * m + chunk.tokens)
+        return (max(w1 * tm.weights, (f0 + fp) * tm.gemm) - max(w0 * tm.weights, f0 * tm.gemm)
+                + fp * tm.serial + kp * tm.kv + ap * tm.attention)
 
-    def kv_slope(self, batch: float, t: float) -> float:
-        """ms per (sequence x cached token) for a step of `batch` sequences, T = t."""
-        if self.borrow is not None:
-            return self.borrow.kv_slope(batch, batch)  # decode: T = batch
-        if self.slopes is not None:
-            ks = self.own
-            return _interp(ks, self.slopes, min(max(t, ks[0]), ks[-1]))
-        return self.a
 
-    def curve(self, t: float) -> float:
-        """f(T): ms of a forward of T new tokens, before context terms."""
-        return _interp(self.knots, self.values, t)
+def _key(mm: Measurement) -> tuple:
+    return (mm.batch, mm.tokens_per_seq, mm.chunk_tokens or 0)
 
-    def context_ms(self, batch: float, t: float, context: float) -> float:
-        """ms the step's cached context adds (`batch` sequences, T = t, `context` each)."""
-        return self.kv_slope(batch, t) * batch * context + self.e * t * context
 
-    def ms(self, batch: int, m: float, context: float) -> float:
-        t = batch * m
-        return max(self.floor, self.curve(t) + self.context_ms(batch, t, context))
+def fit_stage(stage: str, device: str, rows: list[Measurement], work: StepWork,
+              rates: dict[str, float], borrowed: dict[str, float],
+              correction: bool = True) -> StageModel:
+    """A StageModel fitted to `rows` (all of one stage and device)."""
+    x = np.array([step_features(work, stage, mm.batch, mm.tokens_per_seq, mm.context,
+                                mm.chunk if stage == "mixed" else None) for mm in rows])
+    ms = np.array([mm.ms for mm in rows])
+    varies = varies_context([_key(mm) for mm in rows],
+                            [(mm.context, mm.chunk_context) for mm in rows])
+    terms = fit_terms(x, ms, context_varies=varies, rates=rates,
+                      borrowed=borrowed, attention=stage in ATTENTION_STAGES)
+    model = StageModel(stage, device, work, terms, None, len(rows))
+    if correction:
+        keys = np.array([_key(mm) if stage == "mixed" else _key(mm)[:2] for mm in rows], float)
+        phys = np.array([model.mixed_ms(mm.batch, mm.tokens_per_seq, mm.context,
+                                        Chunk(*mm.chunk)) if stage == "mixed"
+                         else model.physical_ms(mm.batch, mm.tokens_per_seq, mm.context)
+                         for mm in rows])
+        model.correction = Correction(keys, np.array([mm.context for mm in rows], float),
+                                      ms - phys)
+    return model
+
+
+class ProfileFits:
+    """Every stage of a profile fitted, per device; the shapes and rates it used."""
+
+    def __init__(self, profile: Profile, target: ModelShape | None = None,
+                 draft: ModelShape | None = None, correction: bool = True,
+                 stages: tuple[str, ...] | None = None):
+        fp = profile.fingerprint
+        self.profile = profile
+        self.target = target or _shape_of(fp.model, "model")
+        kv_bytes = DTYPE_BYTES.get(fp.dtype.lower(), 2.0)
+        self.works = {"target": StepWork(self.target, bytes_per_param(fp.dtype, fp.quant), kv_bytes)}
+        if any(mm.stage == "draft" for mm in profile.measurements):
+            self.draft = draft or _shape_of(fp.draft_model, "draft_model")
+            self.works["draft"] = StepWork(self.draft, bytes_per_param(fp.dtype), kv_bytes)
+        self.correction = correction
+        self.models: dict[tuple[str, str], StageModel] = {}
+        self.stages = stages
+        for device in sorted({mm.device for mm in profile.measurements}):
+            for stage in FIT_ORDER:
+                rows = profile.rows(stage, device)
+                if rows and (stages is None or stage in stages or stage == "decode"):
+                    self.models[stage, device] = self.fit(stage, device, rows)
+
+    def work(self, stage: str) -> StepWork:
+        return self.works["draft" if stage == "draft" else "target"]
+
+    def hardware(self, device: str):
+        """The bundled description of the device the rows ran on, or None."""
+        fp = self.profile.fingerprint
+        return hardware_for_device(fp.device if device == "gpu" else (fp.host_cpu or ""))
+
+    def borrowed(self, stage: str, device: str) -> dict[str, float]:
+        got = {}
+        decode = self.models.get(("decode", device))
+        if stage != "decode" and decode is not None and "measured" not in decode.terms.how["kv"]:
+            got["kv"] = decode.terms.kv
+        prefill = self.models.get(("prefill", device))
+        if stage == "mixed" and prefill is not None:
+            got["attention"] = prefill.terms.attention
+        return got
+
+    def fit(self, stage: str, device: str, rows: list[Measurement],
+            correction: bool | None = None) -> StageModel:
+        return fit_stage(stage, device, rows, self.work(stage), stated_rates(self.hardware(device)),
+                         self.borrowed(stage, device),
+                         self.correction if correction is None else correction)
+
+    def link(self) -> LinkSpec | None:
+        """The KV link fitted to kv_transfer rows (ms = latency + bytes / bandwidth), or
+        None without rows that vary the size."""
+        rows = [mm for mm in self.profile.measurements if mm.stage == "kv_transfer"]
+        if len({mm.bytes for mm in rows}) < 2:
+            return None
+        from kestrel_sim.costs.nnls import nnls
+
+        nbytes = np.array([mm.bytes for mm in rows], float)
+        ms = np.array([mm.ms for mm in rows])
+        a = np.column_stack([np.ones_like(ms), nbytes]) / ms[:, None]
+        scale = np.linalg.norm(a, axis=0)
+        latency, per_byte = nnls(a / scale, np.ones_like(ms)) / scale
+        if per_byte <= 0:
+            return None
+        return LinkSpec(bandwidth_gb_s=1e-6 / per_byte, latency_us=latency * 1e3)
+
+
+def _shape_of(name: str | None, key: str) -> ModelShape:
+    try:
+        return model_shape(name or "")
+    except (ConfigError, KeyError):
+        raise ConfigError(
+            f"the profile's fingerprint.{key} '{name}' is neither a preset nor a model folder: "
+            "give the model's shape to price its steps") from None
 
 
 class ProfileCost:
-    """Seconds per step interpolated from a Profile's measurements."""
+    """Seconds per step from a Profile's fits (see the module docstring)."""
 
-    __slots__ = ("_fallback", "_fits", "path")
+    __slots__ = ("_device", "_fallback", "_models", "fits", "mixed_source", "path")
 
     def __init__(self, profile: Profile, path: str = "<profile>", fallback=None,
-                 stages: tuple[str, ...] | None = None):
+                 stages: tuple[str, ...] | None = None, target: ModelShape | None = None,
+                 draft: ModelShape | None = None, correction: bool = True,
+                 device: str = "gpu"):
         self.path = path
         self._fallback = fallback  # a StageCost for stages the profile lacks, or None
-        rows: dict[str, list] = {}
-        for mm in profile.measurements:
-            if stages is not None and mm.stage not in stages:
-                continue  # e.g. a draft model's costs: only the `draft` rows are its own
-            rows.setdefault(mm.stage, []).append((mm.batch, mm.tokens_per_seq, mm.context, mm.ms))
-        decode = _StageFit(rows["decode"]) if "decode" in rows else None
-        self._fits = {
-            stage: decode if stage == "decode" else _StageFit(
-                r, borrow=decode if stage in TARGET_STAGES else None)
-            for stage, r in rows.items()
-        }
-        prefill = self._fits.get("prefill")
-        for stage, fit in self._fits.items():
-            if stage in TARGET_STAGES and prefill is not None and fit is not prefill:
-                fit.extend(prefill)
-        if "correction" not in self._fits and "decode" in self._fits:
-            self._fits["correction"] = self._fits["decode"]
+        self._device = device
+        self.fits = ProfileFits(profile, target, draft, correction, stages)
+        self._models = {s: m for (s, d), m in self.fits.models.items()
+                        if d == device and (stages is None or s in stages)}
+        if "correction" not in self._models and "decode" in self._models:
+            self._models["correction"] = self._models["decode"]
+        mixed = self._models.get("mixed")
+        self.mixed_source = (f"fitted from {mixed.rows} mixed measurements" if mixed
+                             else "step + marginal chunk on the prefill fit")
 
     def has(self, stage: str) -> bool:
-        return stage in self._fits
+        return stage in self._models
 
     def require(self, stages) -> None:
-        missing = [s for s in stages if s not in self._fits]
+        missing = [s for s in stages if s not in self._models]
         if missing:
             raise ConfigError(
                 f"profile {self.path} has no measurements for stage(s) {', '.join(missing)}, "
-                f"which this scenario needs (it has: {', '.join(sorted(self._fits))})"
+                f"which this scenario needs (it has: {', '.join(sorted(self._models))})"
             )
 
     def seconds(self, stage: str, batch: int, m: float, context: float) -> float:
-        fit = self._fits.get(stage)
-        if fit is None:
+        model = self._models.get(stage)
+        if model is None:
             if self._fallback is not None:
                 return self._fallback.seconds(stage, batch, m, context)
             self.require([stage])
-        return fit.ms(batch, m, context) * 1e-3
+        return model.ms(batch, m, context) * 1e-3
 
     def mixed_seconds(self, stage: str, batch: int, m: float, context: float,
                       chunk: Chunk) -> float:
         """A `stage` step carrying a prefill chunk: see the module docstring."""
-        fit, pre = self._fits.get(stage), self._fits.get("prefill")
-        if fit is None or pre is None:
+        step, pre = self._models.get(stage), self._models.get("prefill")
+        if step is None or pre is None:
             self.require([stage, "prefill"])
-        alone = fit.ms(batch, m, context)
+        alone = step.ms(batch, m, context)
         chunk_alone = pre.ms(chunk.batch, chunk.m, chunk.context)
-        p = chunk.tokens
-        start = max(batch * m, pre.own[0])
-        marginal = max(0.0, pre.curve(start + p) - pre.curve(start)
-                       + pre.context_ms(chunk.batch, p, chunk.context))
-        ms = min(alone + chunk_alone, max(alone + marginal, chunk_alone))
-        return ms * 1e-3
+        mixed = self._models.get("mixed")
+        if mixed is not None:
+            ms = mixed.mixed_ms(batch, m, context, chunk)
+        else:
+            ms = alone + pre.marginal_ms(stage, batch, m, chunk)
+        return min(alone + chunk_alone, max(ms, alone, chunk_alone)) * 1e-3

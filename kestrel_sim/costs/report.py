@@ -1,0 +1,168 @@
+"""How well a profile's fits predict steps they did not see: the fit report.
+
+Held-out error: by default leave-one-out. Each measurement of a stage is held out in
+turn, the stage is refitted on the others (the coefficients it borrows, decode's KV rate
+and prefill's attention rate, stay those of the full fit), and the held-out step is
+predicted. `every=k` instead holds out every k-th measurement of each stage (1-based,
+in file order: the k-th, 2k-th, ...) and fits once on the rest. Errors are absolute
+percentages of the measured ms; per stage and device the median and the maximum, for the
+physical terms alone and with the measured correction (what the simulator uses).
+
+A held-out point at the edge of a stage's grid is an extrapolation (the prefill rows
+of the bundled profiles are three lengths, so each held-out one is): the maximum says how
+far a fit may be trusted beyond its grid, the median how well it interpolates.
+
+When a profile has mixed rows the report adds a row `mixed (marginal rule)`: the error of
+the rule used without mixed rows (step + marginal chunk on the prefill fit) on all of
+them, none of which it saw.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kestrel_sim.costs.base import Chunk
+from kestrel_sim.costs.profile import ProfileFits, StageModel
+from kestrel_sim.profile import Measurement, Profile
+
+
+@dataclass
+class StageReport:
+    stage: str
+    device: str
+    rows: int
+    held_out: int
+    physical_median_pct: float | None
+    physical_max_pct: float | None
+    corrected_median_pct: float | None
+    corrected_max_pct: float | None
+    terms: dict[str, float] = field(default_factory=dict)  # effective rates, see RATE_UNITS
+    how: dict[str, str] = field(default_factory=dict)
+
+
+RATE_UNITS = {"overhead": "ms", "weights": "TB/s", "gemm": "TFLOP/s", "serial": "TFLOP/s",
+              "kv": "TB/s", "attention": "TFLOP/s"}
+
+
+@dataclass
+class FitReport:
+    profile: str
+    method: str
+    stages: list[StageReport]
+    link: dict[str, float] | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> str:
+        """A plain-text table: one line per stage and device."""
+        head = (f"{'stage':<22}{'dev':<5}{'rows':>5}{'held':>5}  {'physical med/max %':>19}  "
+                f"{'corrected med/max %':>20}  effective rates")
+        lines = [f"fit report: {self.profile} (held out: {self.method})", head]
+        for s in self.stages:
+            rates = ", ".join(f"{t} {v:.3g} {RATE_UNITS[t]}" for t, v in s.terms.items())
+            lines.append(f"{s.stage:<22}{s.device:<5}{s.rows:>5}{s.held_out:>5}  "
+                         f"{_pair(s.physical_median_pct, s.physical_max_pct):>19}  "
+                         f"{_pair(s.corrected_median_pct, s.corrected_max_pct):>20}  {rates}")
+        if self.link:
+            lines.append(f"kv_transfer link: {self.link['bandwidth_gb_s']:.3g} GB/s, "
+                         f"{self.link['latency_us']:.3g} us latency")
+        return "\n".join(lines)
+
+
+def _pair(med: float | None, mx: float | None) -> str:
+    return "n/a" if med is None else f"{med:.1f} / {mx:.1f}"
+
+
+def _rates(model: StageModel) -> dict[str, float]:
+    """Coefficients as the rates they stand for (TB/s, TFLOP/s); 0-rate terms left out."""
+    tm = model.terms
+    out = {"overhead": tm.overhead}
+    for t in ("weights", "gemm", "serial", "kv", "attention"):
+        coef = getattr(tm, t)
+        if coef > 0:
+            out[t] = 1e-9 / coef  # ms per byte (flop) -> 1e12 bytes (flops) per second
+    return out
+
+
+def _predict(model: StageModel, mm: Measurement, physical: bool) -> float:
+    if model.stage == "mixed":
+        chunk = Chunk(*mm.chunk)
+        if physical:
+            corr, model.correction = model.correction, None
+            try:
+                return model.mixed_ms(mm.batch, mm.tokens_per_seq, mm.context, chunk)
+            finally:
+                model.correction = corr
+        return model.mixed_ms(mm.batch, mm.tokens_per_seq, mm.context, chunk)
+    if physical:
+        return model.physical_ms(mm.batch, mm.tokens_per_seq, mm.context)
+    return model.ms(mm.batch, mm.tokens_per_seq, mm.context)
+
+
+def _stats(errs: list[float]) -> tuple[float | None, float | None]:
+    if not errs:
+        return None, None
+    return float(np.median(errs)), float(np.max(errs))
+
+
+def fit_report(profile: Profile, name: str = "<profile>", every: int | None = None,
+               fits: ProfileFits | None = None) -> FitReport:
+    """Per stage and device: held-out error of the fit (see the module docstring)."""
+    fits = fits or ProfileFits(profile)
+    out = []
+    for (stage, device), full in fits.models.items():
+        rows = profile.rows(stage, device)
+        held = list(range(len(rows))) if every is None else list(range(every - 1, len(rows), every))
+        phys, corr = [], []
+        if every is not None and len(held) < len(rows):
+            rest = [mm for i, mm in enumerate(rows) if i not in set(held)]
+            part = fits.fit(stage, device, rest)
+            models = dict.fromkeys(held, part)
+        else:
+            models = {i: fits.fit(stage, device, rows[:i] + rows[i + 1:])
+                      for i in held if len(rows) > 1}
+        for i, model in models.items():
+            mm = rows[i]
+            phys.append(abs(_predict(model, mm, True) / mm.ms - 1) * 100)
+            corr.append(abs(_predict(model, mm, False) / mm.ms - 1) * 100)
+        out.append(StageReport(stage, device, len(rows), len(models), *_stats(phys),
+                               *_stats(corr), _rates(full), dict(full.terms.how)))
+    mixed = profile.rows("mixed")
+    prefill = fits.models.get(("prefill", "gpu"))
+    if mixed and prefill is not None:
+        out.append(_marginal_rule(fits, mixed, prefill))
+    link = fits.link()
+    return FitReport(name, "leave-one-out" if every is None else f"every {every}th row",
+                     out, link.model_dump() if link else None)
+
+
+def _marginal_rule(fits: ProfileFits, rows: list[Measurement], prefill: StageModel) -> StageReport:
+    """The error of pricing mixed rows without a mixed fit (ProfileCost's fallback)."""
+    errs = []
+    for mm in rows:
+        step = fits.models.get(("decode" if mm.tokens_per_seq == 1 else "verify", "gpu"))
+        if step is None:
+            continue
+        chunk = Chunk(*mm.chunk)
+        alone = step.ms(mm.batch, mm.tokens_per_seq, mm.context)
+        chunk_alone = prefill.ms(chunk.batch, chunk.m, chunk.context)
+        ms = alone + prefill.marginal_ms(step.stage, mm.batch, mm.tokens_per_seq, chunk)
+        ms = min(alone + chunk_alone, max(ms, alone, chunk_alone))
+        errs.append(abs(ms / mm.ms - 1) * 100)
+    med, mx = _stats(errs)
+    return StageReport("mixed (marginal rule)", "gpu", len(rows), len(errs), None, None, med, mx)
+
+
+def write_fit_report(profile: Profile, profile_path: str | Path,
+                     every: int | None = None) -> FitReport:
+    """Write NAME.fit.txt (the table) and NAME.fit.json beside the profile NAME.json."""
+    path = Path(profile_path)
+    report = fit_report(profile, path.name, every)
+    path.with_suffix(".fit.txt").write_text(report.table() + "\n")
+    path.with_suffix(".fit.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    return report
