@@ -12,6 +12,7 @@ exits 1 when any point failed or was skipped, 2 on a usage error (bad grid, mode
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -52,11 +53,18 @@ class ProgressReporter:
 
     def building(self, bp) -> None:
         self.bar.update(self.task, description=f"building {bp.name} ({bp.model})")
+        self.started = time.monotonic()
 
     def built(self, bp, error: str | None) -> None:
-        self.bar.advance(self.task, self.plan.estimate.builds.get(bp.name, 0.0))
+        estimate = self.plan.estimate.builds.get(bp.name, 0.0)
+        self.bar.advance(self.task, estimate)
         if error:
             self.console.print(f"[bold red]failed[/] {escape(error)}", highlight=False)
+        else:
+            self.console.print(f"built {bp.name} ({escape(bp.model)}, {bp.dtype}"
+                               f"{', ' + bp.quant if bp.quant else ''}) in "
+                               f"{time.monotonic() - self.started:.1f} s (estimated "
+                               f"{estimate:.0f} s); {len(bp.points)} points", highlight=False)
 
     def measuring(self, point) -> None:
         self.bar.update(self.task, description=point.id)
@@ -134,8 +142,8 @@ def calibrate(
         "--dry-run", help="Print the plan and its time estimate; build nothing.")] = False,
 ) -> None:
     """Measure the runtime's stage costs over a grid and write a Profile for the simulator."""
-    from calibration.driver import Request, fit_budget, make_plan
     from calibration.grid import load_grid
+    from calibration.plan import Request, fit_budget, make_plan
 
     console = Console(stderr=True, soft_wrap=True)
     the_grid, name = load_grid(grid)  # before torch: a bad grid fails fast
@@ -189,7 +197,7 @@ def measure_and_write(plan, out: Path, console: Console, max_minutes: float | No
     if not outcome.records:
         console.print("[bold red]no point was measured[/]: no profile written")
         raise typer.Exit(1)
-    profile = to_profile(outcome.records, fingerprint(plan, outcome))
+    profile = to_profile(outcome.records, fingerprint(plan))
     profile.save(out)
     console.print(f"wrote {out} ({len(profile.measurements)} measurements)", highlight=False)
     print_fit_report(console, plan, profile, str(out))

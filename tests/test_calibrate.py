@@ -17,9 +17,9 @@ import tiny_models
 from typer.testing import CliRunner
 
 import calibration.measure
-from calibration.driver import Request, fit_budget, make_plan
 from calibration.grid import Point, expand, load_grid
 from calibration.measure import Bench, measure, transfer_caches
+from calibration.plan import Request, fit_budget, make_plan
 from kestrel_cli.app import app
 from kestrel_rt.loading import resolve
 from kestrel_rt.runner import build_model, prepare
@@ -93,6 +93,7 @@ def test_fingerprint_is_filled(calibrated, folders):
     assert (fp.dtype, fp.quant, fp.backend, fp.grid) == ("float32", "none", "torch", "tiny")
     assert set(fp.options) == {"target@cpu", "draft@cpu"}
     assert fp.options["target@cpu"]["backend"] == "torch"
+    assert fp.options["draft@cpu"]["dtype"] == "float32"
 
 
 def test_a_failing_point_is_named_and_the_others_kept(folders, tmp_path, monkeypatch):
@@ -224,3 +225,25 @@ def test_kv_transfer_copies_the_rows(bench):
     assert torch.equal(dst.v[:, 0, :48], src.v[:, 0, :48])
     assert not dst.k[:, 0, 48:].any()
 
+
+
+class Silent:
+    def building(self, bp): ...
+    def built(self, bp, error): ...
+    def measuring(self, point): ...
+    def measured(self, point, record, error): ...
+
+
+def test_a_spent_budget_skips_the_rest_without_building(folders, monkeypatch):
+    from calibration import driver
+
+    def no_build(*args):
+        raise AssertionError("built a bench after the budget was spent")
+
+    monkeypatch.setattr(driver, "build_bench", no_build)
+    plan = make_plan(Request(str(folders["tied"]), load_grid("tiny")[0], "tiny", "tiny", "cpu",
+                             draft=str(folders["untied"])))
+    outcome = driver.run(plan, Silent(), max_minutes=1e-9)
+    assert outcome.records == []
+    assert set(outcome.failures) == {p.id for p in plan.points}
+    assert set(outcome.failures.values()) == {driver.SKIPPED}

@@ -1,0 +1,181 @@
+"""A calibration's plan: the grid's points per model instance, checked against the
+models, and the run's time estimate, before anything is built.
+
+    plan = make_plan(Request("qwen3-8b", grid, "default", "default", "cuda", "qwen3-0.6b"))
+    plan.estimate.describe()                   # "about 3.2 min: 270 points ..."
+    plan = fit_budget(plan, minutes=5)         # fewer timed runs, where over a budget
+
+A *bench* is one model instance on one device: the target on the GPU (or the CPU), the draft
+on the GPU, the draft on the CPU; its points are the grid points that instance measures.
+Only shapes are read here (kestrel_rt.loading.resolve), never weights, and no device is
+touched: a plan for a GPU can be made (`kestrel calibrate --dry-run`) on a machine without
+one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from calibration.estimate import (
+    COLD_COMPILE_S,
+    CPU,
+    GPU,
+    Estimate,
+    build_seconds,
+    point_seconds,
+)
+from calibration.grid import Grid, Point, expand
+from kestrel_sim.errors import ConfigError, KestrelError
+
+DRAFT_DEVICES = {"gpu": ("gpu",), "cpu": ("cpu",), "both": ("gpu", "cpu")}
+MIN_REPEATS = 3  # timed runs per point a --max-minutes budget may thin a grid to
+
+
+@dataclass
+class Request:
+    """What `kestrel calibrate` was asked (checked by the CLI)."""
+
+    model: str
+    grid: Grid
+    grid_name: str
+    grid_file: str
+    device: str = "cuda"  # the target's torch device: "cuda", "cuda:1", "cpu"
+    draft: str | None = None
+    draft_device: str | None = None  # gpu | cpu | both (None: both on a GPU, cpu on the CPU)
+    quant: str | None = None
+    dtype: str | None = None
+    commit: str | None = None
+
+
+@dataclass
+class BenchPlan:
+    name: str  # "target@gpu"
+    model: str  # preset or folder, as given
+    device: str  # torch device
+    dtype: str
+    quant: str | None
+    shape: object  # ModelShape
+    points: list[Point]
+
+
+@dataclass
+class Plan:
+    request: Request
+    benches: list[BenchPlan]
+    estimate: Estimate
+
+    @property
+    def points(self) -> list[Point]:
+        return [p for b in self.benches for p in b.points]
+
+
+def draft_devices(request: Request) -> tuple[str, ...]:
+    if request.draft is None:
+        return ()
+    on_gpu = request.device.startswith("cuda")
+    choice = request.draft_device or ("both" if on_gpu else "cpu")
+    if choice not in DRAFT_DEVICES:
+        raise KestrelError(f"--draft-device '{choice}': expected one of gpu, cpu, both")
+    if not on_gpu and choice != "cpu":
+        raise KestrelError(f"--draft-device {choice} needs the target on a GPU (--device "
+                           f"cuda); with --device {request.device} the draft runs on the cpu")
+    return DRAFT_DEVICES[choice]
+
+
+def check_reach(points: list[Point], shape, what: str, grid_file: str) -> None:
+    """Refuse points longer than the model's context, naming the first."""
+    limit = shape.max_position_embeddings
+    long = [p for p in points if p.reach > limit]
+    if long:
+        raise ConfigError(
+            f"grid {grid_file}: point {long[0].id} reaches {long[0].reach} tokens, past "
+            f"{what}'s context of {limit} (max_position_embeddings); {len(long)} point(s) "
+            "do: use smaller contexts, prompts or chunks for this model")
+
+
+def plan_dtype(folder, device: str) -> str:
+    """The dtype a model is built in on `device` (kestrel_rt.loading.default_dtype), also on
+    a machine without that device (a --dry-run plan: presets bfloat16 on CUDA)."""
+    from kestrel_rt.loading import default_dtype
+
+    try:
+        return default_dtype(folder, device)
+    except KestrelError:  # no CUDA here: plan as on one
+        return "bfloat16" if folder is None else default_dtype(folder, "cpu")
+
+
+def make_plan(request: Request) -> Plan:
+    """Resolve the models (no weights read), expand the grid, check it fits, estimate."""
+    from kestrel_rt.loading import resolve
+
+    target_device = "gpu" if request.device.startswith("cuda") else "cpu"
+    shape, folder = resolve(request.model)
+    dtype = request.dtype or plan_dtype(folder, request.device)
+    points = expand(request.grid, target_device, draft_devices(request))
+    benches = [BenchPlan(f"target@{target_device}", request.model, request.device, dtype,
+                         request.quant, shape, [p for p in points if p.model == "target"])]
+    check_reach(benches[0].points, shape, f"model {request.model}", request.grid_file)
+    if request.draft is not None:
+        dshape, dfolder = resolve(request.draft)
+        for device in draft_devices(request):
+            torch_device = request.device if device == "gpu" else "cpu"
+            mine = [p for p in points if p.bench == f"draft@{device}"]
+            check_reach(mine, dshape, f"draft {request.draft}", request.grid_file)
+            # the draft is not quantized; on the CPU it takes the CPU's default dtype
+            ddtype = (request.dtype if device == "gpu" else None) or plan_dtype(
+                dfolder, torch_device)
+            benches.append(BenchPlan(f"draft@{device}", request.draft, torch_device, ddtype,
+                                     None, dshape, mine))
+    benches = [b for b in benches if b.points]
+    if not benches:
+        raise ConfigError(f"grid {request.grid_file} has no point to measure for this model "
+                          "(no stage section, or only draft steps without --draft)")
+    return Plan(request, benches, estimate(benches, request.grid))
+
+
+def kernel_cache_filled() -> bool:
+    folder = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def itemsize(dtype: str) -> int:
+    return 4 if "32" in dtype else 2
+
+
+def estimate(benches: list[BenchPlan], grid: Grid) -> Estimate:
+    t = grid.timing
+    out = Estimate({}, {})
+    for b in benches:
+        gpu = b.device.startswith("cuda")
+        speed, runs = (GPU, t.warmup + t.repeats) if gpu else (CPU, t.cpu_warmup + t.cpu_repeats)
+        size = itemsize(b.dtype)
+        graphs = len({(p.batch, p.m) for p in b.points if p.m <= 16}) if gpu else 0
+        out.builds[b.name] = build_seconds(b.shape, speed, size, b.quant, graphs)
+        if gpu and not out.compile and not kernel_cache_filled():
+            out.compile = COLD_COMPILE_S
+            out.builds[b.name] += COLD_COMPILE_S
+        for p in b.points:
+            out.points[p.id] = point_seconds(p, b.shape, speed, size, b.quant, runs)
+    return out
+
+
+def fit_budget(plan: Plan, minutes: float) -> Plan:
+    """The plan with fewer timed runs per point (down to MIN_REPEATS) where its estimate is
+    over `minutes`; a ConfigError when even that does not fit."""
+    grid = plan.request.grid
+    if plan.estimate.seconds <= 60 * minutes:
+        return plan
+    t = grid.timing
+    for repeats in range(t.repeats, MIN_REPEATS - 1, -1):
+        timing = t.model_copy(update={"warmup": 1, "repeats": repeats, "cpu_warmup": 1,
+                                      "cpu_repeats": min(t.cpu_repeats, repeats)})
+        request = replace(plan.request, grid=grid.model_copy(update={"timing": timing}))
+        thinned = Plan(request, plan.benches, estimate(plan.benches, request.grid))
+        if thinned.estimate.seconds <= 60 * minutes:
+            return thinned
+    raise ConfigError(
+        f"grid {plan.request.grid_file}: estimated {plan.estimate.describe()}, over the "
+        f"--max-minutes budget of {minutes:g} even at one warm-up and {MIN_REPEATS} timed "
+        "runs per point; use a smaller grid (--grid quick) or a larger budget")
