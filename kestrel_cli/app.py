@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kestrel_cli import calibrate, generate, simulate, sweep
+from kestrel_cli import calibrate, generate, simulate, suite, sweep
 from kestrel_sim.errors import KestrelError
 
 app = typer.Typer(
@@ -47,12 +47,15 @@ def options(
     decoding and prefill/decode queues."""
 
 
-app.command("run", short_help="Run a scenario on the simulator: metrics, trace, report.")(
+app.command("run", short_help="Run a scenario on the simulator (--on hardware|both): "
+            "metrics, trace, report.")(
     simulate.run)
 app.command("sweep", short_help="Run a scenario over a grid of --set values in parallel.")(
     sweep.sweep)
 app.command("schema", short_help="Print the scenario JSON Schema.")(simulate.schema)
 app.command("generate")(generate.generate)
+app.command("validate", short_help="Run a folder of scenarios on both sides: error summary.")(
+    suite.validate)
 app.command("calibrate", short_help="Time the runtime over a grid: a Profile.")(calibrate.calibrate)
 
 
