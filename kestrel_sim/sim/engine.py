@@ -22,7 +22,7 @@ from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec
 from kestrel_sim.metrics import Metrics, metrics_from
 from kestrel_sim.recorder import Recorder
-from kestrel_sim.scenario import Link, Scenario, Slo
+from kestrel_sim.scenario import Link, Scenario, Slo, model_context
 from kestrel_sim.sim import processes as proc
 from kestrel_sim.sim.keep import TraceKeeper, TraceMode
 from kestrel_sim.sim.kv import kv_capacity, kv_transfer_bytes_per_token
@@ -84,7 +84,9 @@ def simulate(
     wall0 = time.perf_counter()
     keeper = TraceKeeper(trace)
     rng = np.random.default_rng(sc.workload.seed)
-    drawn = draw_workload(sc.workload, rng)
+    contexts = [c for c in (model_context(sc.model),
+                            model_context(sc.draft.model) if sc.draft else None) if c]
+    drawn = draw_workload(sc.workload, rng, context=min(contexts, default=None))
     costs = build_costs(sc, rng)
     k = sc.spec.k if sc.spec else 0
     acceptance = build_acceptance(sc.spec.acceptance, k) if sc.spec else None
@@ -129,7 +131,7 @@ def simulate(
     else:
         hw = costs.hardware
         per_token = kv_transfer_bytes_per_token(sc, hw)
-        link = _link(sc, hw)
+        link = costs.link or _link(sc, hw)  # costs.link: fitted to the profile's transfers
         for i in range(sc.serving.prefill_workers):
             w = make(f"prefill{i}", "prefill")
             w.link = proc.LinkState(f"link{i}", link, per_token)
