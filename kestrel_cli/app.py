@@ -50,8 +50,8 @@ def options(
 app.command("run", short_help="Run a scenario on the simulator (--on hardware|both): "
             "metrics, trace, report.")(
     simulate.run)
-app.command("sweep", short_help="Run a scenario over a grid of --set values in parallel.")(
-    sweep.sweep)
+app.command("sweep", cls=sweep.SweepCommand,
+            short_help="Run a scenario over a grid of --set values in parallel.")(sweep.sweep)
 app.command("schema", short_help="Print the scenario JSON Schema.")(simulate.schema)
 app.command("generate")(generate.generate)
 app.command("validate", short_help="Run a folder of scenarios on both sides: error summary.")(
