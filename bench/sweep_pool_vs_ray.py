@@ -1,7 +1,7 @@
 """A 1,000-scenario `kestrel sweep`: the local process pool against Ray, on this machine.
 
-    python bench/sweep_pool_vs_ray.py                        # writes bench/results/sweep_pool_vs_ray.md
-    python bench/sweep_pool_vs_ray.py --ray ray://head:10001 # the Ray side on a cluster
+    python bench/sweep_pool_vs_ray.py    # writes bench/results/sweep_pool_vs_ray.md
+    python bench/sweep_pool_vs_ray.py --ray ray://head:10001    # the Ray side on a cluster
 
 The grid is the default scenario at 20 requests a point over spec.k (10 values) x arrival
 rate (10) x workload seed (10): 1,000 small simulations. Each side runs the real command
