@@ -239,3 +239,32 @@ def test_sweep_rows_hold_no_per_request_arrays(tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads((out / "sweep.json").read_text())["rows"][0]["metrics"]
     assert "mean_ttft_ms" in metrics and not {"ttfts", "itls", "input_lens"} & set(metrics)
+
+
+def test_on_sim_is_the_default(tmp_path, monkeypatch, capsys):
+    for name, on in (("default", []), ("sim", ["--on", "sim"])):
+        code, _, err = _main(monkeypatch, capsys, "run", str(DEFAULT), "-o", str(tmp_path / name),
+                             *SMALL, *on)
+        assert code == 0, err
+    assert (tmp_path / "default" / "metrics.json").read_text() == (
+        tmp_path / "sim" / "metrics.json").read_text()
+
+
+def test_a_pending_scenario_is_refused_on_hardware_before_anything_runs(tmp_path, monkeypatch,
+                                                                         capsys):
+    path = ROOT / "scenarios" / "validation" / "int4.yaml"
+    for on in ("hardware", "both"):
+        out = tmp_path / on
+        code, _, err = _main(monkeypatch, capsys, "run", str(path), "--on", on, "--out", str(out))
+        assert code == 2 and "validate.pending" in err and "TODO(quant)" in err
+        assert not out.exists()
+
+
+def test_a_bad_validate_section_names_key_and_line(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DEFAULT.read_text() + "validate:\n  tolerance_pct: {median_ttft: 5}\n")
+    code, _, err = _main(monkeypatch, capsys, "run", str(bad), "--out", str(tmp_path / "o"))
+    assert code == 2 and "validate.tolerance_pct.median_ttft: unknown key" in err
+    code, _, err = _main(monkeypatch, capsys, "run", str(DEFAULT), "--out", str(tmp_path / "o"),
+                         "--set", "validate.tolerance_pct.p99_ttft_ms=0")
+    assert code == 2 and "validate.tolerance_pct.p99_ttft_ms: must be > 0" in " ".join(err.split())
