@@ -10,15 +10,60 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from kestrel_sim.errors import ConfigError
+from kestrel_sim.hardware import bundled_names, load_hardware
 from kestrel_sim.profile import Profile
-from kestrel_sim.schema_base import StrictModel, resolve_file
+from kestrel_sim.schema_base import StrictModel, in_base_dir, resolve_file
 
 
 class RooflineCosts(StrictModel):
-    """The analytic model from the hardware description; fields override it."""
+    """The analytic model from the hardware description; fields override it. With
+    `calibrated_from` a Profile JSON, its fitted efficiencies (fraction of bandwidth, of
+    matmul and attention rate; overhead per forward) are applied to this scenario's
+    hardware (kestrel_sim.costs.calibrated)."""
 
     launch_us: float | None = Field(default=None, ge=0, description="per kernel launch")
     step_overhead_us: float | None = Field(default=None, ge=0, description="fixed per step")
+    calibrated_from: str | None = Field(
+        default=None, description="a Profile JSON whose fitted efficiencies calibrate the "
+        "roofline (measured on another device, applied to this scenario's hardware)")
+    measured_on: str | None = Field(
+        default=None, description="calibrated_from only: the hardware (bundled name or YAML) "
+        "the profile was measured on; default the bundled one its fingerprint names")
+
+    @field_validator("calibrated_from")
+    @classmethod
+    def _profile_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return None
+        path = resolve_file(v, info, "calibrated_from")
+        try:
+            Profile.load(path)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return path
+
+    @field_validator("measured_on")
+    @classmethod
+    def _hardware_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None or v.lower() in bundled_names():
+            return None if v is None else v.lower()
+        path = in_base_dir(v, info)
+        try:
+            load_hardware(str(path))
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return str(path.resolve())
+
+    @model_validator(mode="after")
+    def _calibration_fields(self):
+        if self.calibrated_from is not None:
+            fixed = [n for n in ("launch_us", "step_overhead_us") if getattr(self, n) is not None]
+            if fixed:
+                raise ValueError(f"{', '.join(fixed)} cannot be given with calibrated_from "
+                                 "(the profile's fitted overhead replaces them)")
+        elif self.measured_on is not None:
+            raise ValueError("measured_on only applies with calibrated_from")
+        return self
 
 
 StageTime = Annotated[float, Field(ge=0)] | dict[int, Annotated[float, Field(ge=0)]]

@@ -6,6 +6,9 @@ names follow Hugging Face's `config.json` for Qwen3 and Qwen3-MoE.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from kestrel_sim.errors import KestrelError
@@ -53,6 +56,24 @@ class ModelShape(BaseModel):
     def kv_elements_per_token(self) -> int:
         """K and V elements one token holds in the cache over all layers."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
+
+
+# ModelShape fields that change a step's bytes or flops (not names, rope or norm constants)
+COST_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "intermediate_size", "num_experts",
+               "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+               "mlp_only_layers")
+
+
+def shape_hash(shape: ModelShape) -> str:
+    """A stable 16-hex-digit hash of the shape fields that affect a step's cost: two models
+    with the same hash move the same bytes and do the same flops per step. Written in a
+    Profile's fingerprint (model_shape_hash, draft_shape_hash); kestrel_sim.costs.shape
+    re-exports it."""
+    fields = {name: getattr(shape, name) for name in COST_FIELDS}
+    fields["mlp_only_layers"] = sorted(fields["mlp_only_layers"])
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _dense(name: str, hidden: int, layers: int, heads: int, kv: int, inter: int, tied: bool) -> ModelShape:

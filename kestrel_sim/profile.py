@@ -52,8 +52,7 @@ VERSIONS = ("git_commit", "date", "driver", "cuda", "torch", "cupy")
 
 
 def _preset_hash(name: str | None) -> str | None:
-    from kestrel_sim.costs.shape import shape_hash
-    from kestrel_sim.models import PRESETS
+    from kestrel_sim.models import PRESETS, shape_hash
 
     if name is None or name.lower() not in PRESETS:
         return None
@@ -75,7 +74,7 @@ class Fingerprint(BaseModel):
     date: str | None = Field(default=None, description="UTC, ISO 8601")
     model: str = Field(description="target model: a preset name or a folder's name")
     model_shape_hash: str | None = Field(
-        default=None, description="kestrel_sim.costs.shape.shape_hash of the target; derived "
+        default=None, description="kestrel_sim.models.shape_hash of the target; derived "
         "for a preset, required otherwise")
     dtype: str = "bfloat16"
     quant: Literal["none", "int8", "int4"] = "none"
@@ -105,7 +104,7 @@ class Fingerprint(BaseModel):
         if self.model_shape_hash is None:
             raise ValueError(
                 f"model '{self.model}' is not a preset, so fingerprint.model_shape_hash is "
-                "needed (kestrel_sim.costs.shape.shape_hash of its shape)")
+                "needed (kestrel_sim.models.shape_hash of its shape)")
         return self
 
 

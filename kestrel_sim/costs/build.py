@@ -1,4 +1,13 @@
-"""Pick the cost models a scenario asks for: one StageCost for the target, one for the draft."""
+"""Pick the cost models a scenario asks for: one StageCost for the target, one for the draft.
+
+    costs: {profile: FILE}                        measured profile (fitted terms + correction)
+    costs: {roofline: {}}                         uncalibrated roofline of the hardware
+    costs: {roofline: {calibrated_from: FILE}}    roofline with a profile's efficiencies
+    costs: {table: {...}}                         fixed milliseconds per stage
+
+A profile with kv_transfer measurements also gives the KV link (SimCosts.link), used where
+the scenario names no serving.link.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from kestrel_sim.costs.profile import ProfileCost
+from kestrel_sim.costs.calibrated import CalibratedRoofline
+from kestrel_sim.costs.profile import ProfileCost, ProfileFits
 from kestrel_sim.costs.roofline import RooflineCost
-from kestrel_sim.costs.shape import model_shape
+from kestrel_sim.costs.shape import model_shape, shape_hash
 from kestrel_sim.costs.table import TableCost
 from kestrel_sim.errors import ConfigError
-from kestrel_sim.hardware import Hardware, hardware_for_device, load_hardware
-from kestrel_sim.models import PRESETS
+from kestrel_sim.hardware import Hardware, LinkSpec, hardware_for_device, load_hardware
+from kestrel_sim.models import ModelShape
 from kestrel_sim.profile import Profile
 from kestrel_sim.scenario import Scenario
 
@@ -34,7 +44,9 @@ class SimCosts:
     draft: object | None  # StageCost: draft, prefill (the draft's own prompt pass)
     hardware: Hardware | None  # the target's device (memory, links), when known
     draft_hardware: Hardware | None
-    source: str  # roofline | table | profile
+    source: str  # roofline | calibrated-roofline | table | profile
+    link: LinkSpec | None = None  # the KV link fitted to the profile's kv_transfer rows
+    mixed: bool = False  # the scenario prices mixed steps (colocated, prefill_schedule mixed)
 
 
 def needed_stages(sc: Scenario) -> list[str]:
@@ -71,57 +83,123 @@ def build_costs(sc: Scenario, rng: np.random.Generator) -> SimCosts:
         draft_hw = (
             load_hardware(sc.draft.hardware or "cpu-xeon") if sc.draft.device == "cpu" else hw
         )
+    mixed = sc.serving.mode == "colocated" and sc.serving.prefill_schedule == "mixed"
 
     if sc.costs is not None and sc.costs.table is not None:
         target = TableCost(sc.costs.table, rng)
         draft = TableCost(sc.costs.table, rng, zero_stages=("prefill",)) if sc.draft else None
-        return SimCosts(target, draft, hw, draft_hw, "table")
+        return SimCosts(target, draft, hw, draft_hw, "table", mixed=mixed)
 
     if profile is not None:
-        fp = profile.fingerprint
-        if sc.model in PRESETS and fp.model.lower() in PRESETS and fp.model.lower() != sc.model:
-            raise ConfigError(
-                f"profile {profile_path} measures {fp.model} but the scenario's model is "
-                f"{sc.model}: measure that model, or use the roofline (costs: {{roofline: {{}}}})"
-            )
-        target = ProfileCost(profile, profile_path)
+        fits = _fits(profile, profile_path, target_shape, draft_shape, check_model=sc.model)
+        target = ProfileCost(profile, profile_path, fits=fits)
         target.require(needed_stages(sc))
         draft = None
         if sc.draft is not None:
-            other_draft = fp.draft_model is not None and fp.draft_model.lower() != sc.draft.model
-            if sc.draft.device == "cpu" or not target.has("draft") or other_draft:
-                if draft_hw is None:
-                    raise ConfigError(
-                        f"profile {profile_path} has no draft measurements of {sc.draft.model} "
-                        f"and its device '{fp.device}' has no bundled hardware description "
-                        "for the roofline: measure the draft stage, or name the hardware"
-                    )
-                draft = RooflineCost(draft_hw, draft_shape)
-            else:
-                # the draft's own prompt pass is not in the profile (its prefill rows
-                # measure the target): roofline where the device is known
-                roof = RooflineCost(draft_hw, draft_shape) if draft_hw is not None else _Zero()
-                draft = ProfileCost(profile, profile_path, fallback=roof, stages=("draft",))
-        return SimCosts(target, draft, hw, draft_hw, "profile")
+            draft = _profile_draft(sc, fits, profile_path, draft_shape, draft_hw)
+        # the profile's KV link where the scenario hands KV over and names no link
+        hands_over = sc.serving.mode == "disaggregated" and sc.serving.link is None
+        return SimCosts(target, draft, hw, draft_hw, "profile",
+                        fits.link() if hands_over else None, mixed)
 
     ro = sc.costs.roofline if sc.costs is not None and sc.costs.roofline else None
+    if ro is not None and ro.calibrated_from is not None:
+        return _calibrated(sc, ro, hw, target_shape, draft_shape, draft_hw, mixed)
     kw = {"launch_us": ro.launch_us, "step_overhead_us": ro.step_overhead_us} if ro else {}
     target = RooflineCost(hw, target_shape, **kw)
     draft = None
     if sc.draft is not None:
         draft = RooflineCost(draft_hw, draft_shape, **(kw if sc.draft.device == "gpu" else {}))
-    return SimCosts(target, draft, hw, draft_hw, "roofline")
+    return SimCosts(target, draft, hw, draft_hw, "roofline", mixed=mixed)
+
+
+def _fits(profile: Profile, path: str, target: ModelShape, draft: ModelShape | None,
+          check_model: str | None = None) -> ProfileFits:
+    """The profile's fits, over the scenario's shapes where they are the ones measured.
+    check_model: refuse a profile of another model (shape hash) than this one."""
+    fp = profile.fingerprint
+    same = fp.model_shape_hash == shape_hash(target)
+    if check_model is not None and not same:
+        raise ConfigError(
+            f"profile {path} measures {fp.model} but the scenario's model is {check_model} "
+            f"(shape hash {fp.model_shape_hash} vs {shape_hash(target)}): measure that "
+            "model, or use the roofline (costs: {roofline: {}})")
+    same_draft = draft is not None and fp.draft_shape_hash == shape_hash(draft)
+    return ProfileFits(profile, target if same else None, draft if same_draft else None)
+
+
+def _profile_draft(sc: Scenario, fits: ProfileFits, path: str, shape: ModelShape,
+                   draft_hw: Hardware | None):
+    """The draft's costs from a profile: its own rows where they measured this draft on
+    this device; otherwise the profile's decode and prefill terms over the draft's shape
+    (a GPU draft), or the uncalibrated roofline (a CPU draft without CPU rows)."""
+    fp = fits.profile.fingerprint
+    measured = fp.draft_shape_hash == shape_hash(shape) and any(
+        mm.stage == "draft" and mm.device == sc.draft.device for mm in fits.profile.measurements)
+    calibrated = None
+    if sc.draft.device == "gpu" and draft_hw is not None:
+        calibrated = CalibratedRoofline(fits, draft_hw, draft_hw, shape, path, role="draft")
+    if measured:
+        # the draft's own prompt pass is not in the profile (prefill rows time the target)
+        prompt = calibrated or (RooflineCost(draft_hw, shape) if draft_hw else _Zero())
+        return ProfileCost(fits.profile, path, fallback=prompt, stages=("draft",), fits=fits,
+                           device=sc.draft.device)
+    if calibrated is not None:
+        return calibrated
+    if draft_hw is None:
+        raise ConfigError(
+            f"profile {path} has no draft measurements of {sc.draft.model} and its device "
+            f"'{fp.device}' has no bundled hardware description for the roofline: measure "
+            "the draft stage, or name the hardware")
+    return RooflineCost(draft_hw, shape)
+
+
+def _calibrated(sc: Scenario, ro, hw: Hardware | None, target_shape: ModelShape,
+                draft_shape: ModelShape | None, draft_hw: Hardware | None,
+                mixed: bool) -> SimCosts:
+    """costs: {roofline: {calibrated_from: FILE, measured_on: HW}}."""
+    path = ro.calibrated_from
+    profile = Profile.load(path)
+    fp = profile.fingerprint
+    measured_on = (load_hardware(ro.measured_on) if ro.measured_on
+                   else hardware_for_device(fp.device))
+    if measured_on is None:
+        raise ConfigError(
+            f"costs.roofline.calibrated_from: profile {path} was measured on '{fp.device}', "
+            "which has no bundled hardware description; give costs.roofline.measured_on "
+            "(a hardware name or YAML with that device's bandwidth and flop rates)")
+    fits = _fits(profile, path, target_shape, draft_shape)
+    target = CalibratedRoofline(fits, measured_on, hw, target_shape, path)
+    target.require(needed_stages(sc))
+    draft = None
+    if sc.draft is not None:
+        draft = (CalibratedRoofline(fits, measured_on, draft_hw, draft_shape, path, role="draft")
+                 if sc.draft.device == "gpu" else RooflineCost(draft_hw, draft_shape))
+    return SimCosts(target, draft, hw, draft_hw, "calibrated-roofline", mixed=mixed)
 
 
 def describe_costs(costs: SimCosts) -> str:
     """Where a run's step times come from, for a table title: 'measured profile FILE',
-    'uncalibrated roofline (HARDWARE)' or 'fixed cost table'; the draft's where it differs
-    (a profile without the draft's steps, or a CPU draft, prices the draft by roofline)."""
+    'roofline calibrated from FILE (...)', 'uncalibrated roofline (HARDWARE)' or 'fixed
+    cost table'; the draft's where it differs, how mixed steps are priced where the
+    scenario mixes, and a KV link fitted to the profile."""
     if costs.source == "table":
         return "fixed cost table"
     if costs.source == "roofline":
         return f"uncalibrated roofline ({costs.hardware.name})"
-    text = f"measured profile {Path(costs.target.path).name}"
+    name = Path(costs.target.path).name
+    if costs.source == "calibrated-roofline":
+        text = (f"roofline calibrated from {name} (measured on {costs.target.measured_on.name}, "
+                f"applied to {costs.target.on.name})")
+    else:
+        text = f"measured profile {name}"
     if isinstance(costs.draft, RooflineCost):
         text += f"; draft: uncalibrated roofline ({costs.draft.hw.name})"
+    elif costs.source == "profile" and isinstance(costs.draft, CalibratedRoofline):
+        text += "; draft: the profile's decode and prefill terms over the draft's shape"
+    if costs.mixed and costs.source == "profile":
+        text += f"; mixed steps: {costs.target.mixed_source}"
+    if costs.link is not None:
+        text += (f"; KV link fitted: {costs.link.bandwidth_gb_s:.3g} GB/s, "
+                 f"{costs.link.latency_us:.3g} us")
     return text

@@ -13,7 +13,9 @@ between points a distance-weighted blend; far from all of them the blend of the 
 The result is kept at or above half the physical time.
 
 Values are computed once per (batch, M[, chunk]) and kept (the simulator asks the same
-few shapes over and over); the memo is emptied past MEMO_SIZE entries.
+few shapes over and over); the memo is emptied past MEMO_SIZE entries. A whole M up to 64
+is looked up as itself; a larger or fractional one (a prefill's mean chunk per prompt) at
+the nearest of 16 steps per octave (within 2.2%; powers of two exactly).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def context_coord(c: float) -> float:
 
 
 class Correction:
-    __slots__ = ("_levels", "_memo", "_points", "_resid")
+    __slots__ = ("_levels", "_memo", "_points", "_resid", "_values")
 
     def __init__(self, keys: np.ndarray, contexts: np.ndarray, resid_ms: np.ndarray):
         """keys: [n, d] (batch, M[, chunk tokens]) of each point; contexts: [n]; resid_ms: [n]."""
@@ -39,7 +41,8 @@ class Correction:
         ctx = np.array([context_coord(c) for c in contexts.tolist()])
         self._points = np.column_stack([np.log2(keys), ctx])  # [n, d + 1]
         self._resid = resid_ms
-        self._memo: dict[tuple, tuple[list[float], list[float]]] = {}
+        self._memo: dict[tuple, list[float]] = {}  # key as asked -> values per level
+        self._values: dict[tuple, list[float]] = {}  # key on the grid -> values per level
 
     def _at(self, point: np.ndarray) -> float:
         d2 = ((self._points - point) ** 2).sum(axis=1)  # [n]
@@ -55,10 +58,15 @@ class Correction:
         if got is None:
             if len(self._memo) >= MEMO_SIZE:
                 self._memo.clear()
-            coords = [log2(max(v, 1e-9)) for v in key]
-            values = [self._at(np.array([*coords, context_coord(lv)])) for lv in self._levels]
-            got = self._memo[key] = (self._levels, values)
-        levels, values = got
+                self._values.clear()
+            grid_key = tuple(map(_on_grid, key))
+            got = self._values.get(grid_key)
+            if got is None:
+                coords = [log2(v) for v in grid_key]
+                got = self._values[grid_key] = [
+                    self._at(np.array([*coords, context_coord(lv)])) for lv in self._levels]
+            self._memo[key] = got
+        levels, values = self._levels, got
         if len(levels) == 1 or c <= levels[0]:
             return values[0]
         if c >= levels[-1]:
@@ -66,3 +74,11 @@ class Correction:
         i = bisect_right(levels, c)
         c0, c1 = levels[i - 1], levels[i]
         return values[i - 1] + (values[i] - values[i - 1]) * (c - c0) / (c1 - c0)
+
+
+def _on_grid(v: float) -> float:
+    """A whole number up to 64 as itself; any other value at the nearest of 16 steps per
+    octave (the simulator's prefill steps carry a mean, fractional, tokens per prompt)."""
+    if v <= 64 and v == int(v):
+        return max(v, 1e-9)
+    return 2.0 ** (round(log2(max(v, 1e-9)) * 16) / 16)

@@ -34,16 +34,10 @@ from __future__ import annotations
 import numpy as np
 
 from kestrel_sim.costs.base import Chunk
-from kestrel_sim.costs.correction import Correction
-from kestrel_sim.costs.fit import (
-    ATTENTION_STAGES,
-    Terms,
-    fit_terms,
-    stated_rates,
-    step_features,
-    varies_context,
-)
+from kestrel_sim.costs.fit import stated_rates
+from kestrel_sim.costs.nnls import nnls
 from kestrel_sim.costs.shape import model_shape
+from kestrel_sim.costs.stage_model import StageModel, fit_stage
 from kestrel_sim.costs.work import DTYPE_BYTES, StepWork, bytes_per_param
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec, hardware_for_device
@@ -52,87 +46,6 @@ from kestrel_sim.profile import Measurement, Profile
 
 TARGET_STAGES = ("prefill", "verify", "correction", "decode", "mixed")
 FIT_ORDER = ("decode", "prefill", "verify", "correction", "draft", "mixed")
-
-
-class StageModel:
-    """One stage's fitted step time on one device: the terms, the work they price, and
-    the correction (None: physical terms only)."""
-
-    __slots__ = ("_att", "_kv", "_lm", "_tok", "_w_const", "correction", "device", "rows",
-                 "stage", "terms", "work")
-
-    def __init__(self, stage: str, device: str, work: StepWork, terms: Terms,
-                 correction: Correction | None, rows: int):
-        self.stage, self.device, self.work, self.terms = stage, device, work, terms
-        self.correction, self.rows = correction, rows
-        # precomputed for the inner loop
-        self._tok, self._lm = work.flops_tok, work.lm_flops
-        self._kv = terms.kv * work.kv_tok
-        self._att = terms.attention * work.attn_c if stage in ATTENTION_STAGES else 0.0
-        self._w_const = None if work.E else terms.weights * work.w_fixed
-
-    def physical_ms(self, b: float, m: float, c: float) -> float:
-        t = b * m
-        tm = self.terms
-        wms = (self._w_const if self._w_const is not None
-               else tm.weights * self.work.weight_bytes(t))
-        f = t * self._tok + (t if self.stage == "verify" else b) * self._lm
-        fms = f * tm.gemm
-        return (tm.overhead + max(wms, fms) + f * tm.serial
-                + self._kv * (b * c + 2.0 * t) + self._att * b * (m * c + 0.5 * m * (m + 1.0)))
-
-    def ms(self, b: float, m: float, c: float) -> float:
-        phys = self.physical_ms(b, m, c)
-        if self.correction is None:
-            return phys
-        return max(phys + self.correction.ms((b, m), c), 0.5 * phys)
-
-    def mixed_ms(self, b: float, m: float, c: float, chunk: Chunk) -> float:
-        """A mixed stage's forward: a step of b x m at c and a prefill chunk."""
-        f = step_features(self.work, "mixed", b, m, c, (chunk.batch, chunk.m, chunk.context))
-        phys = self.terms.ms(*f)
-        if self.correction is None:
-            return phys
-        return max(phys + self.correction.ms((b, m, chunk.tokens), c), 0.5 * phys)
-
-    def marginal_ms(self, stage: str, b: float, m: float, chunk: Chunk) -> float:
-        """What a prefill chunk adds, on these (prefill) terms, to a `stage` forward of
-        b x m tokens: the roofline of the weight read against the math grows by the
-        chunk's flops and the experts it newly touches; its serial, KV and attention
-        terms add; no second overhead."""
-        tm, work = self.terms, self.work
-        w0, f0, _, _ = step_features(work, stage, b, m, 0.0)
-        _, fp, kp, ap = step_features(work, "prefill", chunk.batch, chunk.m, chunk.context)
-        w1 = work.weight_bytes(b * m + chunk.tokens)
-        return (max(w1 * tm.weights, (f0 + fp) * tm.gemm) - max(w0 * tm.weights, f0 * tm.gemm)
-                + fp * tm.serial + kp * tm.kv + ap * tm.attention)
-
-
-def _key(mm: Measurement) -> tuple:
-    return (mm.batch, mm.tokens_per_seq, mm.chunk_tokens or 0)
-
-
-def fit_stage(stage: str, device: str, rows: list[Measurement], work: StepWork,
-              rates: dict[str, float], borrowed: dict[str, float],
-              correction: bool = True) -> StageModel:
-    """A StageModel fitted to `rows` (all of one stage and device)."""
-    x = np.array([step_features(work, stage, mm.batch, mm.tokens_per_seq, mm.context,
-                                mm.chunk if stage == "mixed" else None) for mm in rows])
-    ms = np.array([mm.ms for mm in rows])
-    varies = varies_context([_key(mm) for mm in rows],
-                            [(mm.context, mm.chunk_context) for mm in rows])
-    terms = fit_terms(x, ms, context_varies=varies, rates=rates,
-                      borrowed=borrowed, attention=stage in ATTENTION_STAGES)
-    model = StageModel(stage, device, work, terms, None, len(rows))
-    if correction:
-        keys = np.array([_key(mm) if stage == "mixed" else _key(mm)[:2] for mm in rows], float)
-        phys = np.array([model.mixed_ms(mm.batch, mm.tokens_per_seq, mm.context,
-                                        Chunk(*mm.chunk)) if stage == "mixed"
-                         else model.physical_ms(mm.batch, mm.tokens_per_seq, mm.context)
-                         for mm in rows])
-        model.correction = Correction(keys, np.array([mm.context for mm in rows], float),
-                                      ms - phys)
-    return model
 
 
 class ProfileFits:
@@ -164,7 +77,9 @@ class ProfileFits:
     def hardware(self, device: str):
         """The bundled description of the device the rows ran on, or None."""
         fp = self.profile.fingerprint
-        return hardware_for_device(fp.device if device == "gpu" else (fp.host_cpu or ""))
+        if device == "gpu":
+            return hardware_for_device(fp.device)
+        return hardware_for_device(fp.host_cpu or fp.device)
 
     def borrowed(self, stage: str, device: str) -> dict[str, float]:
         got = {}
@@ -188,8 +103,6 @@ class ProfileFits:
         rows = [mm for mm in self.profile.measurements if mm.stage == "kv_transfer"]
         if len({mm.bytes for mm in rows}) < 2:
             return None
-        from kestrel_sim.costs.nnls import nnls
-
         nbytes = np.array([mm.bytes for mm in rows], float)
         ms = np.array([mm.ms for mm in rows])
         a = np.column_stack([np.ones_like(ms), nbytes]) / ms[:, None]
@@ -209,21 +122,16 @@ def _shape_of(name: str | None, key: str) -> ModelShape:
             "give the model's shape to price its steps") from None
 
 
-class ProfileCost:
-    """Seconds per step from a Profile's fits (see the module docstring)."""
+class FittedCost:
+    """A StageCost over fitted StageModels, one per stage (see the module docstring for
+    correction and mixed steps); `fallback` prices stages it lacks, if given."""
 
-    __slots__ = ("_device", "_fallback", "_models", "fits", "mixed_source", "path")
+    __slots__ = ("_fallback", "_models", "mixed_source", "path")
 
-    def __init__(self, profile: Profile, path: str = "<profile>", fallback=None,
-                 stages: tuple[str, ...] | None = None, target: ModelShape | None = None,
-                 draft: ModelShape | None = None, correction: bool = True,
-                 device: str = "gpu"):
+    def __init__(self, models: dict[str, StageModel], path: str, fallback=None):
         self.path = path
-        self._fallback = fallback  # a StageCost for stages the profile lacks, or None
-        self._device = device
-        self.fits = ProfileFits(profile, target, draft, correction, stages)
-        self._models = {s: m for (s, d), m in self.fits.models.items()
-                        if d == device and (stages is None or s in stages)}
+        self._fallback = fallback
+        self._models = dict(models)
         if "correction" not in self._models and "decode" in self._models:
             self._models["correction"] = self._models["decode"]
         mixed = self._models.get("mixed")
@@ -232,6 +140,9 @@ class ProfileCost:
 
     def has(self, stage: str) -> bool:
         return stage in self._models
+
+    def model(self, stage: str) -> StageModel | None:
+        return self._models.get(stage)
 
     def require(self, stages) -> None:
         missing = [s for s in stages if s not in self._models]
@@ -263,3 +174,28 @@ class ProfileCost:
         else:
             ms = alone + pre.marginal_ms(stage, batch, m, chunk)
         return min(alone + chunk_alone, max(ms, alone, chunk_alone)) * 1e-3
+
+
+class ProfileCost(FittedCost):
+    """Seconds per step from a Profile's fits (see the module docstring). `device`: the
+    rows to use, "gpu" or "cpu"; by default where the profile's target stages ran.
+    `fits`: the profile's ProfileFits when already made (the shapes and correction
+    arguments are then its own)."""
+
+    __slots__ = ("device", "fits")
+
+    def __init__(self, profile: Profile, path: str = "<profile>", fallback=None,
+                 stages: tuple[str, ...] | None = None, target: ModelShape | None = None,
+                 draft: ModelShape | None = None, correction: bool = True,
+                 device: str | None = None, fits: ProfileFits | None = None):
+        self.fits = fits or ProfileFits(profile, target, draft, correction, stages)
+        self.device = device or target_device(profile)
+        super().__init__({s: m for (s, d), m in self.fits.models.items()
+                          if d == self.device and (stages is None or s in stages)},
+                         path, fallback)
+
+
+def target_device(profile: Profile) -> str:
+    """Where the profile's target stages ran: "gpu" if any ran on a GPU, else "cpu"."""
+    target = [mm for mm in profile.measurements if mm.stage not in ("draft", "kv_transfer")]
+    return "gpu" if any(mm.device == "gpu" for mm in target) or not target else "cpu"

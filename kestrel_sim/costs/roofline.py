@@ -1,14 +1,7 @@
 """Analytic roofline: a step's bytes over bandwidth and flops over peak, plus overheads.
 
-For a step of b sequences x M new tokens at context c per sequence (T = b*M tokens):
-
-  weights  = bytes_per_param x (attention + dense MLP + router params of every layer
-             + 3*h*moe_inter per *touched* expert of each MoE layer + lm_head)
-             read once per step; touched experts = E*(1-(1-topk/E)^T) per MoE layer
-  gemm     = 2 x T x (params each token multiplies) + 2 x logits positions x V x h
-             (logits: every position for verify, the last one per sequence otherwise)
-  kv bytes = bytes_per_kv x kv elements/token x (b*c read + 2*T read and written)
-  attn     = 4 x layers x heads x head_dim x b x (M*c + M*(M+1)/2)
+For a step of b sequences x M new tokens at context c per sequence (T = b*M tokens),
+weights, gemm, kv bytes and attn are counted by work.py (StepWork) and
 
   seconds  = max(weights/bw, gemm/matmul_peak) + max(kv/bw, attn/attention_peak)
              + layers x kernels_per_layer x launch + step_overhead
@@ -26,6 +19,7 @@ That single weight read (and single overhead) is what mixing saves over two step
 from __future__ import annotations
 
 from kestrel_sim.costs.base import Chunk
+from kestrel_sim.costs.work import StepWork
 from kestrel_sim.hardware import Hardware
 from kestrel_sim.models import ModelShape
 
@@ -54,30 +48,17 @@ class RooflineCost:
         launch_us: float | None = None, step_overhead_us: float | None = None,
     ):
         self.hw, self.shape = hw, shape
-        s = shape
-        h, layers = s.hidden_size, s.num_hidden_layers
-        q = s.num_attention_heads * s.head_dim
-        kv = s.num_key_value_heads * s.head_dim
-        attn = h * q + 2 * h * kv + q * h
-        moe_layers = sum(1 for i in range(layers) if s.is_moe_layer(i))
-        dense_layers = layers - moe_layers
-        mlp = 3 * h * s.intermediate_size
-        expert = 3 * h * s.moe_intermediate_size
-        router = h * s.num_experts
-        lm = s.vocab_size * h
-        bpp = hw.bytes_per_param
-        self._w_fixed = bpp * (layers * attn + dense_layers * mlp + moe_layers * router + lm)
-        self._expert_bytes = bpp * expert
-        self._moe_layers = moe_layers
-        self._E = s.num_experts
-        self._keep = 1.0 - s.num_experts_per_tok / s.num_experts if s.is_moe else 1.0
-        self._flops_tok = 2.0 * (
-            layers * attn + dense_layers * mlp
-            + moe_layers * (router + s.num_experts_per_tok * expert)
-        )
-        self._lm_flops = 2.0 * lm
-        self._kv_tok = hw.bytes_per_kv * s.kv_elements_per_token
-        self._attn_c = 4.0 * layers * q
+        work = StepWork(shape, hw.bytes_per_param, hw.bytes_per_kv)
+        self._w_fixed = work.w_fixed
+        self._expert_bytes = work.expert_bytes
+        self._moe_layers = work.moe_layers
+        self._E = work.E
+        self._keep = work.keep
+        self._flops_tok = work.flops_tok
+        self._lm_flops = work.lm_flops
+        self._kv_tok = work.kv_tok
+        self._attn_c = work.attn_c
+        layers = shape.num_hidden_layers
         self._inv_bw = 1.0 / (hw.mem_bandwidth_tb_s * 1e12)
         self._inv_peak = 1.0 / (hw.matmul_tflops * 1e12)
         apeak = hw.attention_tflops or 0.6 * hw.matmul_tflops

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from kestrel_sim.errors import ConfigError
-from kestrel_sim.models import PRESETS, ModelShape, preset
+from kestrel_sim.models import PRESETS, ModelShape, preset, shape_hash  # noqa: F401 (re-export)
 
 _KEYS = set(ModelShape.model_fields) - {"name", "architecture"}
 
@@ -34,19 +33,3 @@ def model_shape(name_or_folder: str) -> ModelShape:
     except ValidationError as err:
         raise ConfigError(f"model config {path} does not describe a Qwen3 model: {err}") from None
 
-
-# ModelShape fields that change a step's bytes or flops (not names, rope or norm constants)
-COST_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-               "num_key_value_heads", "head_dim", "intermediate_size", "num_experts",
-               "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-               "mlp_only_layers")
-
-
-def shape_hash(shape: ModelShape) -> str:
-    """A stable 16-hex-digit hash of the shape fields that affect a step's cost: two models
-    with the same hash move the same bytes and do the same flops per step. Written in a
-    Profile's fingerprint (model_shape_hash, draft_shape_hash)."""
-    fields = {name: getattr(shape, name) for name in COST_FIELDS}
-    fields["mlp_only_layers"] = sorted(fields["mlp_only_layers"])
-    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
