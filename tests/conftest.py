@@ -50,3 +50,22 @@ def pytest_sessionstart(session):
     if reporter is not None:
         reporter.write_line(f"precompiled {len(results) - len(failed)} of {len(results)} kernel "
                             "modules" + "".join(f"\n  failed {f}" for f in failed))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_cpu_thread_for_torch():
+    """On a machine without CUDA, torch runs the tests' tiny models on one intra-op thread:
+    its thread pool costs tiny ops far more than it saves, and on a shared 2-core machine
+    it made spec tests 10-100x slower. GPU machines keep torch's default."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    if torch.cuda.is_available():
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
