@@ -10,7 +10,8 @@ A task whose worker process dies (killed, out of memory, a crashed node) is run 
 `max_retries` times; an exception raised by the task itself is its outcome, not retried.
 Where Ray is already initialized in this process (a notebook, a test), that instance is used
 and left running. On a cluster, a first probe task checks that the workers run the same
-kestrel code as here (`source_digest`), so results equal those of the local pool.
+kestrel code as here (`source_digest`), so results equal those of the local pool, and hold
+the files the tasks read (`files`: a scenario's profile, traces, CSVs) at the same paths.
 Ray is optional: `pip install kestrel[ray]`; `require_ray` says so when it is missing.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from kestrel_cli.task_store import source_digest
@@ -40,15 +42,22 @@ def require_ray(command: str):
     return ray
 
 
+def worker_probe(packages: tuple[str, ...], files: tuple[str, ...]) -> tuple[str, list[str]]:
+    """Run on a worker: its source digest of `packages`, and which of `files` it lacks."""
+    return source_digest(packages), [f for f in files if not Path(f).is_file()]
+
+
 class RayPool:
     def __init__(self, address: str = LOCAL, cpus: int | None = None, task_cpus: float = 1,
                  task_gpus: float = 0, max_retries: int = 3,
-                 same_code: tuple[str, ...] = ("kestrel_sim",), command: str = "kestrel"):
+                 same_code: tuple[str, ...] = ("kestrel_sim",), files: tuple[str, ...] = (),
+                 command: str = "kestrel"):
         self.address = address
         self.cpus = cpus  # of a local instance; a cluster has its own
         self.task_cpus, self.task_gpus = task_cpus, task_gpus
         self.max_retries = max_retries
         self.same_code = same_code  # packages the workers must hold unchanged
+        self.files = files  # absolute paths the tasks read, which every node must have
         self.ray = require_ray(command)
         self.started = False
         self.label = "Ray"
@@ -68,8 +77,8 @@ class RayPool:
             if self.task_gpus and resources.get("GPU", 0) < self.task_gpus:
                 raise KestrelError(f"{self.label} has no GPU, and each task needs "
                                    f"{self.task_gpus:g}; give the address of a cluster with GPUs")
-            if self.address != LOCAL and self.same_code:
-                self.check_same_code()
+            if self.address != LOCAL:
+                self.check_workers()
         except BaseException:
             self.__exit__()
             raise
@@ -89,13 +98,15 @@ class RayPool:
                 f"--ray: cannot {where} ({err}); a cluster's address is ray://HEAD:10001 "
                 "(Ray Client) or HEAD:6379 (its GCS), as `ray start --head` prints") from None
 
-    def check_same_code(self) -> None:
-        """Refuse a cluster whose workers cannot import kestrel or run other code."""
+    def check_workers(self) -> None:
+        """Refuse a cluster whose workers cannot import kestrel, run other code, or lack a
+        file the tasks read."""
         ray = self.ray
-        probe = ray.remote(source_digest).options(num_cpus=0, max_retries=self.max_retries)
+        probe = ray.remote(worker_probe).options(num_cpus=0, max_retries=self.max_retries)
         here = source_digest(self.same_code)
         try:
-            there = ray.get(probe.remote(self.same_code), timeout=PROBE_TIMEOUT_S)
+            there, missing = ray.get(probe.remote(self.same_code, self.files),
+                                     timeout=PROBE_TIMEOUT_S)
         except ray.exceptions.RayError as err:
             raise KestrelError(f"{self.label}: a worker could not run kestrel "
                                f"({type(err).__name__}: {str(err).strip().splitlines()[-1]}); "
@@ -105,6 +116,12 @@ class RayPool:
                 f"{self.label}: the workers run other kestrel code than this machine "
                 f"({', '.join(self.same_code)}: source digest {there} there, {here} here), so "
                 "their results could differ; install this same version on every node")
+        if missing:
+            raise KestrelError(
+                f"{self.label}: a worker lacks {len(missing)} file(s) the tasks read "
+                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); give every "
+                "node the same files at the same paths (a shared filesystem, or the same "
+                "checkout path)")
 
     def __exit__(self, *exc) -> None:
         if self.started:

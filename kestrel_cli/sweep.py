@@ -107,18 +107,38 @@ def simulate_point(scenario: Scenario) -> dict:
     return run.metrics.model_dump(exclude=set(PER_REQUEST_ARRAYS))
 
 
-def open_pool(ray: str | None, jobs: int | None, todo: int) -> Pool:
+def files_read(scenarios: list[Scenario]) -> tuple[str, ...]:
+    """The files the scenarios name (a profile, an acceptance trace, a CSV): every string in
+    them that is the absolute path of a file here."""
+    found: set[str] = set()
+
+    def walk(value) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+        elif isinstance(value, str) and value.startswith("/") and Path(value).is_file():
+            found.add(value)
+
+    for sc in scenarios:
+        walk(sc.model_dump(mode="json"))
+    return tuple(sorted(found))
+
+
+def open_pool(ray: str | None, jobs: int | None, todo: list[Scenario]) -> Pool:
     """The local process pool, or a Ray pool (`ray`: an address, or "local")."""
     if ray is None:
-        return LocalPool(min(jobs or os.cpu_count() or 1, todo))
+        return LocalPool(min(jobs or os.cpu_count() or 1, len(todo)))
     from kestrel_cli.ray_pool import LOCAL, RayPool
 
     if jobs is not None and ray != LOCAL:
         raise ConfigError(f"--jobs {jobs} with --ray {ray}: a cluster runs as many points at "
                           "once as it has CPUs; drop --jobs (it sizes the local pool, or a "
                           "local Ray instance)")
-    return RayPool(ray, cpus=min(jobs or os.cpu_count() or 1, todo), same_code=SIMULATOR,
-                   command="kestrel sweep")
+    return RayPool(ray, cpus=min(jobs or os.cpu_count() or 1, len(todo)), same_code=SIMULATOR,
+                   files=files_read(todo), command="kestrel sweep")
 
 
 def run_points(pool: Pool, todo: dict[str, Scenario], labels: dict[str, str], folder,
@@ -180,7 +200,7 @@ def sweep(
         if saved:
             console.print(f"resuming: {len(set(keys) & set(saved))} of {len(set(keys))} grid "
                           f"points are already in {out / POINTS}", highlight=False)
-        pool = open_pool(ray, jobs, len(todo)) if todo else None
+        pool = open_pool(ray, jobs, list(todo.values())) if todo else None
         outcomes = run_points(pool, todo, labels, folder, name, console) if pool else []
         results = {**saved, **{o.key: o.result for o in outcomes if o.ok}}
         errors = {o.key: o for o in outcomes if not o.ok}

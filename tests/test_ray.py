@@ -16,9 +16,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from kestrel_cli import sweep  # after the skip: these tests need Ray
+from kestrel_cli import ray_pool, sweep  # after the skip: these tests need Ray
 from kestrel_cli.app import main
 from kestrel_cli.ray_pool import RayPool
+from kestrel_sim.errors import KestrelError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "scenarios" / "default.yaml"
@@ -167,3 +168,15 @@ def test_a_sweep_reaches_a_cluster_by_its_address(ray_address, local_sweep, tmp_
     assert result.returncode == 0, result.stderr
     assert f"with Ray at {ray_address} (2 CPUs on 1 node)" in " ".join(result.stderr.split())
     assert files(out) == files(local_sweep)
+
+
+def test_a_cluster_lacking_a_file_or_running_other_code_is_refused(ray_address, monkeypatch):
+    lacking = RayPool(ray_address, files=("/nowhere/profile.json",))
+    with pytest.raises(KestrelError, match=r"a worker lacks 1 file\(s\) the tasks read "
+                       r"\(/nowhere/profile.json\)"):
+        lacking.__enter__()
+    monkeypatch.setattr(ray_pool, "source_digest", lambda packages: "0123456789abcdef")
+    with pytest.raises(KestrelError, match="the workers run other kestrel code than this "
+                       "machine .kestrel_sim: source digest [0-9a-f]{16} there, 0123"):
+        RayPool(ray_address).__enter__()
+    assert ray.is_initialized()
