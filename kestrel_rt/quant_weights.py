@@ -18,6 +18,8 @@ expert); embeddings, norms, the MoE router and the lm_head stay in their dtype. 
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 
@@ -208,24 +210,52 @@ def check_quantizable(name: str, w: torch.Tensor, mode: str) -> None:
 UNQUANTIZED = (None, "none", "bf16")
 
 
-def quantize_weights(hf: dict, mode: str | None) -> dict:
+# A mixed mode: the projections of the last N layers in int4, the others in int8 (a quantized
+# copy of a small model that still agrees with it: kestrel_rt/spec/organic.py)
+MIXED = re.compile(r"int4-last-(\d+)")
+
+
+def check_mode(mode: str | None, layers: int | None = None) -> None:
+    """A KestrelError unless `mode` is unquantized, int8, int4 or int4-last-N (N <= layers)."""
+    if mode in UNQUANTIZED or mode in QUANT_MODES:
+        return
+    mixed = MIXED.fullmatch(str(mode))
+    if mixed is None:
+        raise KestrelError(f"quantization '{mode}' is not supported: expected one of "
+                           f"{', '.join(QUANT_MODES)}, int4-last-N (int4 in the last N layers, "
+                           "int8 in the others), or none for bf16")
+    if layers is not None and int(mixed.group(1)) > layers:
+        raise KestrelError(f"quantization '{mode}': the model has {layers} layers")
+
+
+def mode_of(name: str, mode: str, layers: int | None) -> str:
+    """The quantization of weight `name` under `mode` (int4-last-N: by its layer)."""
+    mixed = MIXED.fullmatch(mode)
+    if mixed is None:
+        return mode
+    parts = name.split(".")
+    layer = int(parts[2]) if name.startswith("model.layers.") else -1
+    return "int4" if layers is not None and layer >= layers - int(mixed.group(1)) else "int8"
+
+
+def quantize_weights(hf: dict, mode: str | None, layers: int | None = None) -> dict:
     """Replace, in place, every projection weight of `hf` by its `mode` object; returns hf.
 
     Tensors are converted one at a time and the bf16 original dropped, so peak memory is
-    the model plus one tensor. `mode` None or "none" leaves hf unchanged.
+    the model plus one tensor. `mode` None or "none" leaves hf unchanged; int4-last-N needs
+    the model's number of `layers`.
     """
     if mode in UNQUANTIZED:
         return hf
-    if mode not in QUANT_MODES:
-        raise KestrelError(f"--quant '{mode}' is not supported: expected one of "
-                           f"{', '.join(QUANT_MODES)} (or leave it out for bf16)")
+    check_mode(mode, layers)
     for name in [n for n in hf if is_projection(n) or is_fused_experts(n)]:
         w = hf[name]
         if isinstance(w, QuantizedWeight):
             continue
-        check_quantizable(name, w, mode)
+        kind = mode_of(name, mode, layers)
+        check_quantizable(name, w, kind)
         if w.dim() == 3:  # fused experts [E, out, in]: each expert as its own weight
-            hf[name] = torch.stack([quantize_weight(w[e], mode) for e in range(w.shape[0])])
+            hf[name] = torch.stack([quantize_weight(w[e], kind) for e in range(w.shape[0])])
         else:
-            hf[name] = quantize_weight(w, mode)
+            hf[name] = quantize_weight(w, kind)
     return hf

@@ -35,8 +35,10 @@ def build_model(model: str | Path, device: str | torch.device = "cpu",
     """A model on its own backend, ready to allocate a KV cache and run.
 
     dtype None: the folder's declared dtype (bfloat16 for presets and AWQ folders on CUDA,
-    float32 on the CPU); quant: None / "none", "int8" or "int4" (projections quantized at
-    load; an AWQ folder is int4 as stored); options None: default_options for the device,
+    float32 on the CPU); quant: None / "none", "int8", "int4" or "int4-last-N" (int4 in the
+    last N layers, int8 in the others; projections quantized at load; an AWQ folder is int4
+    as stored; a preset quantized with the same seed is a quantized copy of the same dummy
+    weights, the organic draft of kestrel_rt/spec/organic.py); options None: default_options for the device,
     model and quantization; seed: the dummy weights' seed (presets)."""
     device = parse_device(device)
     shape, folder = resolve(model)
@@ -53,7 +55,7 @@ def build_model(model: str | Path, device: str | torch.device = "cpu",
     if options.fold_norms and not awq and quant in UNQUANTIZED:
         shape, weights = fold_norms(shape, weights)
     if not awq:
-        quantize_weights(weights, quant)
+        quantize_weights(weights, quant, shape.num_hidden_layers)
     if options.backend == "cupy":
         from kestrel_rt.backend.cupy_backend import CupyBackend
 
