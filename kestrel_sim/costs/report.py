@@ -64,14 +64,25 @@ class FitReport:
                 f"{'corrected med/max %':>20}  effective rates")
         lines = [f"fit report: {self.profile} (held out: {self.method})", head]
         for s in self.stages:
-            rates = ", ".join(f"{t} {v:.3g} {RATE_UNITS[t]}" for t, v in s.terms.items())
+            rates = ", ".join(f"{t} {v:.3g}{_MARKS.get(s.how.get(t, ''), '')} {RATE_UNITS[t]}"
+                              for t, v in s.terms.items())
             lines.append(f"{s.stage:<22}{s.device:<5}{s.rows:>5}{s.held_out:>5}  "
                          f"{_pair(s.physical_median_pct, s.physical_max_pct):>19}  "
                          f"{_pair(s.corrected_median_pct, s.corrected_max_pct):>20}  {rates}")
+        lines.append("  * the device's stated rate (hardware description): not separable "
+                     "from the other terms, or fitted no faster;  ^ borrowed from another "
+                     "stage (decode's KV rate, prefill's attention rate)")
         if self.link:
             lines.append(f"kv_transfer link: {self.link['bandwidth_gb_s']:.3g} GB/s, "
                          f"{self.link['latency_us']:.3g} us latency")
         return "\n".join(lines)
+
+
+def _nth(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+_MARKS = {"at the stated rate": "*", "not measured: at the stated rate": "*", "borrowed": "^"}
 
 
 def _pair(med: float | None, mx: float | None) -> str:
@@ -137,7 +148,7 @@ def fit_report(profile: Profile, name: str = "<profile>", every: int | None = No
     if mixed and prefill is not None:
         out.append(_marginal_rule(fits, mixed, prefill))
     link = fits.link()
-    return FitReport(name, "leave-one-out" if every is None else f"every {every}th row",
+    return FitReport(name, "leave-one-out" if every is None else f"every {_nth(every)} row",
                      out, link.model_dump() if link else None)
 
 
@@ -166,3 +177,32 @@ def write_fit_report(profile: Profile, profile_path: str | Path,
     path.with_suffix(".fit.txt").write_text(report.table() + "\n")
     path.with_suffix(".fit.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m kestrel_sim.costs.report PROFILE.json [--every K] [--write]: print the fit
+    report of a profile; --write also writes NAME.fit.txt and NAME.fit.json beside it."""
+    import argparse
+
+    from kestrel_sim.errors import KestrelError
+
+    parser = argparse.ArgumentParser(prog="python -m kestrel_sim.costs.report",
+                                     description=main.__doc__)
+    parser.add_argument("profile")
+    parser.add_argument("--every", type=int, default=None,
+                        help="hold out every K-th row of each stage (default: leave-one-out)")
+    parser.add_argument("--write", action="store_true", help="write the report beside it")
+    args = parser.parse_args(argv)
+    try:
+        profile = Profile.load(args.profile)
+        report = (write_fit_report(profile, args.profile, args.every) if args.write
+                  else fit_report(profile, Path(args.profile).name, args.every))
+    except KestrelError as err:
+        print(f"error: {err}")
+        return 2
+    print(report.table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

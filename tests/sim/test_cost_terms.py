@@ -205,3 +205,15 @@ def test_a_profile_measured_on_the_cpu_is_priced_from_its_cpu_rows():
     assert decode.terms.how["weights"] == "in overhead (device unknown)"
     for r in rows[:5]:
         assert cost.seconds("decode", r["batch"], 1, r["context"]) * 1e3 == pytest.approx(r["ms"])
+
+
+def test_the_report_prints_and_writes_from_the_command_line(tmp_path, capsys):
+    from kestrel_sim.costs.report import main
+
+    make_profile(made_rows()).save(tmp_path / "p.json")
+    assert main([str(tmp_path / "p.json"), "--every", "3", "--write"]) == 0
+    out = capsys.readouterr().out
+    assert "held out: every 3rd row" in out and "decode" in out and "* the device's" in out
+    assert (tmp_path / "p.fit.txt").read_text().strip() == out.strip()
+    assert main([str(tmp_path / "nope.json")]) == 2
+    assert "cannot read profile" in capsys.readouterr().out
