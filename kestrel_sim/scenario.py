@@ -16,6 +16,7 @@ as their names say; rates are per second.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -111,6 +112,14 @@ class Acceptance(StrictModel):
         default=None, ge=1, le=64,
         description="trace only: the k the trace was measured at (its lengths are 0..measured_k)",
     )
+    on_hardware: Literal["auto", "controlled", "organic"] = Field(
+        default="auto",
+        description="how `--on hardware` accepts drafts: controlled (the real draft, verify "
+        "and correction work, the number accepted drawn from these rates), organic (what the "
+        "target really accepts: the rates here are then the simulator's, e.g. measured), or "
+        "auto: controlled when a model has random (preset) weights, which never agree, "
+        "organic otherwise",
+    )
 
     @field_validator("trace")
     @classmethod
@@ -169,8 +178,23 @@ class Spec(StrictModel):
         return acc
 
 
+def check_quant(value: str) -> str:
+    """none, int8, int4 or int4-last-N: the runtime's quantization modes."""
+    if value in ("none", "int8", "int4") or re.fullmatch(r"int4-last-\d+", value):
+        return value
+    raise ValueError(f"'{value}' is not a quantization: expected none, int8, int4 or "
+                     "int4-last-N (int4 in the last N layers, int8 in the others)")
+
+
+Quant = Annotated[str, AfterValidator(check_quant), Field(
+    description="projection weights quantized at load: none, int8, int4, or int4-last-N")]
+
+
 class Draft(StrictModel):
     model: ModelName = Field(description="preset name or Hugging Face model folder")
+    quant: Quant = Field(default="none", description="the draft's weights: none, int8, int4 or "
+                         "int4-last-N; a preset draft of the target's own preset with a "
+                         "quant is a quantized copy of its weights (the organic pair)")
     device: Literal["gpu", "cpu"] = "gpu"
     hardware: HardwareName | None = Field(
         default=None, description="hardware for a cpu draft (default cpu-xeon)"
@@ -186,6 +210,7 @@ class Scenario(StrictModel):
         default="h200", description="bundled name, or a hardware YAML or Profile JSON path"
     )
     model: ModelName = Field(default="qwen3-8b", description="preset or Hugging Face model folder")
+    quant: Quant = "none"
     draft: Draft | None = None
     spec: Spec | None = None
     serving: Serving = Field(default_factory=Serving)

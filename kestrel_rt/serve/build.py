@@ -93,7 +93,9 @@ def device_name(device: torch.device) -> str:
 
 def plan_run(sc: Scenario, device: torch.device, dtype, controlled: bool | None) -> RunPlan:
     if sc.spec is not None:
-        controlled = dummy_weights(sc) if controlled is None else controlled
+        if controlled is None:
+            mode = sc.spec.acceptance.on_hardware
+            controlled = dummy_weights(sc) if mode == "auto" else mode == "controlled"
         spec_config(sc, controlled)  # refused first if the decoder cannot take it
     shape, folder = resolve(sc.model)
     drawn, seqs = draw_requests(sc.workload, shape.vocab_size)
@@ -127,11 +129,12 @@ def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: tor
                  dtype) -> Worker:
     """A worker's model instances (target, and the draft when speculating), their KV caches
     and, for a worker that runs rounds, the speculative decoder; warmed up."""
-    models = [build_model(sc.model, device, dtype)]
+    models = [build_model(sc.model, device, dtype, sc.quant)]
     draft_name = spec = None
     if sc.draft is not None:
         same = run.draft_device == device
-        models.append(build_model(sc.draft.model, run.draft_device, dtype if same else None))
+        models.append(build_model(sc.draft.model, run.draft_device, dtype if same else None,
+                                  sc.draft.quant))
         draft_name = f"{prefix}/draft" if sc.draft.device == "gpu" else f"{prefix}/cpu-draft"
     for m in models:
         m.allocate_kv(run.slots, run.max_len)

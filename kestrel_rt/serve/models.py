@@ -15,6 +15,7 @@ from kestrel_rt.runner import build_model as build_runner
 
 
 def build_model(name_or_folder: str, device: str | torch.device,
-                dtype: str | torch.dtype | None = None) -> Qwen3Model:
-    """A ready model of a preset (dummy weights, seed 0) or a Hugging Face folder."""
-    return build_runner(name_or_folder, device, dtype, seed=0)
+                dtype: str | torch.dtype | None = None, quant: str = "none") -> Qwen3Model:
+    """A ready model of a preset (dummy weights, seed 0) or a Hugging Face folder, its
+    projections quantized as `quant` says (a scenario's quant / draft.quant)."""
+    return build_runner(name_or_folder, device, dtype, quant, seed=0)

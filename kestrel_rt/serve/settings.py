@@ -55,11 +55,13 @@ def refuse_unsupported(sc: Scenario) -> None:
                 "worker, on two streams of one GPU; set both to 1 or run it on the simulator "
                 "(--on sim)"
             )
-    if sc.spec is not None and sc.spec.acceptance.trace is not None:
+    if (sc.spec is not None and sc.spec.acceptance.trace is not None
+            and sc.spec.acceptance.on_hardware != "organic"):
         raise UnsupportedScenarioError(
             f"spec.acceptance.trace ({sc.spec.acceptance.trace}) is not supported on hardware: "
             "controlled acceptance takes spec.acceptance.alpha or per_position; give one of "
-            "those, or run the trace on the simulator (--on sim)"
+            "those, set spec.acceptance.on_hardware: organic (the target accepts for real), "
+            "or run the trace on the simulator (--on sim)"
         )
 
 

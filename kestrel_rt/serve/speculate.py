@@ -2,12 +2,14 @@
 worker's target and draft, with the simulator's span names, and one SpecSequence per
 request (sharing the request's token list; its slots are the worker's, set each round).
 
-Acceptance: on dummy weights (a preset target or draft) a random draft never agrees with
-its target, so the round takes its accepted lengths from spec.acceptance (alpha or
-per_position, controlled mode: all the draft, verify and correction work is done, the
-number accepted is drawn from a seeded generator per request); with both models from
-folders acceptance is organic (greedy: the longest agreeing prefix, so the output is
-plain greedy generation's).
+Acceptance (spec.acceptance.on_hardware): controlled takes the accepted lengths from
+spec.acceptance (alpha or per_position: all the draft, verify and correction work is done,
+the number accepted is drawn from a seeded generator per request); organic accepts what
+the target really agrees with (greedy: the longest agreeing prefix, so the output is plain
+greedy generation's); auto is controlled on dummy weights (a preset target or draft: a
+random draft never agrees with its target) and organic with both models from folders. The
+organic pair on dummy weights is a preset draft that is a quantized copy of its preset
+target (draft.quant int4-last-N, the same seed).
 """
 
 from __future__ import annotations
