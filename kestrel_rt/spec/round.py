@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from kestrel_rt.engine import kv_cache_for
 from kestrel_rt.model import Qwen3Model
 from kestrel_rt.sampling import probabilities, sample_from
 from kestrel_rt.spec.accept import draft_probs_at, greedy_accept, rejection_sample, residual
@@ -89,9 +90,11 @@ class SpecDecoder:
 
     # -- sequences -----------------------------------------------------------------------
     def allocate_kv(self, num_slots: int, max_len: int) -> None:
-        """Both caches, for sequences of up to max_len tokens (each k more, for proposals)."""
-        self.target.allocate_kv(num_slots, max_len + self.k)
-        self.draft.allocate_kv(num_slots, max_len + self.k)
+        """Both caches, for sequences of up to max_len tokens (each k more, for proposals);
+        a model's cache prepared at load with room enough is kept, with its CUDA graphs
+        (kestrel_rt/runner.py prepare)."""
+        for model in (self.target, self.draft):
+            kv_cache_for(model, num_slots, max_len + self.k)
 
     @property
     def room(self) -> int:
