@@ -75,6 +75,11 @@ class Metrics(BaseModel):
     spec_decode_accepted_tokens: int | None
     spec_decode_per_position_acceptance_rates: list[float]
     itl_source: str  # "exact" | "histogram"
+    # where the accepted lengths came from: "simulated" (drawn by the simulator's acceptance
+    # model), "controlled" (a runtime run with the real draft, verify and correction work but
+    # lengths drawn from the scenario's rates), "organic" (what the target accepted); None
+    # without speculative decoding
+    acceptance_source: str | None = None
     worker_utilization: dict[str, float]  # worker -> busy fraction of duration
     stage_share: dict[str, float]  # span kind -> share of all worker-busy seconds
     stage_seconds: dict[str, dict[str, float]]  # worker -> span kind -> busy seconds
@@ -237,7 +242,19 @@ def recorder_of(trace: Trace) -> Recorder:
 
 def compute_metrics(trace: Trace, slo=None) -> Metrics:
     """Metrics of a run: a simulated run (its Recorder) or a whole Trace (replayed)."""
-    return metrics_from(recorder_of(trace), slo)
+    return with_source(metrics_from(recorder_of(trace), slo), trace.meta)
+
+
+def with_source(m: Metrics, meta: dict) -> Metrics:
+    """m with acceptance_source from the run's meta (source sim or hardware, and a hardware
+    run's acceptance_controlled)."""
+    if m.spec_decode_num_drafts is None:
+        return m
+    if meta.get("source") == "hardware":
+        source = "controlled" if meta.get("acceptance_controlled") else "organic"
+    else:
+        source = "simulated"
+    return m.model_copy(update={"acceptance_source": source})
 
 
 def stage_seconds(trace: Trace) -> dict[tuple[str, str], float]:

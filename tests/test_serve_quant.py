@@ -43,3 +43,18 @@ def test_on_hardware_chooses_the_acceptance(folders, mode, controlled):
                        acceptance={"alpha": 0.9, "on_hardware": mode})
     served = serve(sc, "cpu")
     assert served.trace.meta["acceptance_controlled"] is controlled
+
+
+def test_metrics_say_where_the_accepted_lengths_came_from(folders):
+    from kestrel_sim import simulate
+    from kestrel_sim.metrics import compute_metrics
+
+    sc = spec_scenario(folders, "other", MIXED, requests=3,
+                       acceptance={"alpha": 0.9, "on_hardware": "controlled"})
+    assert compute_metrics(serve(sc, "cpu").trace).acceptance_source == "controlled"
+    organic = sc.model_copy(update={"spec": sc.spec.model_copy(update={
+        "acceptance": sc.spec.acceptance.model_copy(update={"on_hardware": "organic"})})})
+    assert compute_metrics(serve(organic, "cpu").trace).acceptance_source == "organic"
+    assert simulate(sc).metrics.acceptance_source == "simulated"
+    plain = sc.model_copy(update={"draft": None, "spec": None})
+    assert simulate(plain).metrics.acceptance_source is None

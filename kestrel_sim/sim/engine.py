@@ -20,7 +20,7 @@ from kestrel_sim.acceptance import build_acceptance
 from kestrel_sim.costs.build import build_costs
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec
-from kestrel_sim.metrics import Metrics, metrics_from
+from kestrel_sim.metrics import Metrics, metrics_from, with_source
 from kestrel_sim.recorder import Recorder
 from kestrel_sim.scenario import Link, Scenario, Slo, model_context
 from kestrel_sim.sim import processes as proc
@@ -49,7 +49,7 @@ class SimRun(Trace):
     @property
     def metrics(self) -> Metrics:
         if self._metrics is None:
-            self._metrics = metrics_from(self.recorder, self.slo)
+            self._metrics = with_source(metrics_from(self.recorder, self.slo), self.meta)
         return self._metrics
 
     @property
