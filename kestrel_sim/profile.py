@@ -48,7 +48,7 @@ STEP_STAGES = ("prefill", "decode", "verify", "draft", "correction")
 # fingerprint fields two profiles must share to be merged, and those a flag lets differ
 SAME_SETUP = ("device", "model", "model_shape_hash", "dtype", "quant", "draft_model",
               "draft_shape_hash", "draft_device", "backend", "options")
-VERSIONS = ("git_commit", "date", "driver", "cuda", "torch", "cupy")
+VERSIONS = ("git_commit", "driver", "cuda", "torch", "cupy")
 
 
 def _preset_hash(name: str | None) -> str | None:
@@ -171,7 +171,11 @@ class Profile(BaseModel):
         """One profile holding both sets of measurements (e.g. grid parts measured by
         several workers). Refused when the setups differ (device, model and its shape,
         dtype, quant, draft, backend, options; the host CPU where CPU rows are involved);
-        a different commit, date or software version only with allow_version_drift."""
+        a different commit or software version (driver, CUDA, torch, cupy) only with
+        allow_version_drift. Dates may differ: parts of one grid measured apart always
+        do, and the code and software, checked above, are what change the timings. The
+        result keeps this profile's fingerprint; `parts` lists the other's where its date,
+        grid or versions differ."""
         a, b = self.fingerprint, other.fingerprint
         differ = [f for f in SAME_SETUP if getattr(a, f) != getattr(b, f)]
         cpu_rows = any(m.device == "cpu" for m in self.measurements + other.measurements)
@@ -187,7 +191,8 @@ class Profile(BaseModel):
             raise ConfigError(f"the profiles were measured by different runs ({what}); merge "
                               "them with allow_version_drift=True if that is intended")
         grid = a.grid if a.grid == b.grid else "+".join(g for g in (a.grid, b.grid) if g) or None
-        parts = list(self.parts) + ([b] if drift or a.grid != b.grid else []) + list(other.parts)
+        differs = drift or a.grid != b.grid or a.date != b.date
+        parts = list(self.parts) + ([b] if differs else []) + list(other.parts)
         return Profile(fingerprint=a.model_copy(update={"grid": grid}),
                        measurements=list(self.measurements) + list(other.measurements),
                        parts=parts)

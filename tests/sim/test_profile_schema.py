@@ -128,8 +128,10 @@ def test_merge_refuses_another_host_cpu_only_with_cpu_rows():
 
 def test_merge_of_another_run_needs_the_flag_and_keeps_its_fingerprint():
     old = profile(git_commit="abc", date="2026-12-01")
-    new = profile([row(batch=4)], git_commit="def", date="2026-12-02")
-    with pytest.raises(ConfigError, match="git_commit: 'abc' vs 'def'; date"):
+    later = profile([row(batch=4)], date="2026-12-02")  # the same code, measured later
+    assert [p.date for p in old.merge(later).parts] == ["2026-12-02"]
+    new = profile([row(batch=4)], git_commit="def", torch="2.13", date="2026-12-02")
+    with pytest.raises(ConfigError, match="git_commit: 'abc' vs 'def'; torch: None vs '2.13'"):
         old.merge(new)
     merged = old.merge(new, allow_version_drift=True)
     assert merged.fingerprint.git_commit == "abc"
