@@ -113,8 +113,13 @@ def main() -> None:
     for name, seconds, points in rows:
         rate = f"{points / seconds:.1f}" if points else "-"
         lines.append(f"| {name} | {points} | {seconds:.1f} | {rate} |")
+    reading = ("The 2-point rows are each side's fixed cost (a process starting; for Ray, "
+               "also an instance and its workers starting, or a cluster connected to). The "
+               "resumed row is the work outside the simulations, paid by both sides: every "
+               "grid point validated (its scenario read and checked), the points read back, "
+               "and the summary files written.")
     lines += ["", f"sweep.json of the two 1,000-point sweeps equal: {'yes' if same else 'NO'}.",
-              ""]
+              "", reading, ""]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))
     if not same:

@@ -87,16 +87,19 @@ class RayPool:
     def connect(self) -> None:
         ray = self.ray
         local = self.address == LOCAL
+        settings = {"logging_level": logging.WARNING, "log_to_driver": False}
+        if local:  # what a new instance is made with; a cluster has its own
+            settings.update(num_cpus=self.cpus, object_store_memory=LOCAL_OBJECT_STORE,
+                            include_dashboard=False)
         try:
-            ray.init(address=self.address, num_cpus=self.cpus if local else None,
-                     object_store_memory=LOCAL_OBJECT_STORE if local else None,
-                     include_dashboard=False, logging_level=logging.WARNING,
-                     log_to_driver=False)
+            ray.init(address=self.address, **settings)
         except (ConnectionError, ValueError, RuntimeError) as err:
             where = "start a local Ray instance" if local else f"connect to Ray at {self.address}"
             raise KestrelError(
                 f"--ray: cannot {where} ({err}); a cluster's address is ray://HEAD:10001 "
-                "(Ray Client) or HEAD:6379 (its GCS), as `ray start --head` prints") from None
+                "(Ray Client) or HEAD:6379 (its GCS), as `ray start --head` prints, and a "
+                "cluster with token authentication also needs RAY_AUTH_MODE=token and its "
+                "token") from None
 
     def check_workers(self) -> None:
         """Refuse a cluster whose workers cannot import kestrel, run other code, or lack a
