@@ -20,10 +20,12 @@ profile has no correction rows. A stage the scenario needs but the profile lacks
 ConfigError naming the stage and the file.
 
 Mixed steps (one forward carrying a decode or verify step and a prefill chunk):
-  - fitted from the profile's `mixed` rows when it has them (source "fitted");
+  - fitted from the profile's `mixed` rows when it has them (mixed_source "fitted from
+    N mixed measurements");
   - otherwise priced as the step alone plus the chunk's marginal cost on the prefill fit:
     what its flops and newly touched experts add to the roofline term, and its serial,
-    KV and attention terms, without a second overhead or weight read.
+    KV and attention terms, without a second overhead or weight read (mixed_source "step
+    + marginal chunk on the prefill fit"). describe_costs names which.
 Either way the result is kept between max(step alone, chunk alone) and their sum.
 
 kv_transfer rows fit a link: ms = latency + bytes / bandwidth (`link()`).
