@@ -1,0 +1,140 @@
+"""The serving engine on one GPU (kestrel_rt/serve): decode through it against the plain
+benchmark, and a loaded scenario colocated against disaggregated (issue 24's table).
+
+    python bench/serve_bench.py --out DIR [--commit HASH] [--seconds 20]
+
+1. plain decode at batch 1 through the serving engine (one closed-loop request of a
+   128-token prompt and 256 new tokens, qwen3-8b bf16): its decode rate (tokens after the
+   first over the time from the first to the last) against bench/measure.py's overlapped
+   loop on the same model;
+2. a loaded scenario (scenarios/default.yaml's workload without speculation, Poisson
+   arrivals for about --seconds of load) colocated (mixed schedule) and disaggregated on two
+   CUDA streams, each with its metrics;
+3. for every run, the share of each worker's wall time its traced stages cover.
+Writes DIR/serve_bench.md and .json and prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import measure
+
+from kestrel_rt.runner import build_model
+from kestrel_rt.serve import serve
+from kestrel_sim.metrics import compute_metrics
+from kestrel_sim.scenario import Scenario
+
+MODEL = "qwen3-8b"
+
+
+def scenario(name: str, serving: dict, arrivals: dict, requests: int, prompt: dict,
+             output: dict) -> Scenario:
+    return Scenario.load_from_dict({
+        "name": name, "hardware": "h200", "model": MODEL, "serving": serving,
+        "workload": {"arrivals": arrivals, "requests": requests, "prompt_tokens": prompt,
+                     "output_tokens": output, "seed": 0}})
+
+
+def coverage(trace) -> dict[str, float]:
+    """Per worker: the union of its spans over the run's wall time (first arrival to last
+    finish), queue waits and transfers left out."""
+    spans = [s for s in trace.spans if s.kind not in ("queue_wait", "kv_transfer")]
+    start = min(r.arrival for r in trace.requests)
+    end = max(r.finish for r in trace.requests)
+    out = {}
+    for worker in sorted({s.worker for s in spans}):
+        ivs = sorted((s.start, s.end) for s in spans if s.worker == worker)
+        covered, last = 0.0, float("-inf")
+        for a, b in ivs:
+            if b > last:
+                covered += b - max(a, last)
+                last = b
+        out[worker] = covered / (end - start) if end > start else 0.0
+    return out
+
+
+def decode_rate(trace) -> float:
+    """Tokens after the first over the time from the first emission to the last."""
+    rates = []
+    for r in trace.requests:
+        if len(r.emit_times) > 1:
+            rates.append((sum(r.emit_counts) - r.emit_counts[0])
+                         / (r.emit_times[-1] - r.emit_times[0]))
+    return sum(rates) / len(rates)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--seconds", type=float, default=20.0, help="of load per loaded run")
+    args = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    rows, lines = [], []
+
+    model = build_model(MODEL, "cuda")
+    model.allocate_kv(1, 2048 + 64)
+    bench = measure.time_steps(model, 1, 1, 128, 200, torch.Generator().manual_seed(0))
+    del model
+    torch.cuda.empty_cache()
+    one = scenario("plain-decode-b1", {"max_batch": 1},
+                   {"process": "closed", "concurrency": 1}, 2,
+                   {"dist": "fixed", "value": 128}, {"dist": "fixed", "value": 256})
+    served = serve(one, "cuda")
+    rate = decode_rate(served.trace)
+    rows.append({"run": "plain decode b=1 through serve", "tok_s": rate,
+                 "benchmark_tok_s": bench["tok_s"], "of_benchmark": rate / bench["tok_s"],
+                 "coverage": coverage(served.trace)})
+    print(json.dumps(rows[-1]), flush=True)
+
+    rate_rps = 12.0
+    n = int(rate_rps * args.seconds)
+    for mode in ("colocated", "disaggregated"):
+        sc = scenario(f"loaded-{mode}", {"mode": mode, "max_batch": 64},
+                      {"process": "poisson", "rate": rate_rps}, n,
+                      {"dist": "lognormal", "mean": 512, "std": 256, "max": 2048},
+                      {"dist": "lognormal", "mean": 192, "std": 96, "max": 1024})
+        t0 = time.perf_counter()
+        served = serve(sc, "cuda")
+        m = compute_metrics(served.trace, sc.slo)
+        rows.append({"run": f"loaded, {mode}", "requests": n, "wall_s": time.perf_counter() - t0,
+                     "request_throughput": m.request_throughput,
+                     "output_throughput": m.output_throughput,
+                     "median_ttft_ms": m.median_ttft_ms, "p99_ttft_ms": m.p99_ttft_ms,
+                     "median_tpot_ms": m.median_tpot_ms, "p99_tpot_ms": m.p99_tpot_ms,
+                     "coverage": coverage(served.trace)})
+        print(json.dumps(rows[-1]), flush=True)
+
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [f"# Serving engine: {props.name}, {when}", "",
+             (f"commit {args.commit}; `python bench/serve_bench.py --out DIR --commit HASH`; "
+              f"{MODEL} bf16, dummy weights."), "",
+             f"Plain decode at batch 1 through the serving engine: {rows[0]['tok_s']:.1f} tok/s, "
+             f"{rows[0]['of_benchmark']:.1%} of the benchmark loop's {bench['tok_s']:.1f} tok/s.",
+             "", "| run | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | traced |",
+             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows[1:]:
+        cov = ", ".join(f"{w} {c:.1%}" for w, c in r["coverage"].items())
+        lines.append(f"| {r['run']} | {r['request_throughput']:.2f} | "
+                     f"{r['output_throughput']:.0f} | {r['median_ttft_ms']:.0f} / "
+                     f"{r['p99_ttft_ms']:.0f} | {r['median_tpot_ms']:.1f} / "
+                     f"{r['p99_tpot_ms']:.1f} | {cov} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serve_bench.md").write_text("\n".join(lines) + "\n")
+    (args.out / "serve_bench.json").write_text(json.dumps(
+        {"device": props.name, "commit": args.commit, "rows": rows}, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
