@@ -119,8 +119,9 @@ def main() -> None:
     lines = [f"# Serving engine: {props.name}, {when}", "",
              (f"commit {args.commit}; `python bench/serve_bench.py --out DIR --commit HASH`; "
               f"{MODEL} bf16, dummy weights."), "",
-             f"Plain decode at batch 1 through the serving engine: {rows[0]['tok_s']:.1f} tok/s, "
-             f"{rows[0]['of_benchmark']:.1%} of the benchmark loop's {bench['tok_s']:.1f} tok/s.",
+             (f"Plain decode at batch 1 through the serving engine: {rows[0]['tok_s']:.1f} "
+              f"tok/s, {rows[0]['of_benchmark']:.1%} of the benchmark loop's "
+              f"{bench['tok_s']:.1f} tok/s."),
              "", "| run | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | traced |",
              "| --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows[1:]:
