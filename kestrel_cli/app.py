@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kestrel_cli import calibrate, generate, simulate, suite, sweep
+from kestrel_cli import calibrate, generate, ray_option, simulate, suite, sweep
 from kestrel_sim.errors import KestrelError
 
 app = typer.Typer(
@@ -50,13 +50,14 @@ def options(
 app.command("run", short_help="Run a scenario on the simulator (--on hardware|both): "
             "metrics, trace, report.")(
     simulate.run)
-app.command("sweep", cls=sweep.SweepCommand,
+app.command("sweep", cls=ray_option.RayAddressCommand,
             short_help="Run a scenario over a grid of --set values in parallel.")(sweep.sweep)
 app.command("schema", short_help="Print the scenario JSON Schema.")(simulate.schema)
 app.command("generate")(generate.generate)
 app.command("validate", short_help="Run a folder of scenarios on both sides: error summary.")(
     suite.validate)
-app.command("calibrate", short_help="Time the runtime over a grid: a Profile.")(calibrate.calibrate)
+app.command("calibrate", cls=ray_option.RayAddressCommand,
+            short_help="Time the runtime over a grid: a Profile.")(calibrate.calibrate)
 
 
 def main() -> None:

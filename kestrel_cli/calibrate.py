@@ -3,6 +3,7 @@
     kestrel calibrate --model qwen3-8b --draft qwen3-0.6b --out profile.json
     kestrel calibrate --model qwen3-8b --quant int4 --grid quick --max-minutes 3 --out p.json
     kestrel calibrate --model tiny/ --device cpu --grid tiny --out p.json
+    kestrel calibrate --model qwen3-8b --draft qwen3-0.6b --ray ray://head:10001 --out p.json
 
 The grid (calibration/grids/*.yaml or a file, calibration/grid.py) is checked and the run
 estimated (printed) before any model is built. A point that fails is named and the others
@@ -140,6 +141,12 @@ def calibrate(
         help="The code's commit for the fingerprint (default: git rev-parse HEAD).")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the plan and its time estimate; build nothing.")] = False,
+    ray: Annotated[str | None, typer.Option(
+        "--ray", metavar="[ADDRESS]", show_default=False,
+        help="Measure on Ray: each bench a task with one GPU, on every kind of GPU of the "
+        "cluster (--ray ray://HEAD:10001 or HEAD:6379; --ray alone: a local instance); "
+        "one Profile per kind (OUT-KIND.json when several); needs pip install "
+        "'kestrel\\[ray]'.")] = None,
 ) -> None:
     """Measure the runtime's stage costs over a grid and write a Profile for the simulator."""
     from calibration.grid import load_grid
@@ -151,7 +158,17 @@ def calibrate(
         raise KestrelError("--out FILE.json is required (or --dry-run to see the plan)")
     if out is not None:
         check_out(out)
-    if not dry_run:  # a plan and its estimate need no device
+    if ray is not None:
+        from kestrel_cli.ray_pool import require_ray
+
+        require_ray("kestrel calibrate")
+        if max_minutes is not None:
+            raise KestrelError("--max-minutes budgets a run on this machine; with --ray the "
+                               "benches run apart, so give a smaller grid instead")
+        if device not in ("cuda", "cpu"):
+            raise KestrelError(f"--device {device} with --ray: Ray gives each task its own "
+                               "GPU, so say --device cuda (or cpu)")
+    if not dry_run and ray is None:  # a plan needs no device; with --ray, the workers' count
         check_device(device)
     request = Request(model, the_grid, name, grid, device, draft, draft_device,
                       check_quant_option(quant, model), dtype, commit)
@@ -168,6 +185,11 @@ def calibrate(
     if dry_run:
         for p in plan.points:
             print(f"{p.id}\t{plan.estimate.points[p.id]:.2f} s")
+        return
+    if ray is not None:
+        from kestrel_cli.calibrate_ray import calibrate_on_ray
+
+        calibrate_on_ray(plan, out, ray, console)
         return
     measure_and_write(plan, out, console, max_minutes)
 

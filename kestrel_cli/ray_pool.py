@@ -38,7 +38,7 @@ def require_ray(command: str):
         import ray
     except ImportError:
         raise KestrelError(f"{command} --ray needs Ray, which is not installed here: "
-                           f"{INSTALL}; without --ray the grid runs in local processes") from None
+                           f"{INSTALL}; without --ray it runs on this machine") from None
     return ray
 
 

@@ -39,7 +39,6 @@ from kestrel_cli.tasks import LocalPool, Outcome, Pool, run_saving
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.scenario import Scenario, load_scenario
 
-SweepCommand = ray_option.RayAddressCommand  # reads a bare --ray as --ray local
 SIMULATOR = ("kestrel_sim",)  # the code a point's metrics depend on
 
 

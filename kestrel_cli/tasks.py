@@ -54,10 +54,13 @@ class Pool(Protocol):
 
 
 def run_saving(pool: Pool, fn: Callable[[Any], Any], tasks: dict[str, Any], store: TaskStore,
-               labels: dict[str, str]) -> Iterator[Outcome]:
-    """Every task's outcome as it finishes, each success already saved in `store`."""
-    for outcome in pool.run(fn, tasks):
-        if outcome.ok:
+               labels: dict[str, str], keep: Callable[[Any], bool] = lambda result: True,
+               **run_options) -> Iterator[Outcome]:
+    """Every task's outcome as it finishes, each success already saved in `store` (those
+    `keep` accepts: a result worth computing again is not saved); `run_options` go to the
+    pool's `run` (RayPool's per-task `options`)."""
+    for outcome in pool.run(fn, tasks, **run_options):
+        if outcome.ok and keep(outcome.result):
             store.save(outcome.key, outcome.result, labels.get(outcome.key, ""))
         yield outcome
 

@@ -180,3 +180,61 @@ def test_a_cluster_lacking_a_file_or_running_other_code_is_refused(ray_address, 
                        "machine .kestrel_sim: source digest [0-9a-f]{16} there, 0123"):
         RayPool(ray_address).__enter__()
     assert ray.is_initialized()
+
+
+# ---------------------------------------------------------------- kestrel calibrate --ray
+
+
+@pytest.fixture(scope="module")
+def tiny_folders(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import tiny_models
+
+    return {name: tiny_models.build(name, tmp_path_factory.mktemp(name))
+            for name in ("tied", "untied")}
+
+
+def calibrate_args(folders, out: Path) -> list:
+    return ["calibrate", "--model", folders["tied"], "--draft", folders["untied"], "--device",
+            "cpu", "--grid", "tiny", "--commit", "abc123", "--out", out, "--ray"]
+
+
+def test_calibrate_on_ray_merges_its_parts_into_one_profile(ray_address, tiny_folders,
+                                                            tmp_path, monkeypatch, capsys):
+    from calibration.grid import expand, load_grid
+    from kestrel_sim.profile import Profile
+
+    out = tmp_path / "profile.json"
+    code, err = kestrel(monkeypatch, capsys, *calibrate_args(tiny_folders, out))
+    assert code == 0, err
+    profile = Profile.load(out)
+    grid, _ = load_grid("tiny")
+    assert len(profile.measurements) == len(expand(grid, "cpu", ("cpu",)))
+    assert {m.device for m in profile.measurements} == {"cpu"}
+    assert set(profile.fingerprint.options) == {"target@cpu", "draft@cpu"}  # the plan's
+    assert profile.fingerprint.git_commit == "abc123"
+    assert f"wrote {out}" in err
+    assert not (tmp_path / "profile.parts").exists()  # done: the parts are merged
+
+
+def test_calibrate_on_ray_refuses_parts_of_different_setups(ray_address, tiny_folders,
+                                                            tmp_path, monkeypatch, capsys):
+    from kestrel_cli import calibrate_ray
+
+    real = calibrate_ray.measure_part
+
+    def other_torch_for_the_draft(part):
+        result = real(part)
+        if part.plan.benches[part.bench].name.startswith("draft"):
+            result["profile"]["fingerprint"]["torch"] = "0.0-elsewhere"
+        return result
+
+    monkeypatch.setattr(calibrate_ray, "measure_part", other_torch_for_the_draft)
+    out = tmp_path / "profile.json"
+    code, err = kestrel(monkeypatch, capsys, *calibrate_args(tiny_folders, out))
+    assert code == 2
+    assert "any: the profiles were measured by different runs (torch:" in err
+    assert "0.0-elsewhere" in err and "kept in" in err
+    assert not out.exists()
+    assert len(list((tmp_path / "profile.parts").glob("*.json"))) == 2  # nothing lost
