@@ -130,12 +130,8 @@ def open_pool(ray: str | None, jobs: int | None, todo: list[Scenario]) -> Pool:
     """The local process pool, or a Ray pool (`ray`: an address, or "local")."""
     if ray is None:
         return LocalPool(min(jobs or os.cpu_count() or 1, len(todo)))
-    from kestrel_cli.ray_pool import LOCAL, RayPool
+    from kestrel_cli.ray_pool import RayPool
 
-    if jobs is not None and ray != LOCAL:
-        raise ConfigError(f"--jobs {jobs} with --ray {ray}: a cluster runs as many points at "
-                          "once as it has CPUs; drop --jobs (it sizes the local pool, or a "
-                          "local Ray instance)")
     return RayPool(ray, cpus=min(jobs or os.cpu_count() or 1, len(todo)), same_code=SIMULATOR,
                    files=files_read(todo), command="kestrel sweep")
 
@@ -176,9 +172,13 @@ def sweep(
     OUT/points/ as it finishes: a rerun into the same --out runs only what is missing."""
     console = Console(stderr=True)
     if ray is not None:
-        from kestrel_cli.ray_pool import require_ray
+        from kestrel_cli.ray_pool import LOCAL, require_ray
 
         require_ray("kestrel sweep")
+        if jobs is not None and ray != LOCAL:
+            raise ConfigError(f"--jobs {jobs} with --ray {ray}: a cluster runs as many points "
+                              "at once as it has CPUs; drop --jobs (it sizes the local pool, "
+                              "or a local Ray instance)")
     fixed, axes = parse_axes(set_ or [])
     if not axes:
         raise ConfigError("kestrel sweep needs at least one --set KEY=V1,V2,... with several "

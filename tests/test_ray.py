@@ -170,6 +170,13 @@ def test_a_sweep_reaches_a_cluster_by_its_address(ray_address, local_sweep, tmp_
     assert files(out) == files(local_sweep)
 
 
+def test_jobs_with_a_cluster_address_is_refused_before_anything(tmp_path, monkeypatch, capsys):
+    code, err = kestrel(monkeypatch, capsys, "sweep", DEFAULT, "-o", tmp_path / "s", *GRID,
+                        "-j", "2", "--ray", "head:6379")
+    assert code == 2 and "--jobs 2 with --ray head:6379: a cluster runs as many" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_cluster_lacking_a_file_or_running_other_code_is_refused(ray_address, monkeypatch):
     lacking = RayPool(ray_address, files=("/nowhere/profile.json",))
     with pytest.raises(KestrelError, match=r"a worker lacks 1 file\(s\) the tasks read "
