@@ -29,6 +29,12 @@ def test_every_scenario_validates_and_is_named_after_its_file(suite):
     assert all(sc.name == name for name, sc in suite.items())
 
 
+def test_the_prediction_scenarios_validate():
+    """docs/validation.md's predictions name these files (not part of the suite)."""
+    names = {load_scenario(p).name for p in sorted((SUITE / "predictions").glob("*.yaml"))}
+    assert names == {"k-goodput", "disagg-2gpu", "colocated-2gpu"}
+
+
 def test_the_suite_covers_issue_23(suite):
     scs = list(suite.values())
     spec = [sc for sc in scs if sc.spec is not None]
