@@ -91,6 +91,7 @@ def build_costs(sc: Scenario, rng: np.random.Generator) -> SimCosts:
         return SimCosts(target, draft, hw, draft_hw, "table", mixed=mixed)
 
     if profile is not None:
+        check_quant(profile, profile_path, sc.quant)
         fits = _fits(profile, profile_path, target_shape, draft_shape, check_model=sc.model)
         target = ProfileCost(profile, profile_path, fits=fits)
         target.require(needed_stages(sc))
@@ -106,11 +107,22 @@ def build_costs(sc: Scenario, rng: np.random.Generator) -> SimCosts:
     if ro is not None and ro.calibrated_from is not None:
         return _calibrated(sc, ro, hw, target_shape, draft_shape, draft_hw, mixed)
     kw = {"launch_us": ro.launch_us, "step_overhead_us": ro.step_overhead_us} if ro else {}
-    target = RooflineCost(hw, target_shape, **kw)
+    target = RooflineCost(hw, target_shape, quant=sc.quant, **kw)
     draft = None
     if sc.draft is not None:
-        draft = RooflineCost(draft_hw, draft_shape, **(kw if sc.draft.device == "gpu" else {}))
+        draft = RooflineCost(draft_hw, draft_shape, quant=sc.draft.quant,
+                             **(kw if sc.draft.device == "gpu" else {}))
     return SimCosts(target, draft, hw, draft_hw, "roofline", mixed=mixed)
+
+
+def check_quant(profile: Profile, path: str, quant: str) -> None:
+    """Refuse a profile measured with other weights than the scenario's quant."""
+    measured = profile.fingerprint.quant or "none"
+    if measured != quant:
+        raise ConfigError(
+            f"profile {path} was measured with quant '{measured}' but the scenario's quant is "
+            f"'{quant}': measure that quantization (kestrel calibrate --quant {quant}), or use "
+            "the roofline (costs: {roofline: {}})")
 
 
 def _fits(profile: Profile, path: str, target: ModelShape, draft: ModelShape | None,

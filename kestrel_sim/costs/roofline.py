@@ -19,7 +19,7 @@ That single weight read (and single overhead) is what mixing saves over two step
 from __future__ import annotations
 
 from kestrel_sim.costs.base import Chunk
-from kestrel_sim.costs.work import StepWork
+from kestrel_sim.costs.work import StepWork, bytes_per_param
 from kestrel_sim.hardware import Hardware
 from kestrel_sim.models import ModelShape
 
@@ -46,9 +46,12 @@ class RooflineCost:
     def __init__(
         self, hw: Hardware, shape: ModelShape,
         launch_us: float | None = None, step_overhead_us: float | None = None,
+        quant: str = "none",
     ):
         self.hw, self.shape = hw, shape
-        work = StepWork(shape, hw.bytes_per_param, hw.bytes_per_kv)
+        weight_bytes = (hw.bytes_per_param if quant == "none"
+                        else bytes_per_param("bfloat16", quant, shape.num_hidden_layers))
+        work = StepWork(shape, weight_bytes, hw.bytes_per_kv)
         self._w_fixed = work.w_fixed
         self._expert_bytes = work.expert_bytes
         self._moe_layers = work.moe_layers

@@ -25,10 +25,14 @@ DTYPE_BYTES = {"bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "float
                "fp32": 4.0}
 
 
-def bytes_per_param(dtype: str, quant: str = "none") -> float:
-    """Weight bytes per parameter for a dtype and quantization ('none', 'int8', 'int4')."""
+def bytes_per_param(dtype: str, quant: str = "none", layers: int | None = None) -> float:
+    """Weight bytes per parameter for a dtype and quantization ('none', 'int8', 'int4', or
+    'int4-last-N': int4 in the last N of `layers` layers, int8 in the others, averaged)."""
     if quant in QUANT_BYTES:
         return QUANT_BYTES[quant]
+    if quant.startswith("int4-last-") and layers:
+        n = min(int(quant.removeprefix("int4-last-")), layers)
+        return (n * QUANT_BYTES["int4"] + (layers - n) * QUANT_BYTES["int8"]) / layers
     return DTYPE_BYTES.get(dtype.lower(), 2.0)
 
 
