@@ -20,7 +20,8 @@ any gap the host leaves. What each stage runs:
 - correction: a verify of after_k + 1 tokens (untimed, enqueued first), then the timed
   one-token forward at the same context;
 - prefill: `model.forward([b, C] chunk, last_only=True, greedy=True)` at the chunk's context;
-- mixed: `kestrel_rt.packed.forward_packed` with the rows' group and the chunk's group;
+- mixed: `kestrel_rt.packed.forward_mixed` with the rows' group and the chunk's group (the
+  rows' forward then the chunk's, as serving runs a mixed step);
 - kv_transfer: `kestrel_rt.serve.handover.copy_rows` of n tokens between two caches of the
   model's geometry, on a stream of its own on a GPU (as the serving link copies).
 """
@@ -160,8 +161,8 @@ def measure(bench: Bench, point: Point) -> Record:
 
 
 def measure_mixed(bench: Bench, point: Point) -> Record:
-    """Decode / verify rows and one prompt chunk in one packed forward."""
-    from kestrel_rt.packed import Group, forward_packed
+    """Decode / verify rows and one prompt chunk, as serving runs a mixed step."""
+    from kestrel_rt.packed import Group, forward_mixed
 
     model, kv = bench.model, bench.model.kv
     b = point.batch
@@ -175,8 +176,7 @@ def measure_mixed(bench: Bench, point: Point) -> Record:
         return slots
 
     def run(slots: list[int]) -> None:
-        forward_packed(model, [Group(rows, slots[:b]),
-                               Group(chunk, slots[b:], last_only=True)])
+        forward_mixed(model, Group(rows, slots[:b]), [Group(chunk, slots[b:], last_only=True)])
 
     try:
         return timed(bench, point, setup, run)

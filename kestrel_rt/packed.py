@@ -1,4 +1,15 @@
-"""A packed forward: several groups of sequences in ONE pass over the weights, no padding.
+"""A mixed step's forwards: as serving runs them today, and packed in one pass.
+
+    outs = forward_mixed(model, rows, chunks)    # what serving and calibration run
+
+`forward_mixed` runs the decode (or verify) rows, then each prompt chunk, each its own
+forward: on a GraphModel each is a CUDA-graph replay (an eager forward is bound by the
+host), so this is what kestrel_rt/serve/forward.py runs and what `kestrel calibrate`
+measures as a mixed step. `forward_packed` below runs all of them in ONE pass over the
+weights; eager (it is not captured in graphs yet), it is slower on a GPU than the replays,
+so nothing runs it but its tests: it is the next step for mixed steps.
+
+A packed forward: several groups of sequences in ONE pass over the weights, no padding.
 
     outs = forward_packed(model, [Group(tokens_d, slots_d),                    # decode [b, 1]
                                   Group(tokens_c, [s], [n], last_only=True)])   # a chunk [1, n]
@@ -74,4 +85,14 @@ def forward_packed(model: Qwen3Model, groups: list[Group]) -> list[torch.Tensor]
         n = b if g.last_only else b * m
         out.append(picked[at:at + n] if g.last_only else picked[at:at + n].view(b, m))
         at += n
+    return out
+
+
+@torch.inference_mode()
+def forward_mixed(model: Qwen3Model, rows: Group, chunks: list[Group]) -> list[torch.Tensor]:
+    """The rows' forward (greedy at every position, [b, m]), then each chunk's ([b]: after
+    its last real token), one after the other: a mixed step as serving runs it."""
+    out = [model.forward(rows.tokens, rows.slots, rows.n_new, greedy=True)]
+    for g in chunks:
+        out.append(model.forward(g.tokens, g.slots, g.n_new, last_only=True, greedy=True))
     return out

@@ -61,3 +61,22 @@ def test_a_sequence_in_two_groups_is_refused():
     with pytest.raises(ValueError, match="two groups"):
         forward_packed(packed, [Group(torch.zeros(1, 1, dtype=torch.long), [slot]),
                                 Group(torch.zeros(1, 2, dtype=torch.long), [slot])])
+
+
+def test_a_mixed_step_as_serving_runs_it_equals_the_packed_forward():
+    from kestrel_rt.packed import forward_mixed
+
+    mixed, packed = _pair("untied")
+    g = torch.Generator().manual_seed(5)
+    vocab = mixed.shape.vocab_size
+    for m in (mixed, packed):
+        for slot in range(3):
+            m.kv.allocate()
+        m.forward(torch.randint(0, vocab, (2, 4), generator=torch.Generator().manual_seed(1)),
+                  [0, 1])
+    rows = Group(torch.randint(0, vocab, (2, 1), generator=g), [0, 1])
+    chunk = Group(torch.randint(0, vocab, (1, 9), generator=g), [2], last_only=True)
+    a = forward_mixed(mixed, rows, [chunk])
+    b = forward_packed(packed, [rows, chunk])
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert [mixed.kv.length(s) for s in range(3)] == [packed.kv.length(s) for s in range(3)]
