@@ -19,7 +19,9 @@ any gap the host leaves. What each stage runs:
   GraphModel for M <= 16 and b <= 64);
 - correction: a verify of after_k + 1 tokens (untimed, enqueued first), then the timed
   one-token forward at the same context;
-- prefill: `model.forward([b, C] chunk, last_only=True, greedy=True)` at the chunk's context;
+- prefill: b chunks at the chunk's context, each its own `model.forward([1, C],
+  last_only=True, greedy=True)` (a prefill-graph replay on a GraphModel), as serving
+  prefills the chunks of a step (kestrel_rt/serve/forward.py);
 - mixed: `kestrel_rt.packed.forward_mixed` with the rows' group and the chunk's group (the
   rows' forward then the chunk's, as serving runs a mixed step);
 - kv_transfer: `kestrel_rt.serve.handover.copy_rows` of n tokens between two caches of the
@@ -152,7 +154,11 @@ def measure(bench: Bench, point: Point) -> Record:
         return slots
 
     def run(slots: list[int]) -> None:
-        model.forward(tokens, slots, last_only=last_only, greedy=True)
+        if last_only:  # each prompt chunk its own forward, as serving prefills them
+            for i, slot in enumerate(slots):
+                model.forward(tokens[i:i + 1], [slot], last_only=True, greedy=True)
+        else:
+            model.forward(tokens, slots, greedy=True)
 
     try:
         return timed(bench, point, setup, run)
