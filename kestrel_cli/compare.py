@@ -1,12 +1,12 @@
 """`kestrel run SCENARIO --on both`: the scenario on this machine's runtime and on the
 simulator, held against each other.
 
-    both = run_both(scenario, console)     # measures, then predicts
+    both = run_both(scenario, console)     # predicts, then measures
     both.files                             # hardware/*, sim/*, parity.html, comparison.json
     failures(both.rows)                    # checked metrics past validate.tolerance_pct
 
-The simulator's costs are built first (a scenario it cannot price is refused before the
-runtime spends any time); each side's files are the ones `kestrel run --on sim|hardware`
+The simulator runs first (seconds: a scenario it refuses is refused before the runtime
+spends any time); each side's files are the ones `kestrel run --on sim|hardware`
 writes, in OUT/hardware/ and OUT/sim/. comparison.json holds every row of the comparison
 with the date and the fingerprint of the machine that measured (for committed results).
 """
@@ -107,16 +107,18 @@ def comparison_doc(sc: Scenario, rows: list[Row], measured_meta: dict, costs: st
 
 def run_both(sc: Scenario, console: Console, trace: str = "sample",
              include_raw: bool = False) -> Both:
-    """Measure `sc` on this machine, predict it on the simulator, compare; the files of
+    """Predict `sc` on the simulator, measure it on this machine, compare; the files of
     both runs and of the comparison, not yet written."""
+    from kestrel_cli.render import costs_label, render_run, simulate_with_progress
     from kestrel_cli.run_hardware import run_on_hardware
-    from kestrel_cli.simulate import costs_label, render_run, simulate_with_progress
     from reports.parity import parity_report
 
     refuse_pending(sc)
-    costs = costs_label(sc)  # the simulator can price it: checked before measuring
-    measured_trace = run_on_hardware(sc, console)
+    costs = costs_label(sc)
+    # predicted first: seconds, and whatever the simulator refuses is refused before the
+    # runtime spends any device time
     predicted_trace = simulate_with_progress(sc, console, trace)
+    measured_trace = run_on_hardware(sc, console)
     measured, hw_files = render_run(sc, measured_trace, include_raw)
     predicted, sim_files = render_run(sc, predicted_trace, include_raw)
     controlled = bool(measured_trace.meta.get("acceptance_controlled"))

@@ -17,19 +17,17 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from kestrel_cli.outdir import output_folder
+from kestrel_cli.render import (  # noqa: F401  (progress_bar: re-exported for kestrel sweep)
+    costs_label,
+    progress_bar,
+    render_run,
+    simulate_with_progress,
+    trace_note,
+)
 from kestrel_cli.table import (
     comparison_notes,
     comparison_table,
@@ -37,10 +35,8 @@ from kestrel_cli.table import (
     run_title,
 )
 from kestrel_sim.errors import OutputError
-from kestrel_sim.metrics import Metrics, compute_metrics
 from kestrel_sim.scenario import Scenario, load_scenario
 from kestrel_sim.sim.keep import SAMPLE_SPANS
-from kestrel_sim.timeseries import compute_timeseries
 
 SET_HELP = "override a scenario key, e.g. --set spec.k=8 (repeatable; the value is YAML)"
 OVERWRITE_HELP = "replace an existing --out folder that holds anything else"
@@ -60,66 +56,6 @@ class TraceChoice(str, Enum):
     full = "full"
     sample = "sample"
     none = "none"
-
-
-def progress_bar(console: Console) -> Progress:
-    """Shown on a terminal only, and cleared when done."""
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                    console=console, transient=True)
-
-
-def simulate_with_progress(scenario: Scenario, console: Console, trace: str = "sample"):
-    """Run the simulator, showing finished requests on a progress bar; a SimRun."""
-    from kestrel_sim import simulate
-
-    with progress_bar(console) as bar:
-        task = bar.add_task(f"simulating {scenario.name}", total=None)
-
-        def report(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        return simulate(scenario, progress=report, trace=trace)
-
-
-def trace_note(trace) -> str:
-    """What trace.json holds, where it is not the whole run."""
-    kept = trace.meta.get("trace")
-    if not isinstance(kept, dict) or kept.get("complete", True):
-        return ""
-    if kept.get("mode") == "none":
-        return "; no trace kept (--trace none)"
-    return (f"; trace.json keeps {kept['spans_kept']:,} of {kept['spans_seen']:,} spans (1 s "
-            f"windows every {kept['windows_every_s']:g} s; --trace full keeps all)")
-
-
-def costs_label(scenario: Scenario) -> str:
-    """Where the run's step times come from ('uncalibrated roofline (h200)', ...)."""
-    from kestrel_sim.costs.build import build_costs, describe_costs
-
-    return describe_costs(build_costs(scenario, np.random.default_rng(0)))
-
-
-def render_run(scenario, trace, include_raw: bool = False) -> tuple[Metrics, dict[str, str]]:
-    """Metrics and the rendered output files of one finished run."""
-    from kestrel_sim.perfetto import dumps_chrome_trace
-    from reports.html import run_report
-
-    metrics = compute_metrics(trace, scenario.slo)
-    timeseries = compute_timeseries(trace)
-    trace.meta.setdefault("name", scenario.name)
-    scenario_dict = scenario.model_dump(mode="json")
-    files = {
-        "metrics.json": metrics.model_dump_json(indent=2),
-        "timeseries.json": timeseries.model_dump_json(),
-        "scenario.json": json.dumps(scenario_dict, indent=2),
-        "report.html": run_report(trace, metrics, timeseries, scenario_dict),
-    }
-    if (trace.meta.get("trace") or {}).get("mode") != "none":
-        files["trace.json"] = dumps_chrome_trace(trace)
-        if include_raw:
-            files["kestrel_trace.json"] = json.dumps(trace.to_dict())
-    return metrics, files
 
 
 def run(

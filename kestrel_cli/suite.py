@@ -71,7 +71,7 @@ def check_out(out: Path, names: set[str]) -> None:
 def run_one(sc: Scenario, path: Path, out: Path, on: SuiteOn, console: Console) -> None:
     """Run one scenario and write OUT/NAME (raises on a refusal or a crash)."""
     from kestrel_cli.compare import run_both
-    from kestrel_cli.simulate import render_run, simulate_with_progress
+    from kestrel_cli.render import render_run, simulate_with_progress
 
     with output_folder(out / sc.name, False, RUN_FILES | BOTH_FILES, inputs=(path,)) as f:
         if on is SuiteOn.both:
