@@ -252,11 +252,13 @@ def test_on_sim_is_the_default(tmp_path, monkeypatch, capsys):
 
 def test_a_pending_scenario_is_refused_on_hardware_before_anything_runs(tmp_path, monkeypatch,
                                                                          capsys):
-    path = ROOT / "scenarios" / "validation" / "int4.yaml"
+    path = tmp_path / "pending.yaml"
+    path.write_text(DEFAULT.read_text().replace("../calibration", str(ROOT / "calibration"))
+                    + 'validate: {pending: "TODO(x): no key for it yet"}\n')
     for on in ("hardware", "both"):
         out = tmp_path / on
         code, _, err = _main(monkeypatch, capsys, "run", str(path), "--on", on, "--out", str(out))
-        assert code == 2 and "validate.pending" in err and "TODO(quant)" in err
+        assert code == 2 and "validate.pending" in err and "TODO(x)" in err
         assert not out.exists()
 
 
