@@ -172,6 +172,7 @@ def _calibrated(sc: Scenario, ro, hw: Hardware | None, target_shape: ModelShape,
     """costs: {roofline: {calibrated_from: FILE, measured_on: HW}}."""
     path = ro.calibrated_from
     profile = Profile.load(path)
+    check_quant(profile, path, sc.quant)  # its efficiencies are those of its weights' kernels
     fp = profile.fingerprint
     measured_on = (load_hardware(ro.measured_on) if ro.measured_on
                    else hardware_for_device(fp.device))

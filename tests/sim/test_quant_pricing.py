@@ -33,3 +33,10 @@ def test_a_profile_of_other_weights_is_refused():
         "profile": "calibration/profiles/qwen3-8b_h200.json"}))
     with pytest.raises(ConfigError, match="quant 'none'.*quant is 'int4'"):
         simulate(sc)
+
+
+def test_a_roofline_calibrated_from_other_weights_is_refused():
+    sc = Scenario.load_from_dict(dict(BASE, quant="int4", costs={"roofline": {
+        "calibrated_from": "calibration/profiles/qwen3-8b_h200.json"}}))
+    with pytest.raises(ConfigError, match="quant 'none'.*quant is 'int4'"):
+        simulate(sc)
