@@ -65,8 +65,9 @@ def notes(sc: Scenario) -> list[str]:
     if sc.costs is not None:
         out.append("costs: only prices the simulator's steps; ignored (every stage is measured)")
     if sc.serving.mode == "disaggregated" and sc.serving.link is not None:
-        out.append("serving.link: the KV hand-over is a real copy between the two workers' "
-                   "caches on one GPU; the link only prices the simulator's transfer")
+        out.append("serving.link: the KV hand-over is a real copy between the workers' "
+                   "caches (within a GPU, or between GPUs); the link only prices the "
+                   "simulator's transfer")
     if sc.draft is not None and sc.draft.hardware is not None:
         out.append("draft.hardware: only prices the simulator's CPU draft; a cpu draft runs "
                    "on this machine's CPU")

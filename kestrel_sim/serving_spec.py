@@ -5,11 +5,14 @@ Re-exported by kestrel_sim.scenario; read by the simulator (kestrel_sim.sim).
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from kestrel_sim.schema_base import StrictModel
+
+DEVICE_NAME = re.compile(r"cpu|cuda:\d+")  # a serving.devices entry
 
 
 class Link(StrictModel):
@@ -24,6 +27,13 @@ class Serving(StrictModel):
     workers: int = Field(default=1, ge=1, description="colocated: GPUs doing both phases")
     prefill_workers: int = Field(default=1, ge=1, description="disaggregated only")
     decode_workers: int = Field(default=1, ge=1, description="disaggregated only")
+    shared_device: bool = Field(
+        default=False,
+        description="true: every worker of the scenario runs on one GPU (disaggregated: the "
+        "prefill and decode workers on two streams of one device, as the runtime runs them), "
+        "so their steps that overlap in time share its bandwidth and compute and slow each "
+        "other (kestrel_sim/costs/contention.py); false: each worker has a device of its own",
+    )
     max_batch: int = Field(default=64, ge=1, description="sequences per decode batch")
     max_batched_tokens: int = Field(
         default=8192, ge=1,
@@ -60,6 +70,31 @@ class Serving(StrictModel):
         default=None, description="KV transfer link: a name from the hardware's links or "
         "{bandwidth_gb_s, latency_us}; default the hardware's default link",
     )
+    devices: list[str] | None = Field(
+        default=None, min_length=1,
+        description="where the workers run, as torch devices ('cuda:0', 'cuda:1', or "
+        "'cpu'): worker i (gpu0, gpu1, ... colocated; prefill0, ... then decode0, ... "
+        "disaggregated) runs on devices[i mod len] (round-robin; one entry per worker is an "
+        "explicit placement, and an entry may repeat to put two workers on one device, each "
+        "on its own stream). Default on hardware: the machine's GPUs in turn (two GPUs: "
+        "prefill on cuda:0, decode on cuda:1; one GPU or the CPU: every worker on it). The "
+        "simulator prices every worker as its own device: it does not yet model two workers "
+        "contending for one GPU",
+    )
+
+    @field_validator("devices")
+    @classmethod
+    def _device_names(cls, devices):
+        if devices is None:
+            return None
+        bad = [d for d in devices if not DEVICE_NAME.fullmatch(d)]
+        if bad:
+            raise ValueError(f"unknown device {bad[0]!r}: expected 'cpu' or 'cuda:N' (N the "
+                             "GPU's index, from 0)")
+        if "cpu" in devices and len(set(devices)) > 1:
+            raise ValueError("mixes the CPU and GPUs: place every worker on GPUs, or every "
+                             "worker on the cpu")
+        return devices
 
     @model_validator(mode="after")
     def _mode_fields(self):

@@ -97,8 +97,9 @@ def held(eng, w) -> int:
         total = sum(seq.ctx for seq in seqs) + sum(job.need for job in w.prefilling)
     else:
         total = sum(reservation(s, seq) for seq in seqs + [j.seq for j in w.prefilling])
-    if eng.link is not None and w is eng.link.src:
-        total += sum(t.held for t in list(eng.link.waiting) + list(eng.link.moving))
+    for link in eng.links:  # what it prefilled and handed over, until the copy lands
+        if w is link.src:
+            total += sum(t.held for t in list(link.waiting) + list(link.moving))
     return total
 
 

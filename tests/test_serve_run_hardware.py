@@ -17,7 +17,8 @@ from tiny_models import build
 
 from kestrel_cli.run_hardware import HardwareMismatchError, notes, run_on_hardware
 from kestrel_cli.simulate import render_run
-from kestrel_rt.serve.settings import UnsupportedScenarioError, check_lengths
+from kestrel_rt.serve.placement import PlacementError
+from kestrel_rt.serve.settings import check_lengths
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.metrics import Metrics, compute_metrics
 from kestrel_sim.scenario import Scenario
@@ -96,16 +97,20 @@ def test_run_on_hardware_writes_what_the_simulator_reads(folder, tmp_path, path)
     assert again.model_dump() == metrics.model_dump()
 
 
-def test_refuses_several_colocated_workers(folder):
-    sc = load(HARDWARE_SCENARIOS[0], model=str(folder), serving__workers=2)
-    with pytest.raises(UnsupportedScenarioError, match=r"serving\.workers is 2"):
-        run_on_hardware(sc, quiet()[0])
-
-
-def test_refuses_several_prefill_workers(folder):
+def test_runs_several_workers_on_the_one_device(folder):
     path = next(p for p in HARDWARE_SCENARIOS if p.stem == "cpu-disaggregated")
-    sc = load(path, model=str(folder), serving__prefill_workers=2)
-    with pytest.raises(UnsupportedScenarioError, match=r"serving\.prefill_workers is 2"):
+    sc = load(path, model=str(folder), serving__prefill_workers=2, serving__decode_workers=2,
+              workload__requests=6)
+    trace = run_on_hardware(sc, quiet()[0])
+    assert trace.meta["placement"] == {"prefill0": "cpu", "prefill1": "cpu", "decode0": "cpu",
+                                       "decode1": "cpu"}
+    assert all(r.finish is not None for r in trace.requests)
+
+
+def test_refuses_devices_the_run_cannot_use(folder):
+    sc = load(HARDWARE_SCENARIOS[0], model=str(folder), serving__devices=["cuda:0"])
+    with pytest.raises(PlacementError, match=r"serving\.devices names cuda:0 but this run is "
+                       r"on the cpu"):
         run_on_hardware(sc, quiet()[0])
 
 

@@ -1,19 +1,21 @@
-"""serve(): a Scenario run on this machine's device, returned as a kestrel_sim Trace.
+"""serve(): a Scenario run on this machine's devices, returned as a kestrel_sim Trace.
 
-    served = serve(scenario, "cpu")            # or "cuda"
+    served = serve(scenario, "cpu")            # or "cuda": the machine's GPUs, "cuda:1": one
     served.trace                               # spans + RequestRecords + meta (source hardware)
     served.outputs                             # generated token ids per request
 
 It draws the workload as the simulator does, resolves the serving constants, refuses what
-the runtime cannot honour, builds the workers (colocated; or prefill + decode with their
-own model instances and KV caches; with a draft model when the scenario speculates),
-warms them up, and runs the engine in wall-clock time.
+the runtime cannot honour, places the workers on devices (placement.py: serving.devices, or
+the machine's GPUs round-robin), builds them (colocated ones; or prefill and decode ones,
+each with its own model instances and KV caches on its device; with a draft model when the
+scenario speculates), warms them up, and runs the engine in wall-clock time.
 """
 
 from __future__ import annotations
 
 import platform
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -23,8 +25,10 @@ from kestrel_rt.memory import free_bytes, kv_bytes
 from kestrel_rt.serve.arrivals import Arrivals
 from kestrel_rt.serve.engine import ServingEngine
 from kestrel_rt.serve.forward import MIXED_FORWARD, warm_up
+from kestrel_rt.serve.handover import Link
 from kestrel_rt.serve.kv import slots_per_worker
 from kestrel_rt.serve.models import build_model
+from kestrel_rt.serve.placement import placement
 from kestrel_rt.serve.requests import Sequence, draw_requests
 from kestrel_rt.serve.settings import (
     ServeSettings,
@@ -39,6 +43,7 @@ from kestrel_sim.scenario import Scenario
 from kestrel_sim.trace import Trace
 from kestrel_sim.workload import DrawnWorkload
 
+ROLES = {"gpu": "colocated", "prefill": "prefill", "decode": "decode"}  # by worker prefix
 # disaggregated: slots beyond max_batch (per max_batch) for KV in transit and queued, fewer
 # where the device's memory cannot hold them
 SPARE_SLOTS_PER_BATCH = 1
@@ -60,8 +65,12 @@ class RunPlan:
     seqs: list[Sequence]
     max_len: int  # tokens per KV slot
     slots: int  # KV slots per worker
-    draft_device: torch.device | None
+    where: dict[str, torch.device]  # worker prefix -> its device, in placement order
     controlled: bool  # acceptance drawn from spec.acceptance (dummy weights)
+
+    def draft_device(self, sc: Scenario, device: torch.device) -> torch.device:
+        """Where a worker on `device` runs its draft: beside its target, or on the CPU."""
+        return device if sc.draft.device == "gpu" else torch.device("cpu")
 
 
 def scenario_hardware(sc: Scenario):
@@ -91,7 +100,8 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, torch {torch.__version__})"
 
 
-def plan_run(sc: Scenario, device: torch.device, dtype, controlled: bool | None) -> RunPlan:
+def plan_run(sc: Scenario, where: dict[str, torch.device], dtype,
+             controlled: bool | None) -> RunPlan:
     if sc.spec is not None:
         if controlled is None:
             mode = sc.spec.acceptance.on_hardware
@@ -102,27 +112,28 @@ def plan_run(sc: Scenario, device: torch.device, dtype, controlled: bool | None)
     capacity = kv_capacity_of(sc)
     s = serve_settings(sc, capacity)
     context = shape.max_position_embeddings
-    shapes = [(shape, dtype or default_dtype(folder, device))]
-    draft_device = None
     if sc.draft is not None:
-        draft_device = device if sc.draft.device == "gpu" else torch.device("cpu")
         dshape, dfolder = resolve(sc.draft.model)
         context = min(context, dshape.max_position_embeddings)
-        if draft_device == device:
-            shapes.append((dshape, dtype or default_dtype(dfolder, device)))
     check_lengths(sc.model, int(drawn.prompt.max()), int(drawn.output.max()), s.k, context,
                   capacity)
     longest = int((drawn.prompt + drawn.output).max())
     # + room for a prefill graph's padding (a chunk padded up to its length's bucket, at
     # most half again plus 32 tokens, writes K/V past its own tokens: kestrel_rt/cuda/graphs.py)
     max_len = longest + s.k + 1 + min(s.chunk, s.max_tokens, longest) // 2 + 32
-    n, workers = len(seqs), 1 if s.mode == "colocated" else 2
-    want = min(s.max_batch * (1 if workers == 1 else 1 + SPARE_SLOTS_PER_BATCH), n)
-    slots = slots_per_worker(want, min(s.max_batch, n), workers,
-                             sum(kv_bytes(sh, dt, max_len) for sh, dt in shapes),
-                             workers * sum(weight_bytes(sh, dt) for sh, dt in shapes),
-                             free_bytes(device), max_len)
-    return RunPlan(s, drawn, seqs, max_len, slots, draft_device, bool(sc.spec and controlled))
+    n = len(seqs)
+    spare = 0 if s.mode == "colocated" else SPARE_SLOTS_PER_BATCH
+    want, least = min(s.max_batch * (1 + spare), n), min(s.max_batch, n)
+    slots = want
+    for device in dict.fromkeys(where.values()):  # each device: its workers' caches fit
+        shapes = [(shape, dtype or default_dtype(folder, device))]
+        if sc.draft is not None and sc.draft.device == "gpu":
+            shapes.append((dshape, dtype or default_dtype(dfolder, device)))
+        here = sum(d == device for d in where.values())
+        slots = min(slots, slots_per_worker(
+            want, least, here, sum(kv_bytes(sh, dt, max_len) for sh, dt in shapes),
+            here * sum(weight_bytes(sh, dt) for sh, dt in shapes), free_bytes(device), max_len))
+    return RunPlan(s, drawn, seqs, max_len, slots, where, bool(sc.spec and controlled))
 
 
 def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: torch.device,
@@ -132,9 +143,9 @@ def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: tor
     models = [build_model(sc.model, device, dtype, sc.quant)]
     draft_name = spec = None
     if sc.draft is not None:
-        same = run.draft_device == device
-        models.append(build_model(sc.draft.model, run.draft_device, dtype if same else None,
-                                  sc.draft.quant))
+        draft_device = run.draft_device(sc, device)
+        models.append(build_model(sc.draft.model, draft_device,
+                                  dtype if draft_device == device else None, sc.draft.quant))
         draft_name = f"{prefix}/draft" if sc.draft.device == "gpu" else f"{prefix}/cpu-draft"
     for m in models:
         m.allocate_kv(run.slots, run.max_len)
@@ -143,29 +154,33 @@ def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: tor
                              f"{prefix}/target", draft_name)
     w = Worker(f"{prefix}/target", role, models, run.slots, run.settings.kv_capacity,
                draft_name, spec)
-    warm_up(w, run.settings.max_batch, run.settings.k, min(run.settings.chunk, run.max_len))
+    with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
+        warm_up(w, run.settings.max_batch, run.settings.k, min(run.settings.chunk, run.max_len))
     return w
 
 
 def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, observer=None,
-          threads: bool | None = None, controlled: bool | None = None) -> Served:
-    """Run `scenario` on `device`; observer(engine, worker, plan) sees every step (tests).
-    threads (default: on a GPU) runs a disaggregated run's two workers in two threads;
-    controlled (default: with dummy weights) draws accepted lengths from spec.acceptance."""
+          threads: bool | None = None, controlled: bool | None = None,
+          link_type=Link) -> Served:
+    """Run `scenario` on `device` ("cpu", "cuda": the machine's GPUs, "cuda:N"; the workers
+    placed by serving.devices); observer(engine, worker, plan) sees every step (tests).
+    threads (default: on a GPU) runs several workers in a thread each; controlled (default:
+    with dummy weights) draws accepted lengths from spec.acceptance; link_type is the KV
+    hand-over's Link class (tests delay transfers with a subclass)."""
     sc = scenario
     wall0 = time.perf_counter()
     refuse_unsupported(sc)
     device = torch.device(device)
-    run = plan_run(sc, device, dtype, controlled)
-    if run.settings.mode == "colocated":
-        workers = [build_worker(sc, run, "gpu0", "colocated", device, dtype)]
-    else:
-        workers = [build_worker(sc, run, "prefill0", "prefill", device, dtype),
-                   build_worker(sc, run, "decode0", "decode", device, dtype)]
-    engine = ServingEngine(run.settings, workers, run.seqs, Arrivals(run.drawn), device,
-                           observer, threads=device.type == "cuda" if threads is None else threads)
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    run = plan_run(sc, placement(sc.serving, device, gpus), dtype, controlled)
+    workers = [build_worker(sc, run, prefix, ROLES[prefix.rstrip("0123456789")], where, dtype)
+               for prefix, where in run.where.items()]
+    if threads is None:
+        threads = any(d.type == "cuda" for d in run.where.values())
+    engine = ServingEngine(run.settings, workers, run.seqs, Arrivals(run.drawn), observer,
+                           threads, link_type)
     spans, records = engine.run()
-    meta = trace_meta(sc, run, engine, device)
+    meta = trace_meta(sc, run, engine, engine.devices[0])
     meta["trace"] = {"mode": "full", "complete": True, "spans_seen": len(spans),
                      "spans_kept": len(spans)}
     meta["end_time"] = max(r.finish for r in records) if records else 0.0
@@ -183,8 +198,9 @@ def trace_meta(sc: Scenario, run: RunPlan, engine: ServingEngine, device) -> dic
         roles[w.name] = w.role
         if w.draft_name is not None:
             roles[w.draft_name] = "draft"
-    if engine.link is not None:
-        roles.update({"link0": "link", "queue/decode": "queue"})
+    roles.update({link.name: "link" for link in engine.links})
+    if engine.links:
+        roles["queue/decode"] = "queue"
     roles["queue/prefill"] = "queue"
     rounds = next((w.spec for w in workers if w.spec is not None), None)
     target = workers[0].target
@@ -193,6 +209,7 @@ def trace_meta(sc: Scenario, run: RunPlan, engine: ServingEngine, device) -> dic
         "scenario": sc.name,
         "source": "hardware",
         "device": device_name(device),
+        "placement": {w.name.split("/")[0]: str(w.target.device) for w in workers},
         "backend": type(target.backend).__name__,
         "dtype": str(target.backend.dtype).removeprefix("torch."),
         "seed": sc.workload.seed,
@@ -216,7 +233,8 @@ def trace_meta(sc: Scenario, run: RunPlan, engine: ServingEngine, device) -> dic
         "kv_policy": sc.serving.on_kv_full,
         "max_batch": s.max_batch,
         "preemptions": engine.preemptions,
-        "handover_slot_waits": engine.link.slot_waits if engine.link else 0,
+        "handover_slot_waits": sum(link.slot_waits for link in engine.links),
+        "kv_handovers": sum(engine.handovers),
         "requests": len(run.seqs),
         "slo": sc.slo.model_dump(),
         "scenario_json": sc.model_dump(mode="json"),

@@ -1,15 +1,23 @@
 """The serving engine: requests arrive in wall-clock time, wait in the prefill queue (and, when
-disaggregated, the decode queue), and the workers step until every request has finished.
+disaggregated, a decode queue), and the workers step until every request has finished.
 
-    engine = ServingEngine(settings, workers, seqs, arrivals, device)
+    engine = ServingEngine(settings, workers, seqs, arrivals)
     spans, records = engine.run()
 
+Workers: colocated ones (each takes from the prefill queue and decodes what it prefilled),
+or prefill and decode workers in any number (disaggregated): prefill workers take from the
+prefill queue and hand each prefilled request's KV over their link (handover.py) to a decode
+worker, whose queue it joins when the copy has landed; decode workers take from their queue
+(fifo or shortest-first) at round boundaries. The runtime's decode queues are the
+simulator's one shared queue split by where the KV landed (it must land in one worker's
+cache): with one decode worker they are the same.
+
 Each worker's loop is Worker.step (schedule, run, postprocess). One worker runs in the
-calling thread; two (disaggregated) take turns in it, or with `threads` each runs in its
-own host thread on its own CUDA stream, so their forwards overlap on the GPU (graph
-replays and kernel launches release the GIL). Shared state changes only under `lock`; a
-forward runs outside it. Every request finishes: KV pressure waits or preempts (recompute),
-never drops; a run that can make no progress raises StalledError rather than hang.
+calling thread; several take turns in it, or with `threads` each runs in its own host
+thread on its own CUDA stream of its device, so their forwards overlap (graph replays and
+kernel launches release the GIL). Shared state changes only under `lock`; a forward runs
+outside it. Every request finishes: KV pressure waits or preempts (recompute), never drops;
+a run that can make no progress raises StalledError rather than hang.
 """
 
 from __future__ import annotations
@@ -21,11 +29,11 @@ from contextlib import nullcontext
 import torch
 
 from kestrel_rt.serve.arrivals import Arrivals
-from kestrel_rt.serve.handover import Link
+from kestrel_rt.serve.handover import Link, start_transfers
 from kestrel_rt.serve.queues import DecodeQueue, PrefillJob
 from kestrel_rt.serve.requests import Sequence
 from kestrel_rt.serve.settings import ServeSettings
-from kestrel_rt.trace import Tracer
+from kestrel_rt.serve.tracing import DevicesTracer
 from kestrel_sim.trace import RequestRecord, Span
 
 LINK_POLL_S = 0.0005  # idle workers look for landed KV transfers this often (GPU)
@@ -37,32 +45,36 @@ class StalledError(RuntimeError):
 
 class ServingEngine:
     def __init__(self, settings: ServeSettings, workers: list, seqs: list[Sequence],
-                 arrivals: Arrivals, device: torch.device, observer=None,
-                 threads: bool = False):
+                 arrivals: Arrivals, observer=None, threads: bool = False, link_type=Link):
         self.settings = settings
-        self.workers = workers  # [colocated] or [prefill, decode]
+        self.workers = workers  # colocated ones, or prefill ones then decode ones
         self.seqs = seqs
         self.arrivals = arrivals
-        self.device = torch.device(device)
+        self.devices = list(dict.fromkeys(w.target.device for w in workers))
         self.observer = observer  # observer(engine, worker, plan) before each step (tests)
         self.threads = threads and len(workers) > 1
         self.prefill_queue: deque[PrefillJob] = deque()
-        self.decode_queue = DecodeQueue(settings.decode_order)
-        self.ready_at = [0.0] * len(seqs)  # when each entered the decode queue
-        self.link = Link("link0", workers[0], workers[1], None) if len(workers) > 1 else None
+        decoders = [w for w in workers if w.role == "decode"]
+        self.decode_queues = {w.name: DecodeQueue(settings.decode_order) for w in decoders}
+        self.ready_at = [0.0] * len(seqs)  # when each entered a decode queue
+        self.links = [link_type(f"link{i}", w, decoders)
+                      for i, w in enumerate(w for w in workers if w.role == "prefill")]
+        self.in_transit: dict[int, object] = {}  # request id -> its Transfer on the way
+        self.handovers = [0] * len(seqs)  # KV hand-overs landed, per request
+        self.sent = 0  # transfers sent, over all links
         self.lock = threading.Condition()
         self.idle: set = set()  # workers that found nothing to run since the last change
         self.done = 0
         self.preemptions = 0
         self.failed: BaseException | None = None
-        self.tracer = Tracer(self.device)
+        self.tracer = DevicesTracer(self.devices)
 
     # ------------------------------------------------------------------ the run
 
     def run(self) -> tuple[list[Span], list[RequestRecord]]:
-        self.tracer = Tracer(self.device)  # t = 0: the workload's clock starts now
-        if self.link is not None:
-            self.link.tracer = self.tracer
+        self.tracer = DevicesTracer(self.devices)  # t = 0: the workload's clock starts now
+        for link in self.links:
+            link.tracer = self.tracer
         for w in self.workers:
             if w.spec is not None:
                 w.spec.tracer = self.tracer
@@ -109,7 +121,7 @@ class ServingEngine:
             if not all(w in self.idle for w in waiting):
                 return  # something changed since they looked
             nxt = self.arrivals.next_time()
-            moving = self.link is not None and self.link.busy()
+            moving = any(link.busy() for link in self.links)
             if nxt is None and not moving and len(self.idle) == len(self.workers):
                 raise StalledError(self.describe())
             timeout = None if nxt is None else max(0.0, nxt - self.now())
@@ -143,18 +155,31 @@ class ServingEngine:
             seq = self.seqs[rid]
             seq.record.arrival = sent
             self.prefill_queue.append(PrefillJob(seq))
-        landed = self.link.landed() if self.link is not None else []
+        landed = [t for link in self.links for t in link.landed()]
         for t in landed:
-            src = self.link.src
-            src.kv.give(t.held)
-            src.slots.free(t.src_slot)
-            self.emit([t.seq], [1], now)  # the first token reaches the client with the KV
-            self.decode_queue.push(t.seq)
-            self.ready_at[t.seq.rid] = now
-        if self.link is not None:
-            self.link.start()  # slots freed since: waiting transfers may go
+            self.deliver(t, now)
+        start_transfers(self.links)  # slots freed since: waiting transfers may go
         if due or landed:
             self.changed()
+
+    def hand_over(self, w, seq: Sequence, held: int) -> None:
+        """Prefill worker w has prefilled seq: its KV goes over w's link."""
+        link = next(link for link in self.links if link.src is w)
+        self.in_transit[seq.rid] = link.send(seq, held, self.sent)
+        self.sent += 1
+        start_transfers(self.links)
+
+    def deliver(self, t, now: float) -> None:
+        """A landed transfer: the prefill side lets go, the request joins the decode side."""
+        t.src.kv.give(t.held)
+        t.src.slots.free(t.src_slot)
+        if t.done is not None and t.dst.stream is not None:
+            t.dst.stream.wait_event(t.done)  # completed already: a guard, at no cost
+        del self.in_transit[t.seq.rid]
+        self.handovers[t.seq.rid] += 1
+        self.emit([t.seq], [1], now)  # the first token reaches the client with the KV
+        self.decode_queues[t.dst.name].push(t.seq)
+        self.ready_at[t.seq.rid] = now
 
     def requeue_preempted(self, seq: Sequence) -> None:
         """A preempted request goes to the front of the prefill queue, to be recomputed."""
@@ -175,12 +200,13 @@ class ServingEngine:
 
     def describe(self) -> str:
         """The engine's state, for a StalledError."""
+        queued = sum(len(q) for q in self.decode_queues.values())
         ws = "; ".join(f"{w.name}: {len(w.prefilling)} prefilling, {w.batch_size} running, "
                        f"KV {w.kv.used}/{w.kv.capacity}, {len(w.slots.free_slots)} free slots"
                        for w in self.workers)
         return (f"serving stalled with {self.done}/{len(self.seqs)} requests finished: "
-                f"{len(self.prefill_queue)} in the prefill queue, {len(self.decode_queue)} in "
-                f"the decode queue; {ws}")
+                f"{len(self.prefill_queue)} in the prefill queue, {queued} in the "
+                f"decode queues, {len(self.in_transit)} in transit; {ws}")
 
 
 def stream_of(w):

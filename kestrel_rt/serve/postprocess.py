@@ -72,7 +72,7 @@ def complete_chunks(eng, w, chunks, after: list[int], now: float) -> None:
                 seq.record.decode_start = now
             finished.append(seq)
         elif w.role == "prefill":
-            eng.link.send(seq, held)
+            eng.hand_over(w, seq, held)
         else:
             w.join(seq)
     if finished:

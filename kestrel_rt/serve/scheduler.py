@@ -6,8 +6,9 @@ processes.py's worker loops), so a run on hardware and a simulated run are compa
   is admitted while the prompt tokens not yet prefilled stay under max_batched_tokens, the
   worker holds fewer than max_batch sequences, and its KV charge fits (under `preempt`
   with k + 1 tokens of headroom for every sequence the worker holds, itself included).
-- Decode admission (the disaggregated decode worker): the decode queue's head (fifo or
-  shortest-first) while the batch has room and its charge (plus headroom) fits.
+- Decode admission (disaggregated decode workers): the head of the worker's decode queue
+  (fifo or shortest-first; the requests whose KV landed in its caches) while the batch has
+  room and its charge (plus headroom) fits.
 - A round: requests prefilled since the last round join the batch; under `preempt` the
   newest are evicted (and queued again at the front, to be recomputed) until every
   sequence's k + 1 new tokens fit, never the last one; in the colocated `mixed` schedule
@@ -84,7 +85,7 @@ def admit_prefill(eng, w) -> None:
 
 
 def admit_decode(eng, w) -> None:
-    s, q = eng.settings, eng.decode_queue
+    s, q = eng.settings, eng.decode_queues[w.name]
     while q and w.batch_size < s.max_batch:
         seq = q.peek()
         c = charge(s, seq, seq.ctx)

@@ -38,23 +38,8 @@ class ServeSettings:
 
 
 def refuse_unsupported(sc: Scenario) -> None:
-    """Raise UnsupportedScenarioError for serving keys the runtime cannot run."""
-    sv = sc.serving
-    if sv.mode == "colocated" and sv.workers != 1:
-        raise UnsupportedScenarioError(
-            f"serving.workers is {sv.workers}: the runtime runs one colocated worker on one "
-            "device (several GPUs are another issue); set serving.workers: 1 or run it on the "
-            "simulator (--on sim)"
-        )
-    if sv.mode == "disaggregated":
-        many = [f"serving.{key} is {getattr(sv, key)}" for key in
-                ("prefill_workers", "decode_workers") if getattr(sv, key) != 1]
-        if many:
-            raise UnsupportedScenarioError(
-                f"{' and '.join(many)}: the runtime runs one prefill worker and one decode "
-                "worker, on two streams of one GPU; set both to 1 or run it on the simulator "
-                "(--on sim)"
-            )
+    """Raise UnsupportedScenarioError for scenario keys the runtime cannot run (any number of
+    workers runs: placement.py puts them on devices, and refuses devices it lacks)."""
     if (sc.spec is not None and sc.spec.acceptance.trace is not None
             and sc.spec.acceptance.on_hardware != "organic"):
         raise UnsupportedScenarioError(

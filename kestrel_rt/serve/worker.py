@@ -2,9 +2,9 @@
 KV budget, the prompts it is prefilling and its running batch; its loop is `step`.
 
 Roles, as the simulator's: `colocated` (prefill and decode, continuous batching), `prefill`
-and `decode` (disaggregated: two workers, each with its own model instances and KV cache,
-each on its own CUDA stream of one GPU). Span worker names are the simulator's
-("gpu0/target", "prefill0/target", "decode0/target").
+and `decode` (disaggregated). Every worker has its own model instances and KV caches on the
+device it is placed on (placement.py), and its own CUDA stream there. Span worker names are
+the simulator's ("gpu0/target", "prefill0/target", "decode1/target").
 """
 
 from __future__ import annotations
