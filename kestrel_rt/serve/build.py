@@ -38,6 +38,7 @@ from kestrel_rt.serve.settings import (
 )
 from kestrel_rt.serve.speculate import build_decoder, dummy_weights, spec_config
 from kestrel_rt.serve.worker import Worker
+from kestrel_rt.spec.stats import SpecStats
 from kestrel_rt.weights import weight_bytes
 from kestrel_sim.scenario import Scenario
 from kestrel_sim.trace import Trace
@@ -202,7 +203,6 @@ def trace_meta(sc: Scenario, run: RunPlan, engine: ServingEngine, device) -> dic
     if engine.links:
         roles["queue/decode"] = "queue"
     roles["queue/prefill"] = "queue"
-    rounds = next((w.spec for w in workers if w.spec is not None), None)
     target = workers[0].target
     return {
         "name": sc.name,
@@ -216,7 +216,7 @@ def trace_meta(sc: Scenario, run: RunPlan, engine: ServingEngine, device) -> dic
         "k": s.k,
         "correction": sc.spec.correction if sc.spec else None,
         "acceptance_controlled": bool(sc.spec and run.controlled),
-        "spec_decode": rounds.stats.as_dict() if rounds is not None else None,
+        "spec_decode": spec_stats(workers),
         "mode": s.mode,
         "prefill_schedule": sc.serving.prefill_schedule if s.mode == "colocated" else None,
         "mixed_forward": MIXED_FORWARD if s.mixed else None,
@@ -239,3 +239,18 @@ def trace_meta(sc: Scenario, run: RunPlan, engine: ServingEngine, device) -> dic
         "slo": sc.slo.model_dump(),
         "scenario_json": sc.model_dump(mode="json"),
     }
+
+
+def spec_stats(workers) -> dict | None:
+    """The speculative rounds' statistics over every worker that runs them (or None)."""
+    stats = [w.spec.stats for w in workers if w.spec is not None]
+    if not stats:
+        return None
+    total = SpecStats(stats[0].k, stats[0].controlled)
+    for st in stats:
+        total.num_drafts += st.num_drafts
+        total.draft_tokens += st.draft_tokens
+        total.accepted_tokens += st.accepted_tokens
+        for name in ("proposed_at", "reached_at", "accepted_at"):
+            setattr(total, name, [a + b for a, b in zip(getattr(total, name), getattr(st, name))])
+    return total.as_dict()
