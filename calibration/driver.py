@@ -94,9 +94,10 @@ def build_bench(bp: BenchPlan, grid: Grid):
     t = grid.timing
     bench = Bench(bp.name, model, [kv.allocate() for _ in range(slots)],
                   t.warmup if gpu else t.cpu_warmup, t.repeats if gpu else t.cpu_repeats)
-    biggest = max((p.m for p in bp.points if p.stage == "kv_transfer"), default=0)
+    biggest = max((p.m for p in bp.points if p.stage == "kv_transfer" and not p.peer),
+                  default=0)
     if biggest:
-        bench.transfer = transfer_caches(model, biggest)
+        bench.transfers[""] = transfer_caches(model, biggest)
     if gpu:
         torch.cuda.synchronize(model.device)
     return bench

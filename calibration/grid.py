@@ -146,9 +146,14 @@ class DraftGrid(StrictModel):
 
 
 class TransferGrid(StrictModel):
-    """KV hand-over: the rows of `tokens` tokens copied from one cache to another."""
+    """KV hand-over: the rows of `tokens` tokens copied from one cache to another, within
+    each model instance's device, and from the target's GPU to a second GPU (the link
+    between GPUs that disaggregated workers on two GPUs cross) where the machine has one."""
 
     tokens: Lengths
+    between_gpus: bool = Field(
+        default=True, description="also measure the copy to a second GPU (skipped, with a "
+        "note, on a machine with one)")
 
 
 class Grid(StrictModel):
@@ -170,7 +175,8 @@ class Point:
     """One step to time. `model`: "target" or "draft"; `device`: "gpu" or "cpu" (where that
     model runs); `batch` sequences x `m` new tokens at `context` cached tokens each; mixed:
     plus one prompt chunk of `chunk_tokens` at `chunk_context`; correction: after a verify
-    of `after_k` + 1 tokens; kv_transfer: `m` tokens of KV copied (batch 1, context 0)."""
+    of `after_k` + 1 tokens; kv_transfer: `m` tokens of KV copied (batch 1, context 0), to
+    another cache on the same device, or on `peer` (another GPU: "cuda:1")."""
 
     model: str
     device: str
@@ -181,6 +187,7 @@ class Point:
     chunk_tokens: int = 0
     chunk_context: int = 0
     after_k: int = 0
+    peer: str = ""  # kv_transfer: the GPU the KV is copied to ("": the bench's own device)
 
     @property
     def bench(self) -> str:
@@ -190,7 +197,8 @@ class Point:
     @property
     def id(self) -> str:
         if self.stage == "kv_transfer":
-            return f"{self.bench}/kv_transfer/n{self.m}"
+            return f"{self.bench}/kv_transfer/n{self.m}" + (f"/to-{self.peer}" if self.peer
+                                                            else "")
         text = f"{self.bench}/{self.stage}/b{self.batch}/m{self.m}/c{self.context}"
         if self.stage == "mixed":
             text += f"/chunk{self.chunk_tokens}@{self.chunk_context}"
@@ -257,10 +265,12 @@ def target_points(grid: Grid, device: str) -> list[Point]:
     return out
 
 
-def expand(grid: Grid, target_device: str, draft_devices: tuple[str, ...] = ()) -> list[Point]:
+def expand(grid: Grid, target_device: str, draft_devices: tuple[str, ...] = (),
+           peer: str | None = None) -> list[Point]:
     """Every point of the grid, without repeats: the target's (on target_device), then the
     draft's on each of draft_devices (those the grid's draft section lists); each model's
-    kv_transfer points after its steps."""
+    kv_transfer points after its steps, and the target's to the GPU `peer` (when given and
+    the grid measures between GPUs)."""
     groups = [("target", target_device, target_points(grid, target_device))]
     for device in draft_devices:
         steps = getattr(grid.draft, device, None) if grid.draft else None
@@ -273,6 +283,9 @@ def expand(grid: Grid, target_device: str, draft_devices: tuple[str, ...] = ()) 
         if grid.kv_transfer:
             points = points + [Point(model, device, "kv_transfer", 1, n)
                                for n in grid.kv_transfer.tokens]
+            if model == "target" and peer and grid.kv_transfer.between_gpus:
+                points += [Point(model, device, "kv_transfer", 1, n, peer=peer)
+                           for n in grid.kv_transfer.tokens]
         out += points
     seen: set[str] = set()
     return [p for p in out if not (p.id in seen or seen.add(p.id))]

@@ -25,7 +25,9 @@ any gap the host leaves. What each stage runs:
 - mixed: `kestrel_rt.packed.forward_mixed` with the rows' group and the chunk's group (the
   rows' forward then the chunk's, as serving runs a mixed step);
 - kv_transfer: `kestrel_rt.serve.handover.copy_rows` of n tokens between two caches of the
-  model's geometry, on a stream of its own on a GPU (as the serving link copies).
+  model's geometry, on a stream of its own on a GPU (as the serving link copies): both on
+  the model's device, or the second on the point's `peer` GPU (a peer copy, the link
+  between GPUs); the record names the pair ("cuda:0->cuda:1").
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Record:
     p10: float
     p90: float
     bytes: int | None = None  # kv_transfer: bytes copied
+    link: str | None = None  # kv_transfer: "SRC->DST" devices of the copy
 
 
 @dataclass
@@ -63,7 +66,8 @@ class Bench:
     warmup: int
     repeats: int
     turn: int = 0  # rotation of the rows over the slots
-    transfer: tuple[KVCache, KVCache] | None = field(default=None, repr=False)
+    # kv_transfer: (sending, receiving) cache per destination ("": the model's device)
+    transfers: dict[str, tuple[KVCache, KVCache]] = field(default_factory=dict, repr=False)
 
     @property
     def on_gpu(self) -> bool:
@@ -99,7 +103,8 @@ def percentile(sorted_ms: list[float], q: float) -> float:
     return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (pos - lo)
 
 
-def timed(bench: Bench, point: Point, setup, run, nbytes: int | None = None) -> Record:
+def timed(bench: Bench, point: Point, setup, run, nbytes: int | None = None,
+          link: str | None = None) -> Record:
     """setup() -> state, untimed (host bookkeeping, device work to come before); run(state),
     timed; warmup + repeats times. Returns the record of the timed runs."""
     times: list[float] = []
@@ -129,7 +134,7 @@ def timed(bench: Bench, point: Point, setup, run, nbytes: int | None = None) -> 
                 times.append(elapsed)
     times.sort()
     return Record(point, statistics.median(times), len(times), percentile(times, 0.1),
-                  percentile(times, 0.9), nbytes)
+                  percentile(times, 0.9), nbytes, link)
 
 
 def measure(bench: Bench, point: Point) -> Record:
@@ -190,11 +195,14 @@ def measure_mixed(bench: Bench, point: Point) -> Record:
         set_lengths(kv, bench.slots, 0)
 
 
-def transfer_caches(model: Qwen3Model, tokens: int) -> tuple[KVCache, KVCache]:
-    """Two one-slot caches of the model's geometry (the sending and receiving instance's)."""
+def transfer_caches(model: Qwen3Model, tokens: int,
+                    to: str | None = None) -> tuple[KVCache, KVCache]:
+    """Two one-slot caches of the model's geometry (the sending and receiving instance's),
+    the second on device `to` (default: the model's)."""
     s, be = model.shape, model.backend
     dims = (s.num_hidden_layers, 1, tokens, s.num_key_value_heads, s.head_dim)
-    return (KVCache(*dims, model.device, be.dtype), KVCache(*dims, model.device, be.dtype))
+    return (KVCache(*dims, model.device, be.dtype),
+            KVCache(*dims, torch.device(to) if to else model.device, be.dtype))
 
 
 def transfer_bytes(model: Qwen3Model, tokens: int) -> int:
@@ -203,14 +211,16 @@ def transfer_bytes(model: Qwen3Model, tokens: int) -> int:
 
 
 def measure_transfer(bench: Bench, point: Point) -> Record:
-    """The serving hand-over's copy of n tokens' KV rows between two caches."""
+    """The serving hand-over's copy of n tokens' KV rows between two caches (on two GPUs for
+    a point with a peer)."""
     from kestrel_rt.serve.handover import copy_rows
 
-    n = point.m
-    if bench.transfer is None or bench.transfer[0].max_len < n:
-        bench.transfer = None  # free the smaller pair first
-        bench.transfer = transfer_caches(bench.model, n)
-    src, dst = bench.transfer
+    n, to = point.m, point.peer
+    pair = bench.transfers.get(to)
+    if pair is None or pair[0].max_len < n:
+        bench.transfers.pop(to, None)  # free the smaller pair first
+        bench.transfers[to] = transfer_caches(bench.model, n, to or None)
+    src, dst = bench.transfers[to]
 
     def setup() -> None:
         dst.rollback(0, 0)
@@ -219,9 +229,10 @@ def measure_transfer(bench: Bench, point: Point) -> Record:
         copy_rows(src, 0, dst, 0, n)
 
     nbytes = transfer_bytes(bench.model, n)
+    link = f"{src.k.device}->{dst.k.device}"
     if not bench.on_gpu:
-        return timed(bench, point, setup, run, nbytes)
-    link = torch.cuda.Stream(bench.model.device)
-    link.wait_stream(torch.cuda.current_stream(bench.model.device))
-    with torch.cuda.stream(link):  # the events and copies on the link's stream
-        return timed(bench, point, setup, run, nbytes)
+        return timed(bench, point, setup, run, nbytes, link)
+    stream = torch.cuda.Stream(bench.model.device)
+    stream.wait_stream(torch.cuda.current_stream(bench.model.device))
+    with torch.cuda.stream(stream):  # the events and copies on the link's stream
+        return timed(bench, point, setup, run, nbytes, link)

@@ -15,7 +15,7 @@ one.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from calibration.estimate import (
@@ -47,6 +47,7 @@ class Request:
     quant: str | None = None
     dtype: str | None = None
     commit: str | None = None
+    peer: str | None = None  # a second GPU: kv_transfer also measured to it (peer_gpu)
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Plan:
     request: Request
     benches: list[BenchPlan]
     estimate: Estimate
+    notes: list[str] = field(default_factory=list)  # what the plan leaves out, and why
 
     @property
     def points(self) -> list[Point]:
@@ -113,7 +115,7 @@ def make_plan(request: Request) -> Plan:
     target_device = "gpu" if request.device.startswith("cuda") else "cpu"
     shape, folder = resolve(request.model)
     dtype = request.dtype or plan_dtype(folder, request.device)
-    points = expand(request.grid, target_device, draft_devices(request))
+    points = expand(request.grid, target_device, draft_devices(request), request.peer)
     benches = [BenchPlan(f"target@{target_device}", request.model, request.device, dtype,
                          request.quant, shape, [p for p in points if p.model == "target"])]
     check_reach(benches[0].points, shape, f"model {request.model}", request.grid_file)
@@ -132,7 +134,29 @@ def make_plan(request: Request) -> Plan:
     if not benches:
         raise ConfigError(f"grid {request.grid_file} has no point to measure for this model "
                           "(no stage section, or only draft steps without --draft)")
-    return Plan(request, benches, estimate(benches, request.grid))
+    return Plan(request, benches, estimate(benches, request.grid), plan_notes(request))
+
+
+def peer_gpu(device: str) -> str | None:
+    """The GPU a kv_transfer between GPUs copies to from `device` (cuda:0 -> cuda:1, the
+    next one), or None on a machine with fewer than two (or the CPU)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    count = torch.cuda.device_count()
+    if count < 2:
+        return None
+    return f"cuda:{((torch.device(device).index or 0) + 1) % count}"
+
+
+def plan_notes(request: Request) -> list[str]:
+    transfer = request.grid.kv_transfer
+    if (transfer is not None and transfer.between_gpus and request.peer is None
+            and request.device.startswith("cuda")):
+        return [("kv_transfer between GPUs is skipped: no second GPU to copy to (a run on a "
+                 "machine with two measures the link between them)")]
+    return []
 
 
 def kernel_cache_filled() -> bool:
@@ -172,7 +196,7 @@ def fit_budget(plan: Plan, minutes: float) -> Plan:
         timing = t.model_copy(update={"warmup": 1, "repeats": repeats, "cpu_warmup": 1,
                                       "cpu_repeats": min(t.cpu_repeats, repeats)})
         request = replace(plan.request, grid=grid.model_copy(update={"timing": timing}))
-        thinned = Plan(request, plan.benches, estimate(plan.benches, request.grid))
+        thinned = replace(plan, request=request, estimate=estimate(plan.benches, request.grid))
         if thinned.estimate.seconds <= 60 * minutes:
             return thinned
     raise ConfigError(

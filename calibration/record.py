@@ -4,8 +4,9 @@
 
 `records` are calibration/measure.py's Records; `fingerprint` the Fingerprint's fields
 (calibration/driver.py `fingerprint`). Each Measurement carries the stage, the step's shape
-(batch, tokens per sequence, context; a mixed step's one prompt chunk; a transfer's bytes),
-the device it ran on ("gpu" or "cpu") and the median time with its p10 / p90.
+(batch, tokens per sequence, context; a mixed step's one prompt chunk; a transfer's bytes
+and device pair), the device it ran on ("gpu" or "cpu") and the median time with its p10 /
+p90.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def to_measurement(rec) -> Measurement:
         chunk_tokens=p.chunk_tokens if mixed else None,
         chunk_context=p.chunk_context if mixed else None,
         bytes=rec.bytes,
+        link=rec.link,
         device=p.device,
         ms=rec.ms,
         samples=rec.samples,

@@ -150,7 +150,7 @@ def calibrate(
 ) -> None:
     """Measure the runtime's stage costs over a grid and write a Profile for the simulator."""
     from calibration.grid import load_grid
-    from calibration.plan import Request, fit_budget, make_plan
+    from calibration.plan import Request, fit_budget, make_plan, peer_gpu
 
     console = Console(stderr=True, soft_wrap=True)
     the_grid, name = load_grid(grid)  # before torch: a bad grid fails fast
@@ -171,8 +171,11 @@ def calibrate(
     if not dry_run and ray is None:  # a plan needs no device; with --ray, the workers' count
         check_device(device)
     request = Request(model, the_grid, name, grid, device, draft, draft_device,
-                      check_quant_option(quant, model), dtype, commit)
+                      check_quant_option(quant, model), dtype, commit,
+                      peer=None if ray is not None else peer_gpu(device))
     plan = make_plan(request)
+    for line in plan.notes:
+        console.print(f"note: {line}", highlight=False)
     if max_minutes is not None:
         plan = fit_budget(plan, max_minutes)
     t = plan.request.grid.timing

@@ -19,6 +19,9 @@ Schema version 2. One Measurement is one timed forward (or one KV hand-over):
                carries besides its decode/verify part: prompts in it, prompt tokens in
                all (the sum over its prompts), tokens already prefilled per prompt (mean)
   bytes        kv_transfer only: bytes moved
+  link         kv_transfer only: the devices copied between, "cuda:0->cuda:1" (a peer copy
+               between two GPUs) or "cuda:0->cuda:0" (within one); absent in older files:
+               within the measuring device
   device       gpu | cpu: where the stage ran (a draft may run on the CPU)
   ms, samples, p10, p90   median time over `samples` timed repeats, and its spread
 
@@ -123,6 +126,10 @@ class Measurement(BaseModel):
     chunk_context: int | None = Field(default=None, ge=0,
                                       description="mixed: tokens already prefilled per prompt")
     bytes: int | None = Field(default=None, ge=1, description="kv_transfer: bytes moved")
+    link: str | None = Field(
+        default=None, pattern=r"^\S+->\S+$",
+        description="kv_transfer: source->destination device ('cuda:0->cuda:1'); absent: "
+        "within the measuring device")
     device: Literal["gpu", "cpu"] = "gpu"
     ms: float = Field(gt=0, description="median time")
     samples: int = Field(default=1, ge=1)
@@ -140,9 +147,19 @@ class Measurement(BaseModel):
                              "prefill is one prefill row per chunk: tokens_per_seq, context)")
         if (self.stage == "kv_transfer") != (self.bytes is not None):
             raise ValueError("bytes is needed by stage kv_transfer, and only by it")
+        if self.link is not None and self.stage != "kv_transfer":
+            raise ValueError("link only applies to stage kv_transfer")
         if (self.p10 is not None and self.p10 > self.ms) or (self.p90 is not None and self.p90 < self.ms):
             raise ValueError(f"expected p10 <= ms <= p90 (got {self.p10}, {self.ms}, {self.p90})")
         return self
+
+    @property
+    def between_devices(self) -> bool:
+        """A kv_transfer row of a copy from one device to another."""
+        if self.link is None:
+            return False
+        src, dst = self.link.split("->")
+        return src != dst
 
     @property
     def chunk(self) -> tuple[int, float, float]:

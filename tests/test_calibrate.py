@@ -215,12 +215,13 @@ def test_a_point_runs_at_its_context_on_rotating_slots(bench, monkeypatch):
 
 
 def test_kv_transfer_copies_the_rows(bench):
-    bench.transfer = transfer_caches(bench.model, 64)
-    src, dst = bench.transfer
+    bench.transfers[""] = transfer_caches(bench.model, 64)
+    src, dst = bench.transfers[""]
     src.k.normal_()
     src.v.normal_()
     record = measure(bench, Point("target", "cpu", "kv_transfer", m=48))
     assert record.bytes == 48 * bench.model.shape.kv_elements_per_token * 4
+    assert record.link == "cpu->cpu"  # within the device
     assert torch.equal(dst.k[:, 0, :48], src.k[:, 0, :48])
     assert torch.equal(dst.v[:, 0, :48], src.v[:, 0, :48])
     assert not dst.k[:, 0, 48:].any()

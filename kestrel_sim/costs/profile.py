@@ -99,10 +99,15 @@ class ProfileFits:
                          self.borrowed(stage, device),
                          self.correction if correction is None else correction)
 
-    def link(self) -> LinkSpec | None:
+    def link(self, between_devices: bool = True) -> LinkSpec | None:
         """The KV link fitted to kv_transfer rows (ms = latency + bytes / bandwidth), or
-        None without rows that vary the size."""
+        None without rows that vary the size: the rows of copies between two devices
+        (Measurement.link) where the profile has them and `between_devices` (disaggregated
+        workers on GPUs of their own), else those within one device."""
         rows = [mm for mm in self.profile.measurements if mm.stage == "kv_transfer"]
+        apart = [mm for mm in rows if mm.between_devices]
+        rows = apart if apart and between_devices else [mm for mm in rows
+                                                          if not mm.between_devices]
         if len({mm.bytes for mm in rows}) < 2:
             return None
         nbytes = np.array([mm.bytes for mm in rows], float)
