@@ -7,7 +7,7 @@ terms to it (kestrel_sim.costs.fit) and reports their error on held-out points
 
 Schema version 2. One Measurement is one timed forward (or one KV hand-over):
 
-  stage        prefill | decode | verify | draft | correction | mixed | kv_transfer
+  stage        prefill | decode | verify | draft | correction | mixed | kv_transfer | overlap
   batch        sequences in the step (kv_transfer: requests handed over together)
   tokens_per_seq  M, new tokens per sequence (decode, draft, correction: 1; verify: k+1;
                prefill: the prompt tokens this forward carries per sequence, i.e. the
@@ -22,12 +22,19 @@ Schema version 2. One Measurement is one timed forward (or one KV hand-over):
   link         kv_transfer only: the devices copied between, "cuda:0->cuda:1" (a peer copy
                between two GPUs) or "cuda:0->cuda:0" (within one); absent in older files:
                within the measuring device
+  step_stage, other_stage, other_batch, other_tokens_per_seq, other_context, alone_ms
+               overlap only: a step of `step_stage` (batch, tokens_per_seq, context as
+               for that stage) timed while another step (`other_*`, read the same way)
+               loops beside it on another stream of the same GPU, on another instance of
+               the model (as the disaggregated workers on one GPU); `ms` is its time so,
+               `alone_ms` its time alone, measured in the same run
   device       gpu | cpu: where the stage ran (a draft may run on the CPU)
   ms, samples, p10, p90   median time over `samples` timed repeats, and its spread
 
 A chunked prefill is measured as its chunks: one prefill row per chunk, `tokens_per_seq`
 the chunk and `context` the prompt tokens before it. `chunk_*` fields belong to mixed rows
-only, so that each row has one reading.
+only, and the overlap fields to overlap rows only, so that each row has one reading.
+Overlap rows were added to version 2 without changing it (optional fields, a new stage).
 
 Version 1 files (no `schema_version`; bench/h200_decode.py wrote them) load as version 2:
 the new fields take their defaults and a preset model's shape hash is derived from the
@@ -46,8 +53,11 @@ from kestrel_sim.errors import ConfigError
 from kestrel_sim.yamlio import count_problems, describe_errors, key_name, read_yaml
 
 ProfileStage = Literal["prefill", "decode", "verify", "draft", "correction", "mixed",
-                       "kv_transfer"]
+                       "kv_transfer", "overlap"]
 STEP_STAGES = ("prefill", "decode", "verify", "draft", "correction")
+StepStage = Literal["prefill", "decode", "verify", "draft", "correction"]
+OVERLAP_FIELDS = ("step_stage", "other_stage", "other_batch", "other_tokens_per_seq",
+                  "other_context", "alone_ms")
 # fingerprint fields two profiles must share to be merged, and those a flag lets differ
 SAME_SETUP = ("device", "model", "model_shape_hash", "dtype", "quant", "draft_model",
               "draft_shape_hash", "draft_device", "backend", "options")
@@ -130,6 +140,16 @@ class Measurement(BaseModel):
         default=None, pattern=r"^\S+->\S+$",
         description="kv_transfer: source->destination device ('cuda:0->cuda:1'); absent: "
         "within the measuring device")
+    step_stage: StepStage | None = Field(default=None,
+                                         description="overlap: the stage of the timed step")
+    other_stage: StepStage | None = Field(
+        default=None, description="overlap: the stage of the step looping beside it")
+    other_batch: int | None = Field(default=None, ge=1, description="overlap: its batch")
+    other_tokens_per_seq: int | None = Field(default=None, ge=1,
+                                             description="overlap: its new tokens per sequence")
+    other_context: int | None = Field(default=None, ge=0, description="overlap: its context")
+    alone_ms: float | None = Field(default=None, gt=0,
+                                   description="overlap: the timed step alone, same run")
     device: Literal["gpu", "cpu"] = "gpu"
     ms: float = Field(gt=0, description="median time")
     samples: int = Field(default=1, ge=1)
@@ -145,6 +165,12 @@ class Measurement(BaseModel):
         if self.stage != "mixed" and chunk:
             raise ValueError(f"{', '.join(chunk)} only apply to stage mixed (a chunked "
                              "prefill is one prefill row per chunk: tokens_per_seq, context)")
+        overlap = [n for n in OVERLAP_FIELDS if getattr(self, n) is not None]
+        missing = [n for n in OVERLAP_FIELDS if n != "other_context" and n not in overlap]
+        if self.stage == "overlap" and missing:  # other_context defaults to 0
+            raise ValueError(f"an overlap row needs {', '.join(missing)}")
+        if self.stage != "overlap" and overlap:
+            raise ValueError(f"{', '.join(overlap)} only apply to stage overlap")
         if (self.stage == "kv_transfer") != (self.bytes is not None):
             raise ValueError("bytes is needed by stage kv_transfer, and only by it")
         if self.link is not None and self.stage != "kv_transfer":
@@ -152,6 +178,11 @@ class Measurement(BaseModel):
         if (self.p10 is not None and self.p10 > self.ms) or (self.p90 is not None and self.p90 < self.ms):
             raise ValueError(f"expected p10 <= ms <= p90 (got {self.p10}, {self.ms}, {self.p90})")
         return self
+
+    @property
+    def slowdown(self) -> float:
+        """Overlap rows: its time beside the other step over its time alone."""
+        return self.ms / self.alone_ms
 
     @property
     def between_devices(self) -> bool:

@@ -27,13 +27,6 @@ class Serving(StrictModel):
     workers: int = Field(default=1, ge=1, description="colocated: GPUs doing both phases")
     prefill_workers: int = Field(default=1, ge=1, description="disaggregated only")
     decode_workers: int = Field(default=1, ge=1, description="disaggregated only")
-    shared_device: bool = Field(
-        default=False,
-        description="true: every worker of the scenario runs on one GPU (disaggregated: the "
-        "prefill and decode workers on two streams of one device, as the runtime runs them), "
-        "so their steps that overlap in time share its bandwidth and compute and slow each "
-        "other (kestrel_sim/costs/contention.py); false: each worker has a device of its own",
-    )
     max_batch: int = Field(default=64, ge=1, description="sequences per decode batch")
     max_batched_tokens: int = Field(
         default=8192, ge=1,
@@ -78,8 +71,9 @@ class Serving(StrictModel):
         "explicit placement, and an entry may repeat to put two workers on one device, each "
         "on its own stream). Default on hardware: the machine's GPUs in turn (two GPUs: "
         "prefill on cuda:0, decode on cuda:1; one GPU or the CPU: every worker on it). The "
-        "simulator prices every worker as its own device: it does not yet model two workers "
-        "contending for one GPU",
+        "simulator: workers placed on one device share its bandwidth and compute, so their "
+        "steps that overlap in time slow each other (kestrel_sim/costs/contention.py); "
+        "without serving.devices every worker is priced as a device of its own",
     )
 
     @field_validator("devices")

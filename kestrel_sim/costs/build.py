@@ -6,17 +6,21 @@
     costs: {table: {...}}                         fixed milliseconds per stage
 
 A profile with kv_transfer measurements also gives the KV link (SimCosts.link), used where
-the scenario names no serving.link.
+the scenario names no serving.link; with overlap measurements, the contention of steps that
+share a device (SimCosts.contention, used where serving.devices places two workers on
+one; the default elsewhere: contention.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from kestrel_sim.costs.base import IDLE, Shares
 from kestrel_sim.costs.calibrated import CalibratedRoofline
+from kestrel_sim.costs.contention import Contention
 from kestrel_sim.costs.profile import ProfileCost, ProfileFits
 from kestrel_sim.costs.roofline import RooflineCost
 from kestrel_sim.costs.shape import model_shape, shape_hash
@@ -24,6 +28,7 @@ from kestrel_sim.costs.table import TableCost
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import Hardware, LinkSpec, hardware_for_device, load_hardware
 from kestrel_sim.models import ModelShape
+from kestrel_sim.placement import place, worker_prefixes
 from kestrel_sim.profile import Profile
 from kestrel_sim.scenario import Scenario
 
@@ -37,6 +42,9 @@ class _Zero:
     def mixed_seconds(self, stage: str, batch: int, m: float, context: float, chunk) -> float:
         return 0.0
 
+    def shares(self, stage: str, batch: int, m: float, context: float, chunk=None) -> Shares:
+        return IDLE
+
 
 @dataclass
 class SimCosts:
@@ -47,6 +55,8 @@ class SimCosts:
     source: str  # roofline | calibrated-roofline | table | profile
     link: LinkSpec | None = None  # the KV link fitted to the profile's kv_transfer rows
     mixed: bool = False  # the scenario prices mixed steps (colocated, prefill_schedule mixed)
+    contention: Contention = field(default_factory=Contention)  # steps sharing a device
+    shared: bool = False  # serving.devices places two workers or more on one device
 
 
 def needed_stages(sc: Scenario) -> list[str]:
@@ -56,6 +66,14 @@ def needed_stages(sc: Scenario) -> list[str]:
 
 
 def build_costs(sc: Scenario, rng: np.random.Generator) -> SimCosts:
+    costs = _build(sc, rng)
+    if sc.serving.devices:  # two workers or more placed on one device
+        where = place(worker_prefixes(sc.serving), sc.serving.devices)
+        costs.shared = len(set(where.values())) < len(where)
+    return costs
+
+
+def _build(sc: Scenario, rng: np.random.Generator) -> SimCosts:
     # hardware: a bundled/YAML description, or a Profile JSON (its fingerprint names the
     # device); the Profile prices steps unless `costs` picks another model explicitly
     profile_path = sc.costs.profile if sc.costs else None
@@ -101,7 +119,7 @@ def build_costs(sc: Scenario, rng: np.random.Generator) -> SimCosts:
         # the profile's KV link where the scenario hands KV over and names no link
         hands_over = sc.serving.mode == "disaggregated" and sc.serving.link is None
         return SimCosts(target, draft, hw, draft_hw, "profile",
-                        fits.link() if hands_over else None, mixed)
+                        fits.link() if hands_over else None, mixed, fits.contention())
 
     ro = sc.costs.roofline if sc.costs is not None and sc.costs.roofline else None
     if ro is not None and ro.calibrated_from is not None:
@@ -188,14 +206,23 @@ def _calibrated(sc: Scenario, ro, hw: Hardware | None, target_shape: ModelShape,
     if sc.draft is not None:
         draft = (CalibratedRoofline(fits, measured_on, draft_hw, draft_shape, path, role="draft")
                  if sc.draft.device == "gpu" else RooflineCost(draft_hw, draft_shape))
-    return SimCosts(target, draft, hw, draft_hw, "calibrated-roofline", mixed=mixed)
+    return SimCosts(target, draft, hw, draft_hw, "calibrated-roofline", mixed=mixed,
+                    contention=fits.contention())
 
 
 def describe_costs(costs: SimCosts) -> str:
     """Where a run's step times come from, for a table title: 'measured profile FILE',
     'roofline calibrated from FILE (...)', 'uncalibrated roofline (HARDWARE)' or 'fixed
     cost table'; the draft's where it differs, how mixed steps are priced where the
-    scenario mixes, and a KV link fitted to the profile."""
+    scenario mixes, a KV link fitted to the profile, and the contention of steps that
+    overlap where the workers share a device."""
+    text = _describe(costs)
+    if costs.shared:
+        text += f"; {costs.contention.describe()}"
+    return text
+
+
+def _describe(costs: SimCosts) -> str:
     if costs.source == "table":
         return "fixed cost table"
     if costs.source == "roofline":

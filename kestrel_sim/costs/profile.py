@@ -29,13 +29,17 @@ Mixed steps (one forward carrying a decode or verify step and a prefill chunk):
 Either way the result is kept between max(step alone, chunk alone) and their sum.
 
 kv_transfer rows fit a link: ms = latency + bytes / bandwidth (`link()`).
+
+overlap rows fit the contention of steps that share a device (`contention()`,
+contention.py): each row's two steps are split into Shares by their stages' fits here.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kestrel_sim.costs.base import Chunk
+from kestrel_sim.costs.base import BUSY, Chunk, Shares, blend
+from kestrel_sim.costs.contention import Contention, OverlapRow, fit_contention, side_of
 from kestrel_sim.costs.fit import stated_rates
 from kestrel_sim.costs.nnls import nnls
 from kestrel_sim.costs.shape import model_shape
@@ -120,6 +124,29 @@ class ProfileFits:
         return LinkSpec(bandwidth_gb_s=1e-6 / per_byte, latency_us=latency * 1e3)
 
 
+    def overlap_rows(self) -> list[OverlapRow]:
+        """The profile's overlap rows, each step split into Shares by its stage's fit on
+        the GPU (a correction by decode's); rows of a stage without a fit are left out."""
+        out = []
+        for mm in self.profile.rows("overlap", "gpu"):
+            timed = self.step_shares(mm.step_stage, mm.batch, mm.tokens_per_seq, mm.context)
+            other = self.step_shares(mm.other_stage, mm.other_batch, mm.other_tokens_per_seq,
+                                     mm.other_context or 0)
+            if timed is not None and other is not None:
+                out.append(OverlapRow(timed, other, side_of(mm.step_stage), mm.slowdown))
+        return out
+
+    def step_shares(self, stage: str, b: int, m: int, c: int) -> Shares | None:
+        model = self.models.get((stage, "gpu"))
+        if model is None and stage == "correction":
+            model = self.models.get(("decode", "gpu"))
+        return None if model is None else model.shares(b, m, c)
+
+    def contention(self) -> Contention:
+        """lam per side fitted to the overlap rows (contention.py); the default without."""
+        return fit_contention(self.overlap_rows())
+
+
 def _shape_of(name: str | None, key: str) -> ModelShape:
     try:
         return model_shape(name or "")
@@ -181,6 +208,29 @@ class FittedCost:
         else:
             ms = alone + pre.marginal_ms(stage, batch, m, chunk)
         return min(alone + chunk_alone, max(ms, alone, chunk_alone)) * 1e-3
+
+
+    def shares(self, stage: str, batch: int, m: float, context: float,
+               chunk: Chunk | None = None) -> Shares:
+        """How the step uses the device (base.Shares), from its stage's physical terms; a
+        mixed forward from the mixed fit, or without one its step and chunk blended by
+        their times; a stage priced by the fallback from the fallback."""
+        if chunk is not None:
+            mixed = self._models.get("mixed")
+            if mixed is not None:
+                return mixed.shares(batch, m, context, chunk)
+            step, pre = self._models.get(stage), self._models.get("prefill")
+            if step is None or pre is None:
+                return BUSY
+            return blend([(step.ms(batch, m, context), step.shares(batch, m, context)),
+                          (pre.ms(chunk.batch, chunk.m, chunk.context),
+                           pre.shares(chunk.batch, chunk.m, chunk.context))])
+        model = self._models.get(stage)
+        if model is not None:
+            return model.shares(batch, m, context)
+        if self._fallback is not None:
+            return self._fallback.shares(stage, batch, m, context)
+        return BUSY
 
 
 class ProfileCost(FittedCost):

@@ -14,11 +14,15 @@ bytes and attention flops of both parts and pays the launch and step overheads o
              + max((kv + kv_chunk)/bw, (attn + attn_chunk)/attention_peak) + overheads
 
 That single weight read (and single overhead) is what mixing saves over two steps.
+
+`shares` splits the same terms for steps that overlap on one device (contention.py): the
+weight read and KV bytes are bandwidth, gemm and attention flops compute; each max's larger
+side is the time its resource binds; the overheads bind neither.
 """
 
 from __future__ import annotations
 
-from kestrel_sim.costs.base import Chunk
+from kestrel_sim.costs.base import Chunk, Shares, shares_of
 from kestrel_sim.costs.work import StepWork, bytes_per_param
 from kestrel_sim.hardware import Hardware
 from kestrel_sim.models import ModelShape
@@ -112,3 +116,15 @@ class RooflineCost:
         t, g, kvb, af = self._parts(stage, batch, m, context)
         pt, pg, pkv, paf = self._parts("prefill", chunk.batch, chunk.m, chunk.context)
         return max(g + pg, self._weights(t + pt)) + max(af + paf, kvb + pkv) + self._fixed
+
+    def shares(self, stage: str, batch: int, m: float, context: float,
+               chunk: Chunk | None = None) -> Shares:
+        t, g, kvb, af = self._parts(stage, batch, m, context)
+        if chunk is not None:
+            pt, pg, pkv, paf = self._parts("prefill", chunk.batch, chunk.m, chunk.context)
+            t, g, kvb, af = t + pt, g + pg, kvb + pkv, af + paf
+        w = self._weights(t)
+        memory = (w if w >= g else 0.0) + (kvb if kvb >= af else 0.0)
+        compute = (g if g > w else 0.0) + (af if af > kvb else 0.0)
+        return shares_of(w + kvb, g + af, memory, compute,
+                         max(g, w) + max(af, kvb) + self._fixed)

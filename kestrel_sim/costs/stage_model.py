@@ -3,6 +3,7 @@
     model = fit_stage(stage, device, rows, work, rates, borrowed)
     model.ms(batch, m, context)          # physical terms + measured correction
     model.physical_ms(batch, m, context) # physical terms alone
+    model.shares(batch, m, context)      # how the step uses the device (base.Shares)
 
 See fit.py for the terms and how they are fitted, correction.py for the correction.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kestrel_sim.costs.base import Chunk
+from kestrel_sim.costs.base import Chunk, Shares, shares_of
 from kestrel_sim.costs.correction import Correction
 from kestrel_sim.costs.fit import ATTENTION_STAGES, Terms, fit_terms, step_features, varies_context
 from kestrel_sim.costs.work import StepWork
@@ -58,6 +59,20 @@ class StageModel:
         if self.correction is None:
             return phys
         return max(phys + self.correction.ms((b, m, chunk.tokens), c), 0.5 * phys)
+
+    def shares(self, b: float, m: float, c: float, chunk: Chunk | None = None) -> Shares:
+        """How the step (a mixed stage: with `chunk`) uses the device, from the physical
+        terms: weights and KV are bandwidth, gemm and attention compute; the roofline max's
+        larger side binds its resource, the serial term binds compute, the overhead
+        neither. Fractions of the physical time (the correction is not split)."""
+        tm = self.terms
+        w, f, k, a = step_features(self.work, self.stage, b, m, c,
+                                   None if chunk is None else tuple(chunk))
+        wt, ft, kt, at, st = w * tm.weights, f * tm.gemm, k * tm.kv, a * tm.attention, f * tm.serial
+        memory = (wt if wt >= ft else 0.0) + kt
+        compute = (ft if ft > wt else 0.0) + st + at
+        return shares_of(wt + kt, ft + at, memory, compute,
+                         tm.overhead + max(wt, ft) + st + kt + at)
 
     def marginal_ms(self, stage: str, b: float, m: float, chunk: Chunk) -> float:
         """What a prefill chunk adds, on these (prefill) terms, to a `stage` forward of

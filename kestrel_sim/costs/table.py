@@ -11,6 +11,9 @@ least the chunk's own prefill step: the per-step values are read as the forward'
 cost (weights, launches), paid once. A table without `prefill_per_token` has no
 per-token part to split off, so the chunk adds its whole `prefill` step (no saving).
 With service exponential one draw scales the whole mixed step.
+
+A table knows no bandwidth / compute split: each step uses the whole device (base.BUSY),
+so steps that overlap on one device (serving.devices) share it in time.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from bisect import bisect_right
 
 import numpy as np
 
-from kestrel_sim.costs.base import Chunk
+from kestrel_sim.costs.base import BUSY, Chunk, Shares
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.scenario import TableCosts
 
@@ -65,6 +68,10 @@ class TableCost:
         if self._rng is not None:
             t *= self._rng.exponential()
         return t
+
+    def shares(self, stage: str, batch: int, m: float, context: float,
+               chunk: Chunk | None = None) -> Shares:
+        return BUSY
 
     def _mean(self, stage: str, batch: int, m: float) -> float:
         try:

@@ -21,9 +21,11 @@ from kestrel_sim.costs.build import build_costs
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec
 from kestrel_sim.metrics import Metrics, metrics_from, with_source
+from kestrel_sim.placement import place, worker_prefixes
 from kestrel_sim.recorder import Recorder
 from kestrel_sim.scenario import Link, Scenario, Slo, model_context
 from kestrel_sim.sim import processes as proc
+from kestrel_sim.sim.device import SharedDevice
 from kestrel_sim.sim.keep import TraceKeeper, TraceMode
 from kestrel_sim.sim.kv import kv_capacity, kv_transfer_bytes_per_token
 from kestrel_sim.sim.state import SimState
@@ -71,6 +73,21 @@ def _link(sc: Scenario, hw) -> LinkSpec:
     return hw.link(spec)
 
 
+def shared_devices(sc: Scenario, env: simpy.Environment, contention) -> dict[str, SharedDevice]:
+    """A SharedDevice per device that serving.devices places two workers or more on, by
+    worker prefix; a worker alone on its device (or without serving.devices) has none."""
+    if not sc.serving.devices:
+        return {}
+    where = place(worker_prefixes(sc.serving), sc.serving.devices)
+    out: dict[str, SharedDevice] = {}
+    for name in dict.fromkeys(where.values()):
+        mine = [w for w, d in where.items() if d == name]
+        if len(mine) > 1:
+            device = SharedDevice(env, contention)
+            out.update(dict.fromkeys(mine, device))
+    return out
+
+
 def simulate(
     scenario: Scenario, progress: Callable[[int, int], None] | None = None,
     trace: TraceMode = "sample",
@@ -110,7 +127,9 @@ def simulate(
         max_batch=sc.serving.max_batch, max_tokens=sc.serving.max_batched_tokens,
         chunk=sc.serving.prefill_chunk, preempt=not wait,
         mixed=sc.serving.mode == "colocated" and sc.serving.prefill_schedule == "mixed",
+        draft_on_device=bool(sc.draft and sc.draft.device == "gpu"),
     )
+    devices = shared_devices(sc, env, costs.contention)
 
     roles: dict[str, str] = {}
 
@@ -120,6 +139,7 @@ def simulate(
             dname = f"{prefix}/draft" if sc.draft.device == "gpu" else f"{prefix}/cpu-draft"
             roles[dname] = "draft"
         w = Worker(f"{prefix}/target", role, capacity, dname)
+        w.device = devices.get(prefix)
         roles[w.name] = role
         return w
 
@@ -169,6 +189,8 @@ def simulate(
         "draft": sc.draft.model if sc.draft else None,
         "draft_device": sc.draft.device if sc.draft else None,
         "costs": costs.source,
+        "placement": (place(worker_prefixes(sc.serving), sc.serving.devices)
+                      if sc.serving.devices else None),  # None: a device per worker
         "calibrated": costs.source != "roofline",  # roofline: analytic, not measured
         "workers": roles,
         "kv_capacity_tokens": capacity,

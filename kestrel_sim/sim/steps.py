@@ -18,13 +18,19 @@ none when the decode tokens fill the budget), all in the target's decode or veri
 forward, priced by `mixed_seconds`. The trace shows that forward as two spans with the
 same worker, start and end: the decode/verify span and a prefill span of the chunk.
 Chunks that complete emit their first token at the round's end, with the decode tokens.
+
+On a device shared by several workers (serving.devices) a step is a job of the
+device (device.py): its time alone and its Shares (the parts' shares, blended by their
+times), stretched while other workers' steps overlap it; its spans are kept aside and
+written in the times it ran once it ends.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kestrel_sim.costs.base import Chunk
+from kestrel_sim.costs.base import IDLE, Chunk, Shares, blend
+from kestrel_sim.sim.device import occupy
 from kestrel_sim.sim.state import SimState
 from kestrel_sim.sim.worker import Worker
 from kestrel_sim.trace import Span
@@ -34,12 +40,13 @@ class StepConfig:
     """Constants the steps need, resolved once from the Scenario (no pydantic in the loop)."""
 
     __slots__ = (
-        "acceptance", "chunk", "draft", "max_batch", "max_tokens", "mixed", "preempt",
-        "separate", "target",
+        "acceptance", "chunk", "draft", "draft_on_device", "max_batch", "max_tokens", "mixed",
+        "preempt", "separate", "target",
     )
 
     def __init__(self, target, draft, acceptance, separate: bool, max_batch: int,
-                 max_tokens: int, chunk: int, preempt: bool, mixed: bool = False):
+                 max_tokens: int, chunk: int, preempt: bool, mixed: bool = False,
+                 draft_on_device: bool = True):
         self.target = target  # StageCost of the target model
         self.draft = draft  # StageCost of the draft model, or None
         self.acceptance = acceptance  # AcceptanceModel, or None
@@ -49,6 +56,11 @@ class StepConfig:
         self.chunk = chunk
         self.preempt = preempt  # KV policy: preempt (True) or wait (False)
         self.mixed = mixed  # colocated: prefill chunks ride in decode/verify forwards
+        self.draft_on_device = draft_on_device  # the draft runs on the target's GPU
+
+    def draft_shares(self, stage: str, b: int, m: float, c: float) -> Shares:
+        """The draft's Shares of the target's device (none when it runs on the CPU)."""
+        return self.draft.shares(stage, b, m, c) if self.draft_on_device else IDLE
 
 
 def charge(st: SimState, rid: int, tokens: int) -> int:
@@ -97,7 +109,7 @@ def _take_chunks(cfg: StepConfig, w: Worker, budget: int):
     return chunks, tokens, ctx_sum
 
 
-def _draft_prefill(st: SimState, cfg: StepConfig, w: Worker, t: float, ids: list[int],
+def _draft_prefill(spans: list, cfg: StepConfig, w: Worker, t: float, ids: list[int],
                    tokens: int, ctx_sum: int) -> float:
     """The draft's own pass over a prefill chunk, from time t on its device; its seconds."""
     if cfg.draft is None:
@@ -105,8 +117,18 @@ def _draft_prefill(st: SimState, cfg: StepConfig, w: Worker, t: float, ids: list
     nb = len(ids)
     dur = cfg.draft.seconds("prefill", nb, tokens / nb, ctx_sum / nb)
     if dur > 0:
-        st.spans.append(Span("prefill", w.draft_name, t, t + dur, ids, tokens, ctx_sum))
+        spans.append(Span("prefill", w.draft_name, t, t + dur, ids, tokens, ctx_sum))
     return dur
+
+
+def _prefill_shares(cfg: StepConfig, tf: float, td: float, nb: int, tokens: int,
+                    ctx_sum: int) -> Shares:
+    """A prefill step's Shares: the target's pass (tf s), then the draft's (td s)."""
+    m, c = tokens / nb, ctx_sum / nb
+    parts = [(tf, cfg.target.shares("prefill", nb, m, c))]
+    if td:
+        parts.append((td, cfg.draft_shares("prefill", nb, m, c)))
+    return blend(parts)
 
 
 def prefill_step(st: SimState, cfg: StepConfig, w: Worker, on_prefilled):
@@ -118,10 +140,15 @@ def prefill_step(st: SimState, cfg: StepConfig, w: Worker, on_prefilled):
     chunks, tokens, ctx_sum = _take_chunks(cfg, w, cfg.max_tokens)
     nb = len(chunks)
     ids = [job.rid for job, _ in chunks]
+    spans = st.spans if w.device is None else []
     dur = cfg.target.seconds("prefill", nb, tokens / nb, ctx_sum / nb)
-    st.spans.append(Span("prefill", w.name, now, now + dur, ids, tokens, ctx_sum))
-    dur += _draft_prefill(st, cfg, w, now + dur, ids, tokens, ctx_sum)
-    yield env.timeout(dur)
+    spans.append(Span("prefill", w.name, now, now + dur, ids, tokens, ctx_sum))
+    td = _draft_prefill(spans, cfg, w, now + dur, ids, tokens, ctx_sum)
+    if w.device is None:
+        yield env.timeout(dur + td)
+    else:
+        shares = _prefill_shares(cfg, dur, td, nb, tokens, ctx_sum)
+        yield from occupy(st, w, dur + td, shares, "prefill", spans)
     _complete_chunks(st, w, chunks, on_prefilled)
 
 
@@ -184,7 +211,7 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
     csum = batch.ctx_sum
     c = csum / b
     rlist = ids.tolist()
-    spans = st.spans
+    spans = st.spans if w.device is None else []
     chunks = chunk = None
     if on_prefilled is not None and w.prefilling:
         chunks, ptok, pctx = _take_chunks(cfg, w, cfg.max_tokens - b * (k + 1))
@@ -214,14 +241,27 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
     if chunk is not None:
         spans.append(Span("prefill", w.name, t, t + tf, pids, ptok, pctx))
     t += tf
+    tc = td_prefill = 0.0
     if k and cfg.separate:
         asum = sum(alist)
         tc = cfg.target.seconds("correction", b, 1, (csum + asum) / b)
         spans.append(Span("correction", w.name, t, t + tc, rlist, b, csum + asum))
         t += tc
     if chunk is not None:
-        t += _draft_prefill(st, cfg, w, t, pids, ptok, pctx)
-    yield env.timeout(t - now if k else tf)  # without k, t == now + tf: tf keeps the bits
+        td_prefill = _draft_prefill(spans, cfg, w, t, pids, ptok, pctx)
+        t += td_prefill
+    if w.device is None:
+        yield env.timeout(t - now if k else tf)  # without k, t == now + tf: tf keeps the bits
+    else:
+        parts = [(tf, cfg.target.shares(stage, b, k + 1, c, chunk))]
+        if k:
+            parts.append((k * td, cfg.draft_shares("draft", b, 1, c)))
+        if tc:
+            parts.append((tc, cfg.target.shares("correction", b, 1, (csum + asum) / b)))
+        if td_prefill:
+            parts.append((td_prefill, cfg.draft_shares("prefill", chunk.batch, chunk.m,
+                                                       chunk.context)))
+        yield from occupy(st, w, t - now if k else tf, blend(parts), "decode", spans)
 
     total = int(emit.sum())
     batch.grow(emit, total)

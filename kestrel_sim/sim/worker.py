@@ -14,8 +14,8 @@ from kestrel_sim.sim.state import PrefillJob
 
 class Worker:
     __slots__ = (
-        "batch", "draft_name", "kv", "last_was_prefill", "link", "name", "prefilling",
-        "role", "wake",
+        "batch", "device", "draft_name", "kv", "last_was_prefill", "link", "name",
+        "prefilling", "role", "wake",
     )
 
     def __init__(self, name: str, role: str, kv_capacity: int, draft_name: str | None):
@@ -28,3 +28,4 @@ class Worker:
         self.last_was_prefill = False
         self.wake = None  # a simpy event while idle, else None
         self.link = None  # prefill workers (disaggregated): their KV transfer link
+        self.device = None  # the SharedDevice it shares with other workers (serving.devices), or None

@@ -1,0 +1,153 @@
+"""Steps of several workers that overlap in time on one device: how much each one slows.
+
+A step's use of its device is its Shares (base.py), fractions of its time alone: the
+bandwidth b and compute g it uses on average, the parts of its time bound by memory (mu)
+and by compute (kappa), busy s = mu + kappa; the rest, 1 - s, is overhead (launches, host
+work, gaps) that another stream's kernels fill. While a set S of steps is active on one
+device, step i advances at 1 / f_i of its speed alone:
+
+    X_B = max(1, sum_S b_j)       bandwidth asked for, over what the device has
+    X_C = max(1, sum_S g_j)       compute asked for, over what it has
+    X_T = max(1, sum_S s_j)       device time asked for, were kernels run one at a time
+
+    f_i = (1 - s_i) + (1 - lam_i) (mu_i X_B + kappa_i X_C) + lam_i s_i X_T
+
+lam = 0 is processor sharing of two resources: a memory-bound decode step beside a
+compute-bound prefill chunk slows little (neither resource is oversubscribed), while two
+memory-bound steps split the bandwidth. lam = 1: the two streams' kernels run one at a time
+and only the overhead gaps overlap. Between the two, lam_i is the part of step i's kernel
+time that cannot run beside the other stream's kernels (SMs held by the other's thread
+blocks, caches, the memory controller's queues). Alone every X is 1 and f = 1; f_i grows
+with lam_i and with the other steps' shares, and never passes its lam = 1 bound.
+
+lam is per side, `decode` (decode and speculative rounds, mixed steps: many small
+kernels) and `prefill` (prefill chunks: large GEMMs), since the two suffer differently.
+Each is fitted from a profile's overlap rows (a step timed while a step of the other side
+loops on another stream of the same GPU: observed f = ms / alone_ms), where f is linear in
+lam: least squares on relative error, kept within 0..1; a side without rows takes the fit
+of all rows. Without overlap rows both sides take DEFAULT_SERIAL, halfway between the two
+bounds, and the cost description says the contention is uncalibrated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kestrel_sim.costs.base import Shares
+
+SIDES = ("decode", "prefill")
+DEFAULT_SERIAL = 0.5  # halfway between ideal sharing (0) and kernels one at a time (1)
+
+
+def side_of(stage: str) -> str:
+    """The side a step of `stage` is on: prefill chunks, or decode-like steps."""
+    return "prefill" if stage == "prefill" else "decode"
+
+
+def bounds(shares: list[Shares], i: int) -> tuple[float, float]:
+    """(f at lam 0, f at lam 1) of step i while all of `shares` are active."""
+    bw = fl = busy = 0.0
+    for sh in shares:
+        bw += sh.bandwidth
+        fl += sh.compute
+        busy += sh.memory_bound + sh.compute_bound
+    me = shares[i]
+    idle = 1.0 - me.memory_bound - me.compute_bound
+    ideal = idle + me.memory_bound * max(1.0, bw) + me.compute_bound * max(1.0, fl)
+    serial = idle + (1.0 - idle) * max(1.0, busy)
+    return ideal, serial
+
+
+def slowdowns(shares: list[Shares], serial: list[float]) -> list[float]:
+    """f_i of every active step (see the module docstring); serial[i] is step i's lam."""
+    if len(shares) == 1:
+        return [1.0]
+    out = []
+    for i, lam in enumerate(serial):
+        ideal, one_at_a_time = bounds(shares, i)
+        out.append(ideal + lam * (one_at_a_time - ideal))
+    return out
+
+
+@dataclass
+class OverlapRow:
+    """One measured overlap: the timed step's and the other step's Shares (from the cost
+    model's terms), the timed step's side, and its observed slowdown ms / alone_ms."""
+
+    timed: Shares
+    other: Shares
+    side: str
+    observed: float
+
+    def bounds(self) -> tuple[float, float]:
+        return bounds([self.timed, self.other], 0)
+
+
+@dataclass
+class Contention:
+    """lam per side, where it came from, and (fitted) the held-out error of its rows."""
+
+    serial: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SIDES, DEFAULT_SERIAL))
+    rows: int = 0  # overlap rows fitted (0: the default)
+    how: dict[str, str] = field(default_factory=lambda: dict.fromkeys(SIDES, "default"))
+    held_out_pct: list[float] = field(default_factory=list)  # |error| % of each row, left out
+
+    @property
+    def fitted(self) -> bool:
+        return self.rows > 0
+
+    def describe(self) -> str:
+        lam = ", ".join(f"{s} {self.serial[s]:.2f}" for s in SIDES)
+        if not self.fitted:
+            return (f"steps overlapping on one device: uncalibrated contention, lam {lam} "
+                    "(halfway between sharing bandwidth and compute and running kernels one "
+                    "at a time; the profile has no overlap rows)")
+        text = f"steps overlapping on one device: lam {lam} fitted from {self.rows} overlap rows"
+        if self.held_out_pct:
+            text += f" (held-out error median {np.median(self.held_out_pct):.1f}%)"
+        return text
+
+
+def fit_serial(rows: list[OverlapRow]) -> float | None:
+    """lam minimising the relative error of f = ideal + lam (serial - ideal) over `rows`,
+    within 0..1; None where the rows cannot tell (both bounds equal on every row)."""
+    num = den = 0.0
+    for r in rows:
+        ideal, serial = r.bounds()
+        w = 1.0 / (r.observed * r.observed)
+        num += w * (r.observed - ideal) * (serial - ideal)
+        den += w * (serial - ideal) ** 2
+    if den < 1e-12:
+        return None
+    return min(1.0, max(0.0, num / den))
+
+
+def predict(row: OverlapRow, lam: float) -> float:
+    ideal, serial = row.bounds()
+    return ideal + lam * (serial - ideal)
+
+
+def fit_contention(rows: list[OverlapRow]) -> Contention:
+    """lam per side from overlap rows (see the module docstring), with the leave-one-out
+    error of each row; the default where there are none."""
+    out = Contention()
+    pooled = fit_serial(rows) if rows else None
+    if pooled is None:
+        return out
+    for side in SIDES:
+        mine = [r for r in rows if r.side == side]
+        lam = fit_serial(mine) if mine else None
+        out.serial[side] = pooled if lam is None else lam
+        out.how[side] = "fitted" if lam is not None else "fitted on all rows (none of its own)"
+    out.rows = len(rows)
+    for i, r in enumerate(rows):
+        rest = [q for j, q in enumerate(rows) if j != i]
+        lam = fit_serial([q for q in rest if q.side == r.side])
+        if lam is None:
+            lam = fit_serial(rest)
+        if lam is None:
+            continue
+        out.held_out_pct.append(abs(predict(r, lam) / r.observed - 1.0) * 100.0)
+    return out
