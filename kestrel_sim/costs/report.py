@@ -15,6 +15,9 @@ far a fit may be trusted beyond its grid, the median how well it interpolates.
 When a profile has mixed rows the report adds a row `mixed (marginal rule)`: the error of
 the rule used without mixed rows (step + marginal chunk on the prefill fit) on all of
 them, none of which it saw.
+
+When it has overlap rows, a line gives the contention fitted to them (contention.py): lam
+per side and the error of each row's slowdown, predicted with lam fitted on the others.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class FitReport:
     method: str
     stages: list[StageReport]
     link: dict[str, float] | None = None
+    overlap: dict | None = None  # lam per side, rows, held-out error of the slowdowns
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,6 +79,11 @@ class FitReport:
         if self.link:
             lines.append(f"kv_transfer link: {self.link['bandwidth_gb_s']:.3g} GB/s, "
                          f"{self.link['latency_us']:.3g} us latency")
+        if self.overlap:
+            o = self.overlap
+            lam = ", ".join(f"{side} {v:.2f}" for side, v in o["serial"].items())
+            lines.append(f"overlap: lam {lam} from {o['rows']} rows; slowdown held out "
+                         f"med/max {_pair(o['median_pct'], o['max_pct'])} %")
         return "\n".join(lines)
 
 
@@ -149,7 +158,17 @@ def fit_report(profile: Profile, name: str = "<profile>", every: int | None = No
         out.append(_marginal_rule(fits, mixed, prefill))
     link = fits.link()
     return FitReport(name, "leave-one-out" if every is None else f"every {_nth(every)} row",
-                     out, link.model_dump() if link else None)
+                     out, link.model_dump() if link else None, _overlap(fits))
+
+
+def _overlap(fits: ProfileFits) -> dict | None:
+    """The contention fitted to the overlap rows (always leave-one-out: one lam per side)."""
+    fitted = fits.contention()
+    if not fitted.fitted:
+        return None
+    med, mx = _stats(fitted.held_out_pct)
+    return {"serial": dict(fitted.serial), "how": dict(fitted.how), "rows": fitted.rows,
+            "median_pct": med, "max_pct": mx}
 
 
 def _marginal_rule(fits: ProfileFits, rows: list[Measurement], prefill: StageModel) -> StageReport:
