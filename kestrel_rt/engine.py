@@ -82,22 +82,27 @@ def check_sampling(temperature: float, top_p: float, seed: int | None) -> None:
                            f"0..{SEED_RANGE - 1} (torch's generator seeds)")
 
 
-def _check(model: Qwen3Model, prompts: list[list[int]], max_new_tokens: int) -> None:
-    if max_new_tokens < 0:
-        raise KestrelError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    ctx, vocab = model.shape.max_position_embeddings, model.shape.vocab_size
+def check_prompts(prompts: list[list[int]], vocab: int, context: int, what: str) -> None:
+    """Refuse an empty prompt, one that fills the context, or a token id outside the
+    vocabulary, naming the prompt; `what` names the model(s) in the message."""
     for i, p in enumerate(prompts):
         if not p:
             raise KestrelError(f"prompt {i} is empty: expected at least one token id")
-        if len(p) >= ctx:
+        if len(p) >= context:
             raise PromptTooLongError(
-                f"prompt {i} has {len(p)} tokens: model '{model.shape.name}' has a context of "
-                f"{ctx} (max_position_embeddings), so a prompt may have at most {ctx - 1}")
+                f"prompt {i} has {len(p)} tokens: {what} has a context of {context} "
+                f"(max_position_embeddings), so a prompt may have at most {context - 1}")
         bad = [t for t in p if not 0 <= t < vocab]
         if bad:
-            raise KestrelError(
-                f"prompt {i} has token id {bad[0]}: expected ids in 0..{vocab - 1} "
-                f"(vocab_size of model '{model.shape.name}')")
+            raise KestrelError(f"prompt {i} has token id {bad[0]}: expected ids in "
+                               f"0..{vocab - 1} (vocab_size of {what})")
+
+
+def _check(model: Qwen3Model, prompts: list[list[int]], max_new_tokens: int) -> None:
+    if max_new_tokens < 0:
+        raise KestrelError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    s = model.shape
+    check_prompts(prompts, s.vocab_size, s.max_position_embeddings, f"model '{s.name}'")
 
 
 def kv_cache_for(model: Qwen3Model, num_slots: int, max_len: int) -> KVCache:

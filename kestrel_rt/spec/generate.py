@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kestrel_rt.engine import GenerateResult, PromptTooLongError
+from kestrel_rt.engine import GenerateResult, check_prompts
 from kestrel_rt.model import Qwen3Model
 from kestrel_rt.spec.config import SpecConfig
 from kestrel_rt.spec.round import SpecDecoder
@@ -29,20 +29,12 @@ class SpecResult(GenerateResult):
 
 def check_request(decoder: SpecDecoder, prompts: list[list[int]], max_new: list[int]) -> None:
     """Prompts and limits a user can get wrong, refused with what is expected."""
-    vocab, ctx, name = decoder.target.shape.vocab_size, decoder.context, decoder.target.shape.name
-    for i, (p, n) in enumerate(zip(prompts, max_new)):
+    for i, n in enumerate(max_new):
         if n < 0:
             raise KestrelError(f"max_new_tokens of prompt {i} is {n}: expected >= 0")
-        if not p:
-            raise KestrelError(f"prompt {i} is empty: expected at least one token id")
-        if len(p) >= ctx:
-            raise PromptTooLongError(
-                f"prompt {i} has {len(p)} tokens: the context of target '{name}' and its draft "
-                f"is {ctx} (max_position_embeddings), so a prompt may have at most {ctx - 1}")
-        bad = [t for t in p if not 0 <= t < vocab]
-        if bad:
-            raise KestrelError(f"prompt {i} has token id {bad[0]}: expected ids in "
-                               f"0..{vocab - 1} (vocab_size of model '{name}')")
+    name = decoder.target.shape.name
+    check_prompts(prompts, decoder.target.shape.vocab_size, decoder.context,
+                  f"target '{name}' and its draft")
 
 
 def _sync(*models: Qwen3Model) -> None:
