@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Checks and measures the GPU runtime, each step under its own time limit: the GPU tests, the
-# gemv stream per kernel, the decode benchmark, the decode attention's phase probe and an
-# options ablation. Logs and tables go under OUT/session, packed into OUT/session.tgz.
+# speculative decoding and serving tables, the decode benchmark, calibration (the bundled
+# profiles), the gemv stream per kernel, the decode attention's phase probe and an options
+# ablation. Logs and tables go under OUT/session, packed into OUT/session.tgz.
 #
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
-# STEPS: a comma list of tests, gemv, decode, probe, ablation (default all; together up to
-# 20 minutes: on a device with a 10-minute call, run tests,gemv then decode,probe,ablation).
+# STEPS: a comma list of tests, spec, serve, decode, calibrate, gemv, probe, ablation (default
+# tests,spec,serve,decode,calibrate; a 10-minute call fits tests,spec, then serve,decode, then
+# calibrate).
 # The tests step compiles every kernel module first, in parallel (tests/conftest.py,
 # kestrel_rt/cuda/precompile.py). The device's copy of .git may be older than the working
 # tree: pass the commit from here.
 set -u
 COMMIT=${1:?usage: bash bench/gpu_session.sh COMMIT [OUT] [STEPS]}
 OUT=${2:-${OUT:-runs/gpu}}
-STEPS=,${3:-tests,gemv,decode,probe,ablation},
+STEPS=,${3:-tests,spec,serve,decode,calibrate},
 LOG=$OUT/session
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
@@ -24,9 +26,12 @@ step() {  # step NAME SECONDS COMMAND...: run, log to LOG/NAME.log, report its e
   timeout "$limit" "$@" > "$LOG/$name.log" 2>&1
   echo "$name: exit $? (limit ${limit}s)" | tee -a "$LOG/summary.txt"
 }
-step tests 300 python3 -m pytest -o addopts="" -q -n 12 --durations=25 -p no:cacheprovider tests/gpu tests/test_cli_generate.py
+step tests 330 python3 -m pytest -o addopts="" -q -n 12 --durations=25 -p no:cacheprovider tests/gpu tests/test_cli_generate.py tests/test_calibrate_gpu.py
+step spec 240 python3 bench/spec_bench.py --out "$LOG" --commit "$COMMIT"
+step serve 200 python3 bench/serve_bench.py --out "$LOG" --commit "$COMMIT"
 step gemv 120 python3 bench/gemv_bench.py --out "$LOG" --ms 1 --kinds bf16,int4 --paths table,tuned
-step decode 420 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
+step decode 330 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
+step calibrate 540 bash -c "python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --commit $COMMIT --out $LOG/qwen3-8b_h200.json && python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --quant int4 --commit $COMMIT --max-minutes 4 --out $LOG/qwen3-8b-int4_h200.json"
 step probe 120 python3 bench/probes/attention_probe.py
 step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-0.6b:bf16 --set pdl=true,false --set fold_norms=true,false
 tar czf "$OUT/session.tgz" -C "$OUT" session
@@ -36,3 +41,4 @@ grep -E "^(FAILED|ERROR)" "$LOG/tests.log" 2>/dev/null | head -20
 cat "$LOG/summary.txt"
 tail -n 8 "$LOG/ablation.log" 2>/dev/null
 grep -A12 "^| section" "$LOG/h200_decode.md" 2>/dev/null | grep "decode b=1"
+tail -n 3 "$LOG/spec_bench.md" "$LOG/serve_bench.md" 2>/dev/null
