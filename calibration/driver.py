@@ -73,8 +73,14 @@ def bench_options(bp: BenchPlan):
 
 
 def build_bench(bp: BenchPlan, grid: Grid):
-    """The bench's model, built and prepared, owning its KV slots."""
+    """The bench's model, built and prepared, owning its KV slots (the overlap bench
+    `pair@gpu`: two instances of it, calibration/overlap.py)."""
     import torch
+
+    if bp.name.startswith("pair@"):
+        from calibration.overlap import build_pair
+
+        return build_pair(bp, grid)
 
     from calibration.measure import Bench, transfer_caches
     from kestrel_rt.runner import build_model, prepare

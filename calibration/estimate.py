@@ -90,6 +90,13 @@ def point_seconds(p: Point, shape, speed: DeviceSpeed, itemsize: int, quant: str
     """One point: `runs` runs (warm-up + timed) of its step, plus the fixed set-up."""
     if p.stage == "kv_transfer":
         step = 2 * p.m * shape.kv_elements_per_token * itemsize / speed.bandwidth + 20e-6
+    elif p.stage == "overlap":  # the two steps at once: overlap_grid.py
+        from calibration.overlap_grid import overlap_seconds
+
+        steps = step_seconds(shape, speed, itemsize, quant, p.batch, p.m, p.context, True)
+        chunk = step_seconds(shape, speed, itemsize, quant, 1, p.chunk_tokens,
+                             p.chunk_context, True)
+        return overlap_seconds(steps, chunk, p.timed, runs) + speed.point_s
     elif p.stage == "mixed":
         step = step_seconds(shape, speed, itemsize, quant, 1, p.batch * p.m + p.chunk_tokens,
                             p.chunk_context, graphed=False)

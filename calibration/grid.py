@@ -22,12 +22,14 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, field_validator
 
+from calibration.overlap_grid import OverlapGrid
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.schema_base import StrictModel
 from kestrel_sim.yamlio import load_model
 
 GRIDS_DIR = Path(__file__).resolve().parent / "grids"
-STAGES = ("decode", "verify", "correction", "prefill", "mixed", "draft", "kv_transfer")
+STAGES = ("decode", "verify", "correction", "prefill", "mixed", "draft", "kv_transfer",
+          "overlap")
 MAX_K = 15  # verify M = k + 1 <= 16: the CUDA-graphed shapes (GraphModel.max_m)
 
 
@@ -168,6 +170,9 @@ class Grid(StrictModel):
     mixed: MixedGrid | None = None
     draft: DraftGrid | None = None
     kv_transfer: TransferGrid | None = None
+    overlap: OverlapGrid | None = Field(
+        default=None, description="the two disaggregated workers' steps at once on one GPU "
+        "(calibration/overlap_grid.py); measured on a GPU only")
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,7 @@ class Point:
     chunk_context: int = 0
     after_k: int = 0
     peer: str = ""  # kv_transfer: the GPU the KV is copied to ("": the bench's own device)
+    timed: str = ""  # overlap: "decode" or "prefill", the side timed (overlap_grid.py)
 
     @property
     def bench(self) -> str:
@@ -200,8 +206,10 @@ class Point:
             return f"{self.bench}/kv_transfer/n{self.m}" + (f"/to-{self.peer}" if self.peer
                                                             else "")
         text = f"{self.bench}/{self.stage}/b{self.batch}/m{self.m}/c{self.context}"
-        if self.stage == "mixed":
+        if self.stage in ("mixed", "overlap"):
             text += f"/chunk{self.chunk_tokens}@{self.chunk_context}"
+        if self.stage == "overlap":
+            text += f"/timed-{self.timed}"
         if self.stage == "correction":
             text += f"/after-k{self.after_k}"
         return text
@@ -216,7 +224,7 @@ class Point:
         """The longest sequence it makes (cached + new tokens)."""
         if self.stage == "kv_transfer":
             return 0  # its own caches (calibration/measure.py)
-        if self.stage == "mixed":
+        if self.stage in ("mixed", "overlap"):
             return max(self.context + self.m, self.chunk_context + self.chunk_tokens)
         if self.stage == "correction":
             return self.context + self.after_k + 1
@@ -270,7 +278,8 @@ def expand(grid: Grid, target_device: str, draft_devices: tuple[str, ...] = (),
     """Every point of the grid, without repeats: the target's (on target_device), then the
     draft's on each of draft_devices (those the grid's draft section lists); each model's
     kv_transfer points after its steps, and the target's to the GPU `peer` (when given and
-    the grid measures between GPUs)."""
+    the grid measures between GPUs); last, on a GPU, the overlap points of two instances of
+    the target (the bench "pair@gpu")."""
     groups = [("target", target_device, target_points(grid, target_device))]
     for device in draft_devices:
         steps = getattr(grid.draft, device, None) if grid.draft else None
@@ -287,6 +296,9 @@ def expand(grid: Grid, target_device: str, draft_devices: tuple[str, ...] = (),
                 points += [Point(model, device, "kv_transfer", 1, n, peer=peer)
                            for n in grid.kv_transfer.tokens]
         out += points
+    if grid.overlap and target_device == "gpu":  # two streams of one GPU
+        out += [Point("pair", "gpu", "overlap", b, m, c, n, cc, timed=timed)
+                for timed, b, m, c, n, cc in grid.overlap.shapes()]
     seen: set[str] = set()
     return [p for p in out if not (p.id in seen or seen.add(p.id))]
 

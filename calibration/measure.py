@@ -28,6 +28,8 @@ any gap the host leaves. What each stage runs:
   model's geometry, on a stream of its own on a GPU (as the serving link copies): both on
   the model's device, or the second on the point's `peer` GPU (a peer copy, the link
   between GPUs); the record names the pair ("cuda:0->cuda:1").
+- overlap: a decode worker's step and a prefill worker's chunk at once, on two instances of
+  the target on two streams of one GPU (calibration/overlap.py).
 """
 
 from __future__ import annotations
@@ -140,6 +142,10 @@ def timed(bench: Bench, point: Point, setup, run, nbytes: int | None = None,
 def measure(bench: Bench, point: Point) -> Record:
     """Time one point on the bench's model; see the module docstring."""
     stage = point.stage
+    if stage == "overlap":  # a PairBench's point: calibration/overlap.py
+        from calibration.overlap import measure_overlap
+
+        return measure_overlap(bench, point)
     if stage == "kv_transfer":
         return measure_transfer(bench, point)
     if stage == "mixed":

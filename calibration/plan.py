@@ -6,7 +6,9 @@ models, and the run's time estimate, before anything is built.
     plan = fit_budget(plan, minutes=5)         # fewer timed runs, where over a budget
 
 A *bench* is one model instance on one device: the target on the GPU (or the CPU), the draft
-on the GPU, the draft on the CPU; its points are the grid points that instance measures.
+on the GPU, the draft on the CPU; its points are the grid points that instance measures. The
+bench `pair@gpu` is two instances of the target on one GPU, for the overlap points
+(calibration/overlap.py).
 Only shapes are read here (kestrel_rt.loading.resolve), never weights, and no device is
 touched: a plan for a GPU can be made (`kestrel calibrate --dry-run`) on a machine without
 one.
@@ -130,6 +132,11 @@ def make_plan(request: Request) -> Plan:
                 dfolder, torch_device)
             benches.append(BenchPlan(f"draft@{device}", request.draft, torch_device, ddtype,
                                      None, dshape, mine))
+    pair = [p for p in points if p.model == "pair"]  # overlap: two instances of the target
+    if pair:
+        check_reach(pair, shape, f"model {request.model}", request.grid_file)
+        benches.append(BenchPlan("pair@gpu", request.model, request.device, dtype,
+                                 request.quant, shape, pair))
     benches = [b for b in benches if b.points]
     if not benches:
         raise ConfigError(f"grid {request.grid_file} has no point to measure for this model "
@@ -177,6 +184,8 @@ def estimate(benches: list[BenchPlan], grid: Grid) -> Estimate:
         size = itemsize(b.dtype)
         graphs = len({(p.batch, p.m) for p in b.points if p.m <= 16}) if gpu else 0
         out.builds[b.name] = build_seconds(b.shape, speed, size, b.quant, graphs)
+        if b.name.startswith("pair@"):  # two instances of the model (calibration/overlap.py)
+            out.builds[b.name] *= 2
         if gpu and not out.compile and not kernel_cache_filled():
             out.compile = COLD_COMPILE_S
             out.builds[b.name] += COLD_COMPILE_S

@@ -11,12 +11,15 @@ p90.
 
 from __future__ import annotations
 
+from calibration.overlap_grid import overlap_measurement
 from kestrel_sim.profile import Fingerprint, Measurement, Profile
 
 
 def to_measurement(rec) -> Measurement:
     """A Record as a Measurement (kestrel_sim/profile.py says how each stage reads)."""
     p = rec.point
+    if p.stage == "overlap":  # the two workers' steps at once: calibration/overlap_grid.py
+        return overlap_measurement(rec)
     mixed = p.stage == "mixed"
     return Measurement(
         stage=p.stage,

@@ -18,7 +18,8 @@ from calibration.plan import Request, make_plan
 from kestrel_cli.app import app
 from kestrel_sim.profile import Profile
 
-STAGES = {"decode", "verify", "correction", "prefill", "mixed", "draft", "kv_transfer"}
+STAGES = {"decode", "verify", "correction", "prefill", "mixed", "draft", "kv_transfer",
+          "overlap"}
 
 
 def test_tiny_grid_on_the_gpu(tmp_path):

@@ -23,18 +23,23 @@ def test_bundled_grids_load_and_expand_without_repeats():
         points = expand(grid, "gpu", ("gpu", "cpu"))
         ids = [p.id for p in points]
         assert len(ids) == len(set(ids))
-        # every stage of the issue is measured by every bundled grid
+        # every stage of the issue is measured by every bundled grid, and on a GPU the
+        # two disaggregated workers' steps at once (overlap, on the pair of instances)
         assert {p.stage for p in points} == {"decode", "verify", "correction", "prefill",
-                                             "mixed", "draft", "kv_transfer"}
-        assert {p.bench for p in points} == {"target@gpu", "draft@gpu", "draft@cpu"}
+                                             "mixed", "draft", "kv_transfer", "overlap"}
+        assert {p.bench for p in points} == {"target@gpu", "draft@gpu", "draft@cpu",
+                                             "pair@gpu"}
+        assert "overlap" not in {p.stage for p in expand(grid, "cpu", ("cpu",))}
 
 
 def test_points_are_grouped_by_bench_and_have_stable_ids():
     grid, _ = load_grid("tiny")
     points = expand(grid, "gpu", ("gpu", "cpu"))
     benches = [p.bench for p in points]
-    # each model instance's points are contiguous: target, draft on the GPU, on the CPU
-    assert benches == sorted(benches, key=["target@gpu", "draft@gpu", "draft@cpu"].index)
+    # each model instance's points are contiguous: target, draft on the GPU, on the CPU,
+    # then the pair of target instances (overlap)
+    order = ["target@gpu", "draft@gpu", "draft@cpu", "pair@gpu"]
+    assert benches == sorted(benches, key=order.index)
     ids = {p.id for p in points}
     assert "target@gpu/verify/b2/m4/c32" in ids  # k = 3 -> M = 4
     assert "target@gpu/mixed/b2/m3/c16/chunk8@16" in ids

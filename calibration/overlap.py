@@ -1,0 +1,214 @@
+"""Timing the overlap points: a step of each disaggregated worker at once on one GPU.
+
+    pair = build_pair(bench_plan, grid)        # two instances of the target, two streams
+    record = measure_overlap(pair, point)      # OverlapRecord: ms beside, alone_ms alone
+
+The runtime's disaggregated mode on one GPU runs the prefill worker and the decode worker
+on two CUDA streams, each with its own model instance and KV cache, and their kernels
+contend for bandwidth and SMs. A pair bench is the same: two instances of the target
+(`decode`: decode or verify rows, `prefill`: one prompt chunk per forward, as the
+serving forwards run them, graph replays where graphable), each on a stream of its own.
+
+An overlap point times one side's step (`point.timed`) while the other side's step loops
+on the other stream:
+
+  1. the timed step alone on its stream, warm-up + timed runs (calibration.measure.timed):
+     `alone_ms`, the median;
+  2. the other step alone, a few runs (once per shape per bench): its time, to size the
+     loop;
+  3. warm-up + timed runs of: the other step's first forward on its stream (an event
+     after it), the timed step on its own stream waiting on that event (so the other
+     stream is busy when it starts), then the other step's remaining forwards, at least
+     COVER x the timed step alone in all (overlap_grid.COVER). The timed step's CUDA
+     events on its stream give its time beside the other; an event after the loop checks
+     that the loop outlasted it (else the run is made again with a loop twice as long).
+
+The host enqueues everything of a run before the device has finished the other's first
+forward (graph replays: tens of microseconds each), and waits for the device between runs.
+Each forward's cache lengths are set by bookkeeping alone (calibration.measure.set_lengths)
+so the loop's chunk stays at its context however many times it runs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from calibration.measure import Bench, Record, percentile, set_lengths, timed
+from calibration.overlap_grid import COVER
+
+ROTATION = 2  # KV slots per row where memory allows (rows rotate over them)
+ALONE_RUNS = 3  # timed runs of the other step alone, to size the loop
+TRIES = 3  # runs made again with a loop twice as long before a point fails
+
+
+@dataclass
+class OverlapRecord(Record):
+    alone_ms: float = 0.0  # the timed step alone, median of the same number of runs
+
+
+@dataclass
+class Side:
+    """One worker's part of a point: its bench, stream, and its step (setup, run)."""
+
+    bench: Bench
+    stream: torch.cuda.Stream
+    setup: object  # () -> state (host bookkeeping)
+    run: object  # (state) -> None: enqueue the step on the current stream
+
+
+@dataclass
+class PairBench:
+    """Two instances of the target on one GPU, each with its stream."""
+
+    name: str
+    decode: Bench  # the decode worker's instance: decode / verify rows
+    prefill: Bench  # the prefill worker's instance: one prompt chunk per forward
+    streams: tuple[torch.cuda.Stream, torch.cuda.Stream]  # (decode, prefill)
+    other_ms: dict[tuple, float] = field(default_factory=dict)  # shape -> ms alone
+
+    @property
+    def on_gpu(self) -> bool:
+        return True
+
+
+def loop_length(alone_ms: float, other_ms: float) -> int:
+    """Forwards of the other step: one before the timed step starts, then enough to last
+    COVER x the timed step's time alone."""
+    return 1 + max(1, math.ceil(COVER * alone_ms / max(other_ms, 1e-6)))
+
+
+def summary(point, times: list[float], alone_ms: float) -> OverlapRecord:
+    times = sorted(times)
+    return OverlapRecord(point, statistics.median(times), len(times), percentile(times, 0.1),
+                         percentile(times, 0.9), alone_ms=alone_ms)
+
+
+def layout(points, side: str, prefill_buckets: tuple[int, ...]) -> dict:
+    """prepare()'s arguments for one instance of the pair: slots, max_len, batches, new
+    tokens and prefill lengths covering every point's step of that side."""
+    if side == "decode":
+        return {"slots": ROTATION * max(p.batch for p in points),
+                "max_len": max(p.context + p.m for p in points) + 1,
+                "batches": tuple(sorted({p.batch for p in points})),
+                "new_tokens": tuple(sorted({p.m for p in points})), "prefill": (32,)}
+
+    def padded(n: int) -> int:
+        return next((b for b in prefill_buckets if b >= n), n)
+
+    return {"slots": ROTATION, "batches": (1,), "new_tokens": (1,),
+            "max_len": max(p.chunk_context + padded(p.chunk_tokens) for p in points) + 1,
+            "prefill": tuple(sorted({p.chunk_tokens for p in points}))}
+
+
+def build_pair(bp, grid) -> PairBench:
+    """The pair bench of a plan's `pair@gpu` BenchPlan: both instances built and prepared."""
+    from calibration.driver import bench_options
+    from kestrel_rt.runner import build_model, prepare
+
+    options = bench_options(bp)
+    t = grid.timing
+    benches = []
+    for side in ("decode", "prefill"):
+        model = build_model(bp.model, bp.device, bp.dtype, bp.quant, options, seed=0)
+        lay = layout(bp.points, side, tuple(getattr(model, "prefill_buckets", ())))
+        prepare(model, lay["slots"], lay["max_len"], lay["batches"], lay["new_tokens"],
+                prefill=tuple(n for n in lay["prefill"] if n < lay["max_len"]) or (16,))
+        slots = [model.kv.allocate() for _ in range(lay["slots"])]
+        benches.append(Bench(f"{bp.name}/{side}", model, slots, t.warmup, t.repeats))
+    device = benches[0].model.device
+    torch.cuda.synchronize(device)
+    return PairBench(bp.name, benches[0], benches[1],
+                     (torch.cuda.Stream(device), torch.cuda.Stream(device)))
+
+
+def sides(pair: PairBench, point) -> tuple[Side, Side]:
+    """(decode side, prefill side) of a point."""
+    dec, pre = pair.decode, pair.prefill
+    b, c = point.batch, point.context
+    rows = dec.tokens(b, point.m)  # [b, M]
+    chunk = pre.tokens(1, point.chunk_tokens)  # [1, C]
+
+    def decode_setup() -> list[int]:
+        slots = dec.take(b)
+        set_lengths(dec.model.kv, slots, c)
+        return slots
+
+    def prefill_setup() -> list[int]:
+        slots = pre.take(1)
+        set_lengths(pre.model.kv, slots, point.chunk_context)
+        return slots
+
+    return (Side(dec, pair.streams[0], decode_setup,
+                 lambda slots: dec.model.forward(rows, slots, greedy=True)),
+            Side(pre, pair.streams[1], prefill_setup,
+                 lambda slots: pre.model.forward(chunk, slots, last_only=True, greedy=True)))
+
+
+def alone(side: Side, point, runs: tuple[int, int] | None = None) -> Record:
+    """The side's step alone on its stream (warm-up, timed runs: the bench's, or `runs`)."""
+    bench = side.bench if runs is None else replace(side.bench, warmup=runs[0],
+                                                    repeats=runs[1])
+    with torch.cuda.stream(side.stream):
+        return timed(bench, point, side.setup, side.run)
+
+
+def beside(mine: Side, other: Side, reps: int) -> tuple[float, bool]:
+    """One run: `mine` timed while `other` loops `reps` forwards on its stream; (ms,
+    whether the loop outlasted the timed step)."""
+    device = mine.bench.model.device
+    first = torch.cuda.Event()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    loop_end = torch.cuda.Event(enable_timing=True)
+    state = mine.setup()
+    with torch.cuda.stream(other.stream):
+        other.run(other.setup())
+        first.record()
+    with torch.cuda.stream(mine.stream):
+        mine.stream.wait_event(first)
+        start.record()
+        mine.run(state)
+        end.record()
+    with torch.cuda.stream(other.stream):
+        for _ in range(reps - 1):
+            other.run(other.setup())
+        loop_end.record()
+    torch.cuda.synchronize(device)
+    ms = start.elapsed_time(end)
+    return ms, start.elapsed_time(loop_end) >= ms
+
+
+def measure_overlap(pair: PairBench, point) -> OverlapRecord:
+    """Time one overlap point; see the module docstring."""
+    decode, prefill = sides(pair, point)
+    made_on = torch.cuda.current_stream(pair.decode.model.device)
+    for stream in pair.streams:
+        stream.wait_stream(made_on)  # the token ids sides() made
+    mine, other = (decode, prefill) if point.timed == "decode" else (prefill, decode)
+    key = (other is decode, point.batch, point.m, point.context, point.chunk_tokens,
+           point.chunk_context)
+    try:
+        solo = alone(mine, point)
+        if key not in pair.other_ms:
+            pair.other_ms[key] = alone(other, point, (1, ALONE_RUNS)).ms
+        reps = loop_length(solo.ms, pair.other_ms[key])
+        bench = mine.bench
+        times = []
+        for i in range(bench.warmup + bench.repeats):
+            for _ in range(TRIES):
+                ms, covered = beside(mine, other, reps)
+                if covered:
+                    break
+                reps *= 2
+            else:
+                raise RuntimeError(f"{point.id}: the other step's loop of {reps // 2} "
+                                   "forwards did not outlast the timed step")
+            if i >= bench.warmup:
+                times.append(ms)
+    finally:
+        set_lengths(pair.decode.model.kv, pair.decode.slots, 0)
+        set_lengths(pair.prefill.model.kv, pair.prefill.slots, 0)
+    return summary(point, times, solo.ms)

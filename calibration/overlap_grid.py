@@ -1,0 +1,109 @@
+"""The overlap section of a calibration grid: steps of the two disaggregated workers timed
+while they run at once on one GPU, and their rows in the Profile. No torch here (the
+timing is calibration/overlap.py).
+
+    overlap:                     # two instances of the target, two streams of one GPU
+      batches: [4, 32]           # the decode worker's rows: decode (k 0) or verify (k + 1)
+      k: [0, 4]
+      contexts: [1024]
+      chunks: [512, 2048]        # the prefill worker's prompt chunk, one forward
+      chunk_contexts: [0]
+      timed: [decode, prefill]   # which of the two is timed while the other loops beside it
+
+Each combination is a point of the bench `pair@gpu` (grid.expand, GPU runs only): stage
+`overlap`, the decode side's batch x M at context, the chunk's tokens at its context, and
+`timed`. Its record holds the timed step's median beside the other step and alone (same
+run), and becomes a Measurement of stage overlap (kestrel_sim/profile.py): `step_stage`
+the timed step's (decode, verify or prefill) with its shape, `other_*` the other's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from kestrel_sim.profile import Measurement
+from kestrel_sim.schema_base import StrictModel
+
+MAX_K = 15  # verify M = k + 1 <= 16, the graphed shapes (as calibration.grid.MAX_K)
+SIDES = ("decode", "prefill")
+
+
+def _sorted(values: list[int], what: str, least: int) -> list[int]:
+    if not values:
+        raise ValueError(f"needs at least one {what}")
+    bad = [v for v in values if v < least]
+    if bad:
+        raise ValueError(f"every {what} must be >= {least} (got {bad[0]})")
+    return sorted(set(values))
+
+
+class OverlapGrid(StrictModel):
+    """A decode worker's step (`batches` rows of k + 1 tokens at `contexts`) and a prefill
+    worker's prompt chunk (`chunks` tokens at `chunk_contexts`), run at once on two streams
+    of one GPU by two instances of the target; `timed` says which is timed (each: one
+    point) while the other loops beside it."""
+
+    batches: list[int] = Field(description="decode side: sequences per step")
+    k: list[int] = Field(default=[0], description="decode side: 0 decode rows, k >= 1 "
+                         "verify rows of k + 1 tokens")
+    contexts: list[int] = Field(description="decode side: tokens cached per sequence")
+    chunks: list[int] = Field(description="prefill side: prompt tokens of the chunk")
+    chunk_contexts: list[int] = Field(default=[0], description="prefill side: prompt tokens "
+                                      "already prefilled")
+    timed: list[Literal["decode", "prefill"]] = Field(
+        default=["decode", "prefill"], min_length=1,
+        description="the side timed while the other loops beside it")
+
+    @field_validator("batches", "chunks")
+    @classmethod
+    def _sizes(cls, v: list[int], info) -> list[int]:
+        return _sorted(v, info.field_name.removesuffix("es").removesuffix("s"), 1)
+
+    @field_validator("contexts", "chunk_contexts")
+    @classmethod
+    def _contexts(cls, v: list[int], info) -> list[int]:
+        return _sorted(v, "context", 0)
+
+    @field_validator("k")
+    @classmethod
+    def _k(cls, v: list[int]) -> list[int]:
+        v = _sorted(v, "k", 0)
+        if v[-1] > MAX_K:
+            raise ValueError(f"k must be at most {MAX_K} (M = k + 1 <= 16, the CUDA-graphed "
+                             f"verify shapes; got {v[-1]})")
+        return v
+
+    def shapes(self) -> list[tuple[str, int, int, int, int, int]]:
+        """(timed, batch, M, context, chunk tokens, chunk context) of every point."""
+        return [(timed, b, k + 1, c, n, cc)
+                for timed in self.timed for b in self.batches for k in self.k
+                for c in self.contexts for n in self.chunks for cc in self.chunk_contexts]
+
+
+COVER = 3.0  # the other step loops for at least COVER x the timed step's time alone
+
+
+def overlap_seconds(step_s: float, chunk_s: float, timed: str, runs: int) -> float:
+    """A point's time (calibration/overlap.py): the timed step alone, `runs` times; then
+    `runs` times the other step looping over one of its own plus COVER x the timed step."""
+    mine, other = (step_s, chunk_s) if timed == "decode" else (chunk_s, step_s)
+    return runs * (mine + other + COVER * mine + other)
+
+
+def decode_stage(m: int) -> str:
+    return "decode" if m == 1 else "verify"
+
+
+def overlap_measurement(rec) -> Measurement:
+    """An overlap point's record (calibration/overlap.py OverlapRecord) as a Measurement."""
+    p = rec.point
+    step = (decode_stage(p.m), p.batch, p.m, p.context)
+    chunk = ("prefill", 1, p.chunk_tokens, p.chunk_context)
+    timed, other = (step, chunk) if p.timed == "decode" else (chunk, step)
+    return Measurement(
+        stage="overlap", step_stage=timed[0], batch=timed[1], tokens_per_seq=timed[2],
+        context=timed[3], other_stage=other[0], other_batch=other[1],
+        other_tokens_per_seq=other[2], other_context=other[3], alone_ms=rec.alone_ms,
+        device="gpu", ms=rec.ms, samples=rec.samples, p10=rec.p10, p90=rec.p90)
