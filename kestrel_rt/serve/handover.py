@@ -5,11 +5,11 @@ its prefill worker's caches into a decode worker's (target and draft), each copy
 Each prefill worker has its link ("link0", "link1", ... as the simulator's): its transfers
 go one at a time in FIFO order. A transfer needs a free slot in a decode worker's caches and
 goes to the decode worker with the most free slots when its copy starts (the others are held
-by that worker's batch, its queue and the transfers on their way to it; ties: the lowest
-index). Each decode worker has max_batch spare slots beyond its batch for requests in
-transit or queued; when no decode worker has one, transfers wait, the oldest first across
-the links (the simulator's decode side has no such limit: a run that waits here says so in
-the trace meta, `handover_slot_waits`).
+by that worker's batch, its queue and the transfers on their way to it; ties: one on the
+prefill worker's device, then the lowest index). Each decode worker has max_batch spare
+slots beyond its batch for requests in transit or queued; when no decode worker has one,
+transfers wait, the oldest first across the links (the simulator's decode side has no such
+limit: a run that waits here says so in the trace meta, `handover_slot_waits`).
 
 On a GPU the copies run on the link's own stream on the prefill worker's device, after the
 prefill step that wrote the rows (an event recorded on the prefill worker's stream), so
@@ -86,9 +86,12 @@ class Link:
         return t
 
     def destination(self):
-        """The decode worker the next copy goes to (most free slots), or None."""
+        """The decode worker the next copy goes to (most free slots; ties: one on this
+        link's device, then the lowest index), or None."""
+        here = self.src.target.device
         free = [d for d in self.dsts if d.slots.can_allocate()]
-        return max(free, key=lambda d: len(d.slots.free_slots), default=None)
+        return max(free, key=lambda d: (len(d.slots.free_slots), d.target.device == here),
+                   default=None)
 
     def start_next(self) -> bool:
         """Enqueue the copy of the oldest waiting transfer; False when no slot is free."""
