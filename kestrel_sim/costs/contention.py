@@ -46,27 +46,35 @@ def side_of(stage: str) -> str:
     return "prefill" if stage == "prefill" else "decode"
 
 
-def bounds(shares: list[Shares], i: int) -> tuple[float, float]:
-    """(f at lam 0, f at lam 1) of step i while all of `shares` are active."""
+def asked(shares: list[Shares]) -> tuple[float, float, float]:
+    """(X_B, X_C, X_T) of a set of active steps."""
     bw = fl = busy = 0.0
     for sh in shares:
         bw += sh.bandwidth
         fl += sh.compute
         busy += sh.memory_bound + sh.compute_bound
+    return max(1.0, bw), max(1.0, fl), max(1.0, busy)
+
+
+def bounds(shares: list[Shares], i: int, x: tuple[float, float, float] | None = None
+           ) -> tuple[float, float]:
+    """(f at lam 0, f at lam 1) of step i while all of `shares` are active (x: their
+    asked(), where already known)."""
+    xb, xc, xt = x or asked(shares)
     me = shares[i]
-    idle = 1.0 - me.memory_bound - me.compute_bound
-    ideal = idle + me.memory_bound * max(1.0, bw) + me.compute_bound * max(1.0, fl)
-    serial = idle + (1.0 - idle) * max(1.0, busy)
-    return ideal, serial
+    busy = me.memory_bound + me.compute_bound
+    return (1.0 - busy + me.memory_bound * xb + me.compute_bound * xc,
+            1.0 - busy + busy * xt)
 
 
 def slowdowns(shares: list[Shares], serial: list[float]) -> list[float]:
     """f_i of every active step (see the module docstring); serial[i] is step i's lam."""
     if len(shares) == 1:
         return [1.0]
+    x = asked(shares)
     out = []
     for i, lam in enumerate(serial):
-        ideal, one_at_a_time = bounds(shares, i)
+        ideal, one_at_a_time = bounds(shares, i, x)
         out.append(ideal + lam * (one_at_a_time - ideal))
     return out
 
