@@ -2,6 +2,7 @@
 
     cost.seconds(stage, batch, m, context) -> float
     cost.mixed_seconds(stage, batch, m, context, Chunk(batch, m, context)) -> float
+    cost.shares(stage, batch, m, context[, chunk]) -> Shares   # how it uses its device
 
 stage: prefill | draft | verify | correction | decode; batch: sequences in the step;
 m: new tokens per sequence (mean, may be fractional for mixed prefill chunks);
@@ -15,7 +16,8 @@ description). `build_costs` picks them for a scenario.
 Modules: work.py (bytes and flops of a step), fit.py (the physical terms and their
 non-negative least-squares fit), nnls.py, correction.py, stage_model.py (one stage's
 fitted cost), profile.py (ProfileFits, ProfileCost), calibrated.py, report.py (held-out
-error of a profile's fits), roofline.py, table.py, build.py.
+error of a profile's fits), roofline.py, table.py, build.py, contention.py (how much
+steps of workers sharing one device slow each other, and its fit to overlap rows).
 """
 
 from kestrel_sim.costs.base import Chunk, StageCost
