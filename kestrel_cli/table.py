@@ -37,9 +37,9 @@ BLANK = ("",) * (len(STATS) - 1)
 def run_title(name: str, costs: str, overrides: list[str], source: str = "simulated") -> str:
     """'NAME: simulated, COSTS' (or 'NAME: measured, DEVICE') and, on a second line, the
     --set overrides."""
-    title = f"{name}: {source}, {costs}"
-    if overrides:
-        title += "\n" + " ".join(f"--set {o}" for o in overrides)
+    title = escape(f"{name}: {source}, {costs}")
+    if overrides:  # (escaped: a value such as [cuda:0] is not rich markup)
+        title += "\n" + escape(" ".join(f"--set {o}" for o in overrides))
     return title
 
 

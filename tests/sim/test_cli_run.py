@@ -270,3 +270,12 @@ def test_a_bad_validate_section_names_key_and_line(tmp_path, monkeypatch, capsys
     code, _, err = _main(monkeypatch, capsys, "run", str(DEFAULT), "--out", str(tmp_path / "o"),
                          "--set", "validate.tolerance_pct.p99_ttft_ms=0")
     assert code == 2 and "validate.tolerance_pct.p99_ttft_ms: must be > 0" in " ".join(err.split())
+
+
+def test_the_title_keeps_bracketed_overrides():
+    from kestrel_cli.table import run_title
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(run_title("x", "roofline", ["serving.devices=[cuda:0]"]))
+    assert "[cuda:0]" in console.export_text()
