@@ -273,8 +273,9 @@ def test_a_bad_validate_section_names_key_and_line(tmp_path, monkeypatch, capsys
 
 
 def test_the_title_keeps_bracketed_overrides():
-    from kestrel_cli.table import run_title
     from rich.console import Console
+
+    from kestrel_cli.table import run_title
 
     console = Console(width=200, record=True)
     console.print(run_title("x", "roofline", ["serving.devices=[cuda:0]"]))
