@@ -8,8 +8,8 @@ from test_serve_spec import MIXED, spec_scenario
 from tiny_models import build
 
 from kestrel_rt.quant_weights import weight_kind
-from kestrel_rt.serve import serve
 from kestrel_rt.serve import build as serve_build
+from kestrel_rt.serve import serve
 
 
 @pytest.fixture(scope="module")
