@@ -8,7 +8,6 @@ random model (almost never agrees).
 
 from __future__ import annotations
 
-import pytest
 import tiny_models as tm
 import torch
 
@@ -16,16 +15,6 @@ from kestrel_rt.backend import TorchBackend
 from kestrel_rt.model import Qwen3Model
 
 DRAFTS = ("same", "noisy0.03", "noisy0.1", "other")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread: on a shared, busy CPU torch's thread pool
-    makes each small op 10-100x slower. Imported by the spec test modules; restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def weights(name: str = "untied", seed: int = 0):

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -25,14 +24,6 @@ from kestrel_sim.sim import simulate
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return build("tied", tmp_path_factory.mktemp("bench") / "tied")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_the_parts_of_ttft_sum_to_it_on_a_measured_run(folder):

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from tiny_models import build
 
@@ -33,14 +32,6 @@ TIGHT = ["validate.tolerance_pct.median_tpot_ms=1e-9"]
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return build("tied", tmp_path_factory.mktemp("both") / "tied")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def kestrel(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:

@@ -7,7 +7,6 @@ hand-over alike."""
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from tiny_models import build
@@ -28,15 +27,6 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(folder):
     return build_model(str(folder), "cpu")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny forwards: one intra-op thread (a loaded machine's spinning threads cost 100x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def scenario(folder, serving: dict, requests=10, prompt=(4, 40), output=(1, 16), seed=0,

@@ -39,14 +39,6 @@ def reference(folder):
     return build_model(str(folder), "cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------------- placement
 
 def disaggregated(p: int, d: int, devices=None) -> Serving:

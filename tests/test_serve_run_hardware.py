@@ -33,15 +33,6 @@ def folder(tmp_path_factory):
     return build("tied", tmp_path_factory.mktemp("serve") / "tied")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny forwards: one intra-op thread (a loaded machine's spinning threads cost 100x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def load(path: Path, **changes) -> Scenario:
     data = yaml.safe_load(path.read_text())
     for key, value in changes.items():

@@ -6,7 +6,6 @@ in the verify forward, and controlled acceptance draws from spec.acceptance."""
 from __future__ import annotations
 
 import pytest
-import torch
 from test_serve_engine import Limits, check_run
 from tiny_models import build
 
@@ -35,15 +34,6 @@ def folders(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(folders):
     return build_model(str(folders["same"]), "cpu")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny forwards: one intra-op thread (a loaded machine's spinning threads cost 100x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def spec_scenario(folders, draft: str, serving: dict, correction="fused", k=3, requests=10,

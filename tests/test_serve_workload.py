@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from tiny_models import build
 
 from kestrel_rt.serve import serve
@@ -23,15 +22,6 @@ from kestrel_sim.workload import draw_workload
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return build("tied", tmp_path_factory.mktemp("serve") / "tied")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny forwards: one intra-op thread (a loaded machine's spinning threads cost 100x)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def scenario(folder, arrivals: dict, requests: int = 9) -> Scenario:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import spec_models as sm
-from spec_models import one_thread  # noqa: F401 (fixture)
 
 from kestrel_rt.engine import generate
 from kestrel_rt.spec import SpecConfig, SpecDecoder, SpecStats, speculative_generate

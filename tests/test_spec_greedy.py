@@ -10,7 +10,6 @@ import pytest
 import spec_models as sm
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spec_models import one_thread  # noqa: F401 (fixture)
 
 from kestrel_rt.engine import generate
 from kestrel_rt.spec import SpecConfig, SpecDecoder, speculative_generate

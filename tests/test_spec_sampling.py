@@ -8,7 +8,6 @@ import math
 import pytest
 import spec_models as sm
 import torch
-from spec_models import one_thread  # noqa: F401 (fixture)
 
 from kestrel_rt.sampling import probabilities
 from kestrel_rt.spec import SpecConfig, speculative_generate
