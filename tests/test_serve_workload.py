@@ -10,12 +10,13 @@ from tiny_models import build
 
 from kestrel_rt.serve import serve
 from kestrel_rt.serve.arrivals import Arrivals
-from kestrel_rt.serve.kv import KVBudget, SlotPool, slots_per_worker
+from kestrel_rt.serve.kv import SlotPool, slots_per_worker
 from kestrel_rt.serve.queues import DecodeQueue, PrefillJob
 from kestrel_rt.serve.requests import Sequence, draw_requests, prompt_ids
 from kestrel_sim import simulate
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.scenario import Scenario
+from kestrel_sim.sim.kv import KVPool
 from kestrel_sim.workload import draw_workload
 
 
@@ -102,7 +103,7 @@ def test_prefill_job_of_a_preempted_request_recomputes_its_tokens():
 
 
 def test_kv_budget_and_slots():
-    budget = KVBudget(10)
+    budget = KVPool(10)
     budget.take(7)
     assert budget.fits(3) and not budget.fits(4)
     budget.give(7)

@@ -16,25 +16,6 @@ from kestrel_rt.serve.settings import ServeSettings
 from kestrel_sim.errors import KestrelError
 
 
-class KVBudget:
-    """Logical KV tokens one worker holds (kestrel_sim.sim.kv.KVPool)."""
-
-    __slots__ = ("capacity", "used")
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.used = 0
-
-    def fits(self, tokens: int) -> bool:
-        return self.used + tokens <= self.capacity
-
-    def take(self, tokens: int) -> None:
-        self.used += tokens
-
-    def give(self, tokens: int) -> None:
-        self.used -= tokens
-
-
 def charge(s: ServeSettings, seq: Sequence, tokens: int) -> int:
     """KV tokens a request is charged on admission: `tokens`, or its full reservation."""
     return tokens if s.preempt else reservation(s, seq)

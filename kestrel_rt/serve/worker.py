@@ -12,11 +12,12 @@ from __future__ import annotations
 import torch
 
 from kestrel_rt.serve.forward import run_step
-from kestrel_rt.serve.kv import KVBudget, SlotPool
+from kestrel_rt.serve.kv import SlotPool
 from kestrel_rt.serve.postprocess import postprocess
 from kestrel_rt.serve.queues import PrefillJob
 from kestrel_rt.serve.requests import Sequence
 from kestrel_rt.serve.scheduler import schedule
+from kestrel_sim.sim.kv import KVPool
 
 
 class Worker:
@@ -27,7 +28,7 @@ class Worker:
         self.draft_name = draft_name  # span worker name of the draft, or None
         self.models = models  # [target] or [target, draft], KV caches allocated
         self.spec = spec  # a ServingDecoder over them (workers that run rounds), or None
-        self.kv = KVBudget(kv_capacity)
+        self.kv = KVPool(kv_capacity)  # the logical budget, the simulator's own class
         self.slots = SlotPool([m.kv for m in models], num_slots)
         self.prefilling: list[PrefillJob] = []  # admitted, prompt not fully prefilled yet
         self.batch: list[Sequence] = []  # running, in join order (the newest last)

@@ -16,6 +16,9 @@ from kestrel_sim.scenario import Scenario
 
 
 class KVPool:
+    """Tokens of KV one worker holds: what the simulator charges, and the runtime's scheduler
+    enforces (kestrel_rt/serve/kv.py) with the same rules."""
+
     __slots__ = ("capacity", "used")
 
     def __init__(self, capacity: int):
@@ -24,6 +27,12 @@ class KVPool:
 
     def fits(self, tokens: int) -> bool:
         return self.used + tokens <= self.capacity
+
+    def take(self, tokens: int) -> None:
+        self.used += tokens
+
+    def give(self, tokens: int) -> None:
+        self.used -= tokens
 
 
 def kv_capacity(sc: Scenario, hw: Hardware | None) -> int:
