@@ -10,7 +10,7 @@ padded up to a bucket (1, 2, 4, ..., 64; padding rows write K/V only into the sc
 and a one-sequence prefill with its tokens padded up to a PREFILL_BUCKETS length (padding
 tokens are not read back and write K/V only past the sequence's length), its attention over
 the next power of two of cached keys (an eager prefill is bound by the host's Python:
-qwen3-0.6b's 512 tokens take 33 ms eagerly, 4.9 ms replayed; docs/performance.md). The
+docs/performance.md has the measurement). The
 first call of a shape runs eagerly on the capture stream (its real result, which also warms
 up cuBLAS and compiles the kernels), then the same computation is captured; later calls
 copy the Step into the static buffers with one host-to-device copy (tokens already on the

@@ -1,11 +1,10 @@
 """Whether the cp.async ring gemv streams well on this GPU: a load-time measurement.
 
 The ring kernel (kernels/gemv_ring.cu) is the default bf16 decode gemv below sm_90, but how
-fast it streams depends on the machine: on one H200 it matched the tuned kernels (87% against
-88% of copy bandwidth), on another of the same kind it made 63% against 89%
-(docs/performance.md). So a backend that asks for it measures it once, on a product of the
-size of a 4096 x 4096 layer, against the tuned kernel, and keeps it only where it is within
-`margin` of the tuned time.
+fast it streams depends on the machine: on one H200 it matched the tuned kernels, on another
+of the same kind it streamed far slower (docs/performance.md). So a backend that asks for it
+measures it once, on a product of the size of a 4096 x 4096 layer, against the tuned kernel,
+and keeps it only where it is within `margin` of the tuned time.
 """
 
 from __future__ import annotations
