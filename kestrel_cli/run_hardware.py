@@ -80,6 +80,7 @@ def notes(sc: Scenario) -> list[str]:
 def run_on_hardware(scenario: Scenario, console: Console | None = None) -> Trace:
     """Run `scenario` on the local device (checked against its `hardware`); the Trace has
     source 'hardware' in its meta."""
+    from kestrel_cli.render import progress_bar
     from kestrel_rt.serve import serve
     from kestrel_rt.serve.settings import refuse_unsupported
 
@@ -90,4 +91,13 @@ def run_on_hardware(scenario: Scenario, console: Console | None = None) -> Trace
         console.print(f"note: {line}", highlight=False)
     console.print(f"running {scenario.name} on {device} (wall-clock arrivals; "
                   f"{scenario.workload.requests or 'all'} requests)", highlight=False)
-    return serve(scenario, device).trace
+    with progress_bar(console) as bar:
+        task = bar.add_task(f"{scenario.name} on {device}", total=None)
+
+        def status(text: str) -> None:
+            bar.update(task, description=f"{scenario.name} on {device}: {text}")
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return serve(scenario, device, progress=progress, status=status).trace

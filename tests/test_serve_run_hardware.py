@@ -132,3 +132,17 @@ def test_notes_keys_only_the_simulator_uses(folder):
                       costs={"roofline": {}}))
     assert [line.split(":")[0] for line in said] == [
         "costs", "draft.hardware", "serving.kv_capacity_tokens is not set"]
+
+
+def test_serving_reports_progress_and_phases(folder):
+    from kestrel_rt.serve import serve
+
+    seen, phases = [], []
+    path = next(p for p in HARDWARE_SCENARIOS if p.name == "cpu-colocated.yaml")
+    sc = load(path, model=str(folder))
+    serve(sc, "cpu", progress=lambda done, total: seen.append((done, total)),
+          status=phases.append)
+    total = len(seen) and seen[-1][1]
+    assert seen and seen[-1] == (total, total)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert len(phases) == 2 and phases[0].startswith("building")

@@ -162,24 +162,29 @@ def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: tor
 
 def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, observer=None,
           threads: bool | None = None, controlled: bool | None = None,
-          link_type=Link) -> Served:
+          link_type=Link, progress=None, status=None) -> Served:
     """Run `scenario` on `device` ("cpu", "cuda": the machine's GPUs, "cuda:N"; the workers
     placed by serving.devices); observer(engine, worker, plan) sees every step (tests).
     threads (default: on a GPU) runs several workers in a thread each; controlled (default:
     with dummy weights) draws accepted lengths from spec.acceptance; link_type is the KV
-    hand-over's Link class (tests delay transfers with a subclass)."""
+    hand-over's Link class (tests delay transfers with a subclass); progress(finished, total)
+    is called as requests finish, status(text) before each phase (the CLI's progress bar)."""
     sc = scenario
     wall0 = time.perf_counter()
     refuse_unsupported(sc)
     device = torch.device(device)
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     run = plan_run(sc, placement(sc.serving, device, gpus), dtype, controlled)
+    if status is not None:
+        status(f"building and warming {len(run.where)} worker(s): weights, kernels, graphs")
     workers = [build_worker(sc, run, prefix, ROLES[prefix.rstrip("0123456789")], where, dtype)
                for prefix, where in run.where.items()]
+    if status is not None:
+        status(f"serving {len(run.seqs)} requests")
     if threads is None:
         threads = any(d.type == "cuda" for d in run.where.values())
     engine = ServingEngine(run.settings, workers, run.seqs, Arrivals(run.drawn), observer,
-                           threads, link_type)
+                           threads, link_type, progress)
     spans, records = engine.run()
     meta = trace_meta(sc, run, engine, engine.devices[0])
     meta["trace"] = {"mode": "full", "complete": True, "spans_seen": len(spans),

@@ -45,7 +45,9 @@ class StalledError(RuntimeError):
 
 class ServingEngine:
     def __init__(self, settings: ServeSettings, workers: list, seqs: list[Sequence],
-                 arrivals: Arrivals, observer=None, threads: bool = False, link_type=Link):
+                 arrivals: Arrivals, observer=None, threads: bool = False, link_type=Link,
+                 progress=None):
+        self.progress = progress  # progress(finished, total) as requests finish (the CLI's bar)
         self.settings = settings
         self.workers = workers  # colocated ones, or prefill ones then decode ones
         self.seqs = seqs
@@ -197,6 +199,8 @@ class ServingEngine:
             seq.record.finish = now
             self.arrivals.finished(now)
         self.done += len(seqs)
+        if self.progress is not None and seqs:
+            self.progress(self.done, len(self.seqs))
 
     def describe(self) -> str:
         """The engine's state, for a StalledError."""
