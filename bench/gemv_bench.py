@@ -34,13 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from measure import copy_bandwidth, time_graph
 
 from kestrel_rt.cuda.gemv import Gemv, gemv_device
-from kestrel_rt.cuda.gemv_plan import Plan
+from kestrel_rt.cuda.gemv_plan import Plan, tuned_variant
 from kestrel_rt.cuda.gemv_variants import (
     BULK_DEFAULT,
     FILES_OF,
     RING_DEFAULT,
     all_variants,
-    default_variant,
 )
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
@@ -83,9 +82,7 @@ def chosen(gemv: Gemv, path: str, w, m: int) -> Plan | None:
     if path == "ring":
         return Plan("ring", RING_DEFAULT)
     n, k = w.shape
-    file = FILES_OF["bf16"]
-    return Plan("tuned", gemv.tuned.get((file, n, k, 1 if m <= 8 else 2))
-                or default_variant(file, n, k, gemv.sms))
+    return Plan("tuned", tuned_variant("bf16", m, n, k, gemv.sms, gemv.tuned))
 
 
 def call(gemv: Gemv, kind: str, x: torch.Tensor, w, out: torch.Tensor,

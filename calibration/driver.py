@@ -127,10 +127,16 @@ def run_bench(bp: BenchPlan, grid: Grid, outcome: Outcome, reporter,
     """Build one bench and time its points into `outcome` (failures by point id)."""
     from calibration.measure import measure
 
-    if deadline is not None and time.monotonic() > deadline:
+    def late() -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
+    def skip(p: Point) -> None:
+        outcome.failures[p.id] = SKIPPED
+        reporter.measured(p, None, SKIPPED)
+
+    if late():  # no model is built past the deadline
         for p in bp.points:
-            outcome.failures[p.id] = SKIPPED
-            reporter.measured(p, None, SKIPPED)
+            skip(p)
         return
     reporter.building(bp)
     try:
@@ -145,9 +151,8 @@ def run_bench(bp: BenchPlan, grid: Grid, outcome: Outcome, reporter,
     reporter.built(bp, None)
     try:
         for p in bp.points:
-            if deadline is not None and time.monotonic() > deadline:
-                outcome.failures[p.id] = SKIPPED
-                reporter.measured(p, None, SKIPPED)
+            if late():
+                skip(p)
                 continue
             reporter.measuring(p)
             try:

@@ -33,28 +33,19 @@ STAGES = ("decode", "verify", "correction", "prefill", "mixed", "draft", "kv_tra
 MAX_K = 15  # verify M = k + 1 <= 16: the CUDA-graphed shapes (GraphModel.max_m)
 
 
-def _positive(values: list[int], what: str) -> list[int]:
+def _at_least(values: list[int], what: str, low: int) -> list[int]:
     if not values:
         raise ValueError(f"needs at least one {what}")
-    bad = [v for v in values if v < 1]
+    bad = [v for v in values if v < low]
     if bad:
-        raise ValueError(f"every {what} must be >= 1 (got {bad[0]})")
-    return sorted(set(values))
-
-
-def _non_negative(values: list[int], what: str) -> list[int]:
-    if not values:
-        raise ValueError(f"needs at least one {what}")
-    bad = [v for v in values if v < 0]
-    if bad:
-        raise ValueError(f"every {what} must be >= 0 (got {bad[0]})")
+        raise ValueError(f"every {what} must be >= {low} (got {bad[0]})")
     return sorted(set(values))
 
 
 def _sizes(what: str, zero: bool = False):
     """A list of sizes (>= 1, or >= 0 with zero), at least one, sorted, repeats dropped."""
-    check = _non_negative if zero else _positive
-    return Annotated[list[int], AfterValidator(lambda v: check(v, what))]
+    low = 0 if zero else 1
+    return Annotated[list[int], AfterValidator(lambda v: _at_least(v, what, low))]
 
 
 Batches = _sizes("batch")

@@ -41,10 +41,11 @@ def check_draft(draft: str, k: int, correction: str, target_shape: Any) -> Any:
     return shape
 
 
-def run_speculative(target, draft: str, draft_device, ids: list[int], max_new_tokens: int,
-                    k: int, correction: str, temperature: float, top_p: float,
-                    seed: int | None, eos, alpha: float | None):
-    """Build and prepare the draft, then generate: (SpecResult, draft load seconds)."""
+def run_speculative(target, draft: str, draft_shape, draft_device, ids: list[int],
+                    max_new_tokens: int, k: int, correction: str, temperature: float,
+                    top_p: float, seed: int | None, eos, alpha: float | None):
+    """Build and prepare the draft (checked by check_draft: `draft_shape`), then generate:
+    (SpecResult, draft load seconds)."""
     import time
 
     from kestrel_rt.options import default_options
@@ -53,9 +54,8 @@ def run_speculative(target, draft: str, draft_device, ids: list[int], max_new_to
     from kestrel_sim.scenario import Acceptance
 
     t0 = time.perf_counter()
-    shape = check_draft(draft, k, correction, target.shape)
-    model = build_model(draft, draft_device, None, None, default_options(draft_device, shape),
-                        seed=0)
+    model = build_model(draft, draft_device, None, None,
+                        default_options(draft_device, draft_shape), seed=0)
     max_len = len(ids) + max_new_tokens + k
     prepare(model, 1, max_len, new_tokens=(1,), prefill=(len(ids), 2))
     load_s = time.perf_counter() - t0

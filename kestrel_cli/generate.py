@@ -35,12 +35,6 @@ INSTALL_HINT = ('install cupy with pip install -e ".[cuda13]" (CUDA 13 driver) o
                 'pip install -e ".[cuda12]" (CUDA 12 driver)')
 
 
-def cupy_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("cupy") is not None
-
-
 def kernel_cache_dir() -> Path:
     """Where cupy keeps compiled kernels (CUPY_CACHE_DIR, else ~/.cupy/kernel_cache)."""
     import os
@@ -56,6 +50,8 @@ def kernel_cache_filled() -> bool:
 
 def pick_backend(backend: str | None, device: Any, graphs: bool) -> str:
     """The backend to build: --backend as given (checked), else cupy on CUDA with cupy."""
+    from kestrel_rt.options import cupy_installed
+
     if backend is None:
         return "cupy" if device.type == "cuda" and cupy_installed() else "torch"
     if backend not in BACKENDS:
@@ -256,10 +252,11 @@ def generate(
         print(f"compiling the CUDA kernels (first run on this machine: cupy caches them in "
               f"{kernel_cache_dir()})", file=sys.stderr)
 
+    draft_shape = None
     if draft is not None:
         from kestrel_cli.draft import check_draft
 
-        check_draft(draft, k, correction, shape)
+        draft_shape = check_draft(draft, k, correction, shape)
 
     t0 = time.perf_counter()
     runner = build_model(model, dev, dt, quant, options, seed=0)
@@ -279,8 +276,8 @@ def generate(
 
         ddev = parse_device(draft_device) if draft_device else dev
         result, draft_load_s = run_speculative(
-            runner, draft, ddev, ids, max_new_tokens, k, correction, temperature, top_p, seed,
-            eos, alpha)
+            runner, draft, draft_shape, ddev, ids, max_new_tokens, k, correction, temperature,
+            top_p, seed, eos, alpha)
         load_s += draft_load_s
         spec = {"draft": draft, "draft_device": str(ddev), "correction": correction,
                 **result.stats.as_dict()}

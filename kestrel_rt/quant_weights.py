@@ -18,14 +18,13 @@ expert); embeddings, norms, the MoE router and the lm_head stay in their dtype. 
 
 from __future__ import annotations
 
-import re
-
 import torch
 import torch.nn.functional as F
 
 from kestrel_rt import quant
 from kestrel_rt.weights import FUSED_DOWN, FUSED_GATE_UP
 from kestrel_sim.errors import KestrelError
+from kestrel_sim.quant_spec import int4_last
 
 QUANT_MODES = ("int8", "int4")
 # HF names of the weights that quantize (the linear projections of attention and MLPs).
@@ -210,32 +209,27 @@ def check_quantizable(name: str, w: torch.Tensor, mode: str) -> None:
 UNQUANTIZED = (None, "none", "bf16")
 
 
-# A mixed mode: the projections of the last N layers in int4, the others in int8 (a quantized
-# copy of a small model that still agrees with it: kestrel_rt/spec/organic.py)
-MIXED = re.compile(r"int4-last-(\d+)")
-
-
 def check_mode(mode: str | None, layers: int | None = None) -> None:
     """A KestrelError unless `mode` is unquantized, int8, int4 or int4-last-N (N <= layers)."""
     if mode in UNQUANTIZED or mode in QUANT_MODES:
         return
-    mixed = MIXED.fullmatch(str(mode))
-    if mixed is None:
+    n = int4_last(mode)  # a mixed mode: a quantized copy of a small model that still agrees
+    if n is None:        # with it (kestrel_rt/spec/organic.py)
         raise KestrelError(f"quantization '{mode}' is not supported: expected one of "
                            f"{', '.join(QUANT_MODES)}, int4-last-N (int4 in the last N layers, "
                            "int8 in the others), or none for bf16")
-    if layers is not None and int(mixed.group(1)) > layers:
+    if layers is not None and n > layers:
         raise KestrelError(f"quantization '{mode}': the model has {layers} layers")
 
 
 def mode_of(name: str, mode: str, layers: int | None) -> str:
     """The quantization of weight `name` under `mode` (int4-last-N: by its layer)."""
-    mixed = MIXED.fullmatch(mode)
-    if mixed is None:
+    n = int4_last(mode)
+    if n is None:
         return mode
     parts = name.split(".")
     layer = int(parts[2]) if name.startswith("model.layers.") else -1
-    return "int4" if layers is not None and layer >= layers - int(mixed.group(1)) else "int8"
+    return "int4" if layers is not None and layer >= layers - n else "int8"
 
 
 def quantize_weights(hf: dict, mode: str | None, layers: int | None = None) -> dict:

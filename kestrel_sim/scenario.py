@@ -16,7 +16,6 @@ as their names say; rates are per second.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -35,6 +34,7 @@ from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import bundled_names, load_hardware
 from kestrel_sim.models import PRESETS
 from kestrel_sim.profile import Profile
+from kestrel_sim.quant_spec import check_quant
 from kestrel_sim.schema_base import StrictModel, in_base_dir, resolve_file
 from kestrel_sim.serving_spec import Link, Serving, Slo  # noqa: F401  (re-exported)
 from kestrel_sim.validate_spec import Validate
@@ -176,14 +176,6 @@ class Spec(StrictModel):
             except ConfigError as err:
                 raise ValueError(str(err)) from None
         return acc
-
-
-def check_quant(value: str) -> str:
-    """none, int8, int4 or int4-last-N: the runtime's quantization modes."""
-    if value in ("none", "int8", "int4") or re.fullmatch(r"int4-last-\d+", value):
-        return value
-    raise ValueError(f"'{value}' is not a quantization: expected none, int8, int4 or "
-                     "int4-last-N (int4 in the last N layers, int8 in the others)")
 
 
 Quant = Annotated[str, AfterValidator(check_quant), Field(

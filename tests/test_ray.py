@@ -16,8 +16,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from kestrel_main import run_kestrel
+
 from kestrel_cli import ray_pool, sweep  # after the skip: these tests need Ray
-from kestrel_cli.app import main
 from kestrel_cli.ray_pool import RayPool
 from kestrel_sim.errors import KestrelError
 
@@ -40,14 +41,9 @@ def ray_address():
 
 
 def kestrel(monkeypatch, capsys, *args) -> tuple[int, str]:
-    """Run `kestrel ARGS` as the console script does: (exit status, stderr unwrapped)."""
-    monkeypatch.setattr(sys, "argv", ["kestrel", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as done:
-        code = done.code or 0
-    return code, " ".join(capsys.readouterr().err.split())
+    """(exit status, stderr unwrapped) of `kestrel ARGS`."""
+    code, _, err = run_kestrel(monkeypatch, capsys, *args)
+    return code, " ".join(err.split())
 
 
 def files(folder: Path) -> dict[str, str]:

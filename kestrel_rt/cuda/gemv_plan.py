@@ -86,6 +86,13 @@ def plan(kind: Kind, pro: int, rows: int, n: int, k: int, matmul: str | None,
             ks, slots, _ = RING_DEFAULT
             if ring_shared_bytes(ks, slots, rows, k) + ring_static_bytes(ks) <= device.max_shared:
                 return Plan("ring", RING_DEFAULT)
+    return Plan("tuned", tuned_variant(kind, rows, n, k, device.sms, tuned))
+
+
+def tuned_variant(kind: Kind, rows: int, n: int, k: int, sms: int, tuned: dict
+                  ) -> tuple[int, int, int, bool]:
+    """The tuned kernels' variant for this launch: the sweep's for (kind, n, k, n-tiles),
+    else default_variant."""
     file = FILES_OF[kind]
     mt = 1 if rows <= 8 else 2
-    return Plan("tuned", tuned.get((file, n, k, mt)) or default_variant(file, n, k, device.sms))
+    return tuned.get((file, n, k, mt)) or default_variant(file, n, k, sms)

@@ -163,8 +163,7 @@ class GraphModel(Qwen3Model):
         shape = self._shape(B, M, last_only, start)
         if shape is None:
             return super().forward(tokens, slots, n_new, last_only, greedy), None
-        bucket, Mb, keys = shape  # M real tokens per row at most, padded to Mb
-        kv.check(slots, Mb, n_new)
+        bucket, Mb, keys = shape  # M real tokens per row at most, padded to Mb (fits: _shape)
         pad = bucket - B
         starts = start + [0] * pad
         key = (bucket, Mb, bool(last_only), bool(greedy), keys)

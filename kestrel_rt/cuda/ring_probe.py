@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from kestrel_rt.cuda.gemv_plan import Plan
-from kestrel_rt.cuda.gemv_variants import RING_DEFAULT, default_variant
+from kestrel_rt.cuda.gemv_plan import Plan, tuned_variant
+from kestrel_rt.cuda.gemv_variants import RING_DEFAULT
 from kestrel_rt.cuda.timing import time_graph
 
 
@@ -26,8 +26,7 @@ def probe_ring(gemv, n: int = 4096, k: int = 4096, copies: int = 8, reps: int = 
     ws = [torch.empty(n, k, dtype=torch.bfloat16, device=dev) for _ in range(copies)]
     x = torch.zeros(1, k, dtype=torch.bfloat16, device=dev)
     out = torch.empty(1, n, dtype=torch.bfloat16, device=dev)
-    tuned = Plan("tuned", gemv.tuned.get(("gemv", n, k, 1))
-                 or default_variant("gemv", n, k, gemv.sms))
+    tuned = Plan("tuned", tuned_variant("bf16", 1, n, k, gemv.sms, gemv.tuned))
     times = []
     with torch.cuda.device(dev):
         for chosen in (Plan("ring", RING_DEFAULT), tuned):

@@ -17,6 +17,7 @@ profile fit (fit.py) learns what each unit costs on the device that was measured
 from __future__ import annotations
 
 from kestrel_sim.models import ModelShape
+from kestrel_sim.quant_spec import int4_last
 
 # Weight bytes per parameter of a quantized checkpoint (the packed values; group scales
 # add about 2-3% more, which the fitted bandwidth absorbs).
@@ -30,8 +31,9 @@ def bytes_per_param(dtype: str, quant: str = "none", layers: int | None = None) 
     'int4-last-N': int4 in the last N of `layers` layers, int8 in the others, averaged)."""
     if quant in QUANT_BYTES:
         return QUANT_BYTES[quant]
-    if quant.startswith("int4-last-") and layers:
-        n = min(int(quant.removeprefix("int4-last-")), layers)
+    n = int4_last(quant)
+    if n is not None and layers:
+        n = min(n, layers)
         return (n * QUANT_BYTES["int4"] + (layers - n) * QUANT_BYTES["int8"]) / layers
     return DTYPE_BYTES.get(dtype.lower(), 2.0)
 

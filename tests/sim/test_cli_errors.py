@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-from kestrel_cli.app import main
+from kestrel_main import run_kestrel
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "scenarios" / "default.yaml"
@@ -19,16 +17,10 @@ KV_TOO_SMALL = "serving.kv_capacity_tokens=500"  # fails in simulate(): a reques
 
 
 def kestrel(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run `kestrel ARGS` as the console script does: (exit status, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["kestrel", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as done:
-        code = done.code or 0
-    captured = capsys.readouterr()
-    err = captured.err.translate({ord(c): " " for c in "│╭╮╰╯─"})  # rich's error panel
-    return code, captured.out, " ".join(err.split())  # unwrapped
+    """(exit status, stdout, stderr unwrapped, rich's error panel drawn out) of `kestrel ARGS`."""
+    code, out, err = run_kestrel(monkeypatch, capsys, *args)
+    err = err.translate({ord(c): " " for c in "│╭╮╰╯─"})
+    return code, out, " ".join(err.split())
 
 
 def listing(folder: Path) -> list[str]:

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from kestrel_main import run_kestrel
 
 from kestrel_cli import sweep
-from kestrel_cli.app import main
 from kestrel_cli.ray_option import with_ray_address
 from kestrel_cli.task_store import TaskStore
 
@@ -22,14 +22,9 @@ REAL_POINT = sweep.simulate_point
 
 
 def kestrel(monkeypatch, capsys, *args) -> tuple[int, str]:
-    """Run `kestrel ARGS` as the console script does: (exit status, stderr unwrapped)."""
-    monkeypatch.setattr(sys, "argv", ["kestrel", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as done:
-        code = done.code or 0
-    return code, " ".join(capsys.readouterr().err.split())
+    """(exit status, stderr unwrapped) of `kestrel ARGS`."""
+    code, _, err = run_kestrel(monkeypatch, capsys, *args)
+    return code, " ".join(err.split())
 
 
 def counting(calls: list):
