@@ -159,7 +159,7 @@ class Bench:
 
     def run(self, commit: str | None) -> None:
         props = torch.cuda.get_device_properties(0)
-        max_len = CONTEXT + NEW + 16
+        max_len = max(CONTEXT + NEW, CONTEXT + 512) + 16  # the mixed step's 512-token chunk
         self.log(f"build {TARGET} and {DRAFT}")
         target = build_model(TARGET, "cuda")
         prepare(target, 2, max_len, new_tokens=(1, *[k + 1 for k in KS]),

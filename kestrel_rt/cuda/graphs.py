@@ -228,7 +228,11 @@ class GraphModel(Qwen3Model):
         if be.graph_pool is None:
             be.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=be.graph_pool, stream=stream):
+        # thread_local: another worker's thread (disaggregated serving, kestrel_rt/serve)
+        # may launch, allocate or synchronize on its own stream while this one captures;
+        # the default (global) mode would invalidate this capture for it
+        with torch.cuda.graph(graph, pool=be.graph_pool, stream=stream,
+                              capture_error_mode="thread_local"):
             out = self.compute(static_tokens, step, last_only, greedy, into, host)
         cap = _Captured(graph, inputs, step, static_tokens, out,
                         None if host is None else host[0])
