@@ -89,12 +89,14 @@ def decode_forward(model: Qwen3Model, rows) -> torch.Tensor:
 def prefill_forward(model: Qwen3Model, chunks) -> torch.Tensor:
     """Append each chunk to its sequence's KV, one forward per chunk ([1, n]: on a GraphModel
     the replay of its length's prefill graph, whose eager run would be bound by the host);
-    the greedy token after each: int64 [chunks]."""
+    the greedy token after each: int64 [chunks]. Each result is copied out at once: a
+    replay's ids are a view of its graph's static output, which the next chunk of the same
+    length bucket overwrites."""
     out = []
     for job, n in chunks:
         tokens = torch.tensor([job.seq.tokens[job.done:job.done + n]], dtype=torch.long)
-        out.append(model.forward(tokens, [job.seq.slot], last_only=True, greedy=True))  # [1]
-    return torch.cat(out) if len(out) > 1 else out[0]
+        out.append(model.forward(tokens, [job.seq.slot], last_only=True, greedy=True).clone())
+    return torch.cat(out) if len(out) > 1 else out[0]  # [chunks]
 
 
 def warm_up(w, max_batch: int, k: int, longest_chunk: int = 0) -> None:
