@@ -208,8 +208,16 @@ class GraphModel(Qwen3Model):
         static_tokens = torch.zeros(bucket, M, dtype=torch.long, device=self.device)
         static_tokens[: tokens.shape[0], : tokens.shape[1]] = tokens.to(self.device)
         step = _step(inputs, bucket, M, keys)
-        # greedy decode (one token in, one out per row) writes its choice over its own input
-        into = static_tokens if greedy and M == 1 else None
+        # greedy decode (one token in, one out per row) writes its choice over its own input;
+        # every other greedy graph into a buffer of its own, made here, outside the capture:
+        # the graphs of a backend share one memory pool, where an output allocated during
+        # a capture may lie in an earlier-captured graph's scratch, and that graph's next
+        # replay would overwrite it while its caller still holds it (a verify's ids under
+        # the prompt chunks that ride along with it)
+        into = None
+        if greedy:
+            into = static_tokens if M == 1 else torch.zeros(
+                bucket, 1 if last_only else M, dtype=torch.long, device=self.device)
         host = None
         if greedy:
             rows = bucket if last_only else bucket * M

@@ -235,3 +235,42 @@ def test_prefill_graph_replays_again_with_other_tokens():
             model.kv.free(slot)
         assert gm.rel_err(outs[1], outs[0]) <= TOL[torch.float32]
     assert graphed.replays >= 2
+
+
+@pytest.mark.parametrize("order", ["chunk graph first", "verify graph first"])
+def test_greedy_ids_outlive_the_replay_of_another_graph(order):
+    """A greedy replay's ids stay as they were while another graph of the same backend (one
+    memory pool) replays: serving reads a verify's ids after the prompt chunks that ride
+    along with it. On the H200 an output allocated in the later capture lay in the earlier
+    graph's scratch, and the chunk's replay overwrote the verify's ids."""
+    graphed = gm.model("wide", CupyBackend("cuda", torch.float32), cls=GraphModel, slots=4,
+                       max_len=256)
+    vocab = graphed.shape.vocab_size
+    a, b, c = (graphed.kv.allocate() for _ in range(3))
+    graphed.prefill(gm.prompts(vocab, [12, 15]), [a, b])
+    g = torch.Generator().manual_seed(0)
+
+    def verify():  # batch 2 x 5 tokens (k = 4), greedy ids [2, 5]; rolled back after
+        ids = graphed.forward(torch.randint(0, vocab, (2, 5), generator=g), [a, b],
+                              greedy=True)
+        graphed.kv.rollback(a, 12)
+        graphed.kv.rollback(b, 15)
+        return ids
+
+    def chunk():  # one 40-token prompt chunk (a prefill graph), its next token [1]
+        ids = graphed.forward(torch.randint(0, vocab, (1, 40), generator=g), [c],
+                              last_only=True, greedy=True)
+        graphed.kv.rollback(c, 0)
+        return ids
+
+    first, second = (chunk, verify) if order == "chunk graph first" else (verify, chunk)
+    for _ in range(2):  # capture both, then replay both
+        first()
+        second()
+    for _ in range(3):
+        ids = second()
+        kept = ids.clone()
+        first()
+        torch.cuda.synchronize()
+        assert torch.equal(ids, kept)
+    assert graphed.replays >= 6
