@@ -21,7 +21,8 @@ from kestrel_sim.errors import ConfigError
 from kestrel_sim.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
-BUNDLED = ROOT / "calibration" / "profiles" / "qwen3-8b_h200.json"
+# a profile without overlap rows (the 2026-12-01 hand-made one): the test adds its own
+BUNDLED = ROOT / "tests" / "sim" / "data" / "qwen3-8b_h200_v1.json"
 
 
 def pair_points(name: str = "default") -> list[Point]:

@@ -187,6 +187,8 @@ class FittedCost:
             )
 
     def seconds(self, stage: str, batch: int, m: float, context: float) -> float:
+        if stage == "mixed":
+            raise ValueError("a mixed step is priced by mixed_seconds: it needs its chunk")
         model = self._models.get(stage)
         if model is None:
             if self._fallback is not None:

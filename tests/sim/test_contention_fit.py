@@ -22,7 +22,9 @@ from kestrel_sim.profile import Measurement, Profile
 from kestrel_sim.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
-BUNDLED = ROOT / "calibration" / "profiles" / "qwen3-8b_h200.json"
+# a profile without overlap rows (the hand-made one of 2026-12-01, schema version 1): the
+# tests add their own, made by the model at a known lam
+BUNDLED = ROOT / "tests" / "sim" / "data" / "qwen3-8b_h200_v1.json"
 # (timed stage, batch, M, context) x (other stage, batch, M, context): what the default
 # grid's overlap section measures, both ways round
 STEPS = [("decode", 4, 1, 1024), ("decode", 32, 1, 1024), ("verify", 4, 5, 1024),

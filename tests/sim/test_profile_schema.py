@@ -13,6 +13,7 @@ from kestrel_sim.models import preset
 from kestrel_sim.profile import Fingerprint, Measurement, Profile
 
 BUNDLED = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
+DATA = Path(__file__).resolve().parent / "data"  # qwen3-8b_h200_v1.json: the 2026-12-01 file
 FP = {"device": "NVIDIA H200", "model": "qwen3-8b", "draft_model": "qwen3-0.6b",
       "git_commit": "abc", "date": "2026-12-01"}
 
@@ -36,9 +37,9 @@ def test_shape_hash_is_stable_and_sees_only_cost_fields():
     assert len({shape_hash(preset(n)) for n in ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b")}) == 3
 
 
-@pytest.mark.parametrize("name", ["qwen3-8b_h200.json", "qwen3-0.6b_h200.json"])
-def test_version_1_bundled_profiles_load_as_version_2(name, tmp_path):
-    path = BUNDLED / name
+@pytest.mark.parametrize("path", [DATA / "qwen3-8b_h200_v1.json",
+                                  BUNDLED / "qwen3-0.6b_h200.json"])
+def test_version_1_profiles_load_as_version_2(path, tmp_path):
     assert "schema_version" not in json.loads(path.read_text())  # written as version 1
     p = Profile.load(path)
     fp = p.fingerprint
@@ -47,10 +48,20 @@ def test_version_1_bundled_profiles_load_as_version_2(name, tmp_path):
     if fp.draft_model:
         assert fp.draft_shape_hash == shape_hash(preset(fp.draft_model))
         assert fp.draft_device == "gpu"
-    p.save(tmp_path / name)  # converted: load + save
-    again = json.loads((tmp_path / name).read_text())
+    p.save(tmp_path / path.name)  # converted: load + save
+    again = json.loads((tmp_path / path.name).read_text())
     assert again["schema_version"] == 2 and again["fingerprint"]["model_shape_hash"]
-    assert Profile.load(tmp_path / name) == p
+    assert Profile.load(tmp_path / path.name) == p
+
+
+def test_the_bundled_qwen3_8b_profile_is_a_calibration_on_an_h200():
+    p = Profile.load(BUNDLED / "qwen3-8b_h200.json")
+    fp = p.fingerprint
+    assert p.schema_version == 2 and fp.device == "NVIDIA H200" and fp.grid == "default"
+    assert fp.model_shape_hash == shape_hash(preset("qwen3-8b"))
+    stages = {m.stage for m in p.measurements}
+    assert {"decode", "verify", "prefill", "mixed", "draft", "correction", "kv_transfer",
+            "overlap"} <= stages
 
 
 def test_every_stage_reads_its_fields():
