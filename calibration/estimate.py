@@ -4,8 +4,11 @@ captures and (on a cold cupy cache) kernel compilation.
 
 The constants are set from H200 measurements (docs/performance.md, issue 23): qwen3-8b
 bf16 decode about 4.2 ms at batch 1 and 7 ms at batch 64, qwen3-0.6b decode about 0.75 ms,
-a 512-token qwen3-8b prefill 16-35 ms; model builds 5-30 s; a cold kernel cache about a
-minute. They err long: an estimate is a budget, not a prediction.
+a 512-token qwen3-8b prefill 16-35 ms; a cold kernel cache about a minute. Model builds
+(dummy weights made on the GPU): qwen3-30b-a3b's 61 GB in 4.6 s, a second instance for the
+pair in 5.2 s (2026-12-02), about 13 GB/s. They err long: an estimate is a budget, not a
+prediction; but where they erred ten times long (builds at 1 GB/s) a --max-minutes budget
+refused a 20-second calibration.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ class DeviceSpeed:
 
 
 GPU = DeviceSpeed(bandwidth=4.0e12, flops=3.5e14, step_s=100e-6, layer_s=12e-6,
-                  eager_layer_s=60e-6, build_s=5.0, build_bytes_s=1.0e9, point_s=0.05)
+                  eager_layer_s=60e-6, build_s=5.0, build_bytes_s=8.0e9, point_s=0.05)
 CPU = DeviceSpeed(bandwidth=2.5e10, flops=3.0e11, step_s=2e-3, layer_s=50e-6,
                   eager_layer_s=0.0, build_s=1.0, build_bytes_s=1.0e9, point_s=0.01)
 COLD_COMPILE_S = 60.0  # the cupy kernels of both models, on an empty kernel cache
