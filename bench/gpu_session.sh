@@ -6,9 +6,12 @@
 #
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
-# STEPS: a comma list of tests, spec, serve, decode, calibrate, gemv, probe, ablation (default
-# tests,spec,serve,decode,calibrate; a 10-minute call fits tests,spec, then serve,decode, then
-# calibrate).
+# STEPS: a comma list of tests, spec, serve, decode, calibrate, calibrate_moe, validate1..4,
+# gemv, probe, ablation (default tests,spec,serve,decode,calibrate; a 10-minute call fits
+# tests,spec, then serve,decode, then calibrate; each validateN is one of docs/validation.md's
+# four chunks, about 9 minutes).
+# Only OUT/session.tgz and OUT/summary.txt come back (the device tool returns a limited number
+# of files: a profile written beside many logs was once left behind).
 # The tests step compiles every kernel module first, in parallel (tests/conftest.py,
 # kestrel_rt/cuda/precompile.py). The device's copy of .git may be older than the working
 # tree: pass the commit from here.
@@ -32,10 +35,19 @@ step serve 200 python3 bench/serve_bench.py --out "$LOG" --commit "$COMMIT"
 step gemv 120 python3 bench/gemv_bench.py --out "$LOG" --ms 1 --kinds bf16,int4 --paths table,tuned
 step decode 330 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
 step calibrate 540 bash -c "python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --commit $COMMIT --out $LOG/qwen3-8b_h200.json && python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --quant int4 --commit $COMMIT --max-minutes 4 --out $LOG/qwen3-8b-int4_h200.json"
+step calibrate_moe 540 python3 -m kestrel_cli.app calibrate --model qwen3-30b-a3b --draft qwen3-0.6b --commit "$COMMIT" --max-minutes 8 --out "$LOG/qwen3-30b-a3b_h200.json"
+V="python3 -m kestrel_cli.app validate scenarios/validation --out $LOG/validation --only"
+step validate1 570 $V spec-off,spec-k1-fused,spec-k2-separate,spec-k4-fused,spec-k4-separate,spec-k6-per-position,spec-k8-fused
+step validate2 570 $V spec-k12-heldout,spec-organic-int4-copy,int4,colocated-saturated,preempt-kv-pressure,draft-cpu
+step validate3 570 $V ladder-1-bf16-colocated,ladder-2-int4,ladder-3-int4-disaggregated,ladder-4-int4-disaggregated-spec,disaggregated-light
+step validate4 570 $V disaggregated-saturated,light-load-mixed-lengths,qwen3-30b-a3b
 step probe 120 python3 bench/probes/attention_probe.py
 step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-0.6b:bf16 --set pdl=true,false --set fold_norms=true,false
 tar czf "$OUT/session.tgz" -C "$OUT" session
 cp "$LOG/summary.txt" "$OUT/" 2>/dev/null
+KEEP=$(mktemp -d)
+mv "$LOG" "$KEEP/"  # the logs travel in the archive only
+LOG=$KEEP/session
 grep -E "passed|failed" "$LOG/tests.log" 2>/dev/null | tail -1
 grep -E "^(FAILED|ERROR)" "$LOG/tests.log" 2>/dev/null | head -20
 cat "$LOG/summary.txt"
