@@ -61,7 +61,9 @@ def test_the_plan_has_a_pair_bench_of_two_builds():
     pair = [b for b in plan.benches if b.name == "pair@gpu"]
     assert len(pair) == 1 and len(pair[0].points) == 16
     target = plan.estimate.builds["target@gpu"] - plan.estimate.compile
-    assert plan.estimate.builds["pair@gpu"] > 1.5 * target  # two instances
+    # two instances: one more model's weights to make (fast on a GPU: the H200 built
+    # qwen3-30b-a3b's target in 4.6 s and its pair in 5.2 s)
+    assert plan.estimate.builds["pair@gpu"] > target
     # each point: the timed step alone, then beside a loop of COVER x its time
     timed_prefill = plan.estimate.points["pair@gpu/overlap/b4/m1/c1024/chunk2048@0/timed-prefill"]
     timed_decode = plan.estimate.points["pair@gpu/overlap/b4/m1/c1024/chunk2048@0/timed-decode"]
