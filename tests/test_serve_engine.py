@@ -73,8 +73,9 @@ class Limits:
         if not s.preempt:
             assert w.kv.used <= w.kv.capacity
         assert w.kv.used == held(eng, w)
-        for seq in plan.rows:  # the KV holds every token but the last generated one
-            assert w.target.kv.length(seq.slot) == seq.ctx - 1
+        for seq in plan.rows:  # the KV holds every token but the last generated one, and
+            # the inputs of a round launched ahead (kestrel_rt/serve/ahead.py)
+            assert w.target.kv.length(seq.slot) == seq.ctx - 1 + w.in_flight
         for job, _ in plan.chunks:
             assert w.target.kv.length(job.seq.slot) == job.done
 

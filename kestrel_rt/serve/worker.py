@@ -1,5 +1,6 @@
 """A worker: its models (target, and a draft when speculating), their KV slots, its logical
-KV budget, the prompts it is prefilling and its running batch; its loop is `step`.
+KV budget, the prompts it is prefilling and its running batch; its loop is `step` (plain
+decode rounds run ahead of the host while nothing changes: ahead.py).
 
 Roles, as the simulator's: `colocated` (prefill and decode, continuous batching), `prefill`
 and `decode` (disaggregated). Every worker has its own model instances and KV caches on the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from kestrel_rt.serve.ahead import decode_ahead, runs_ahead
 from kestrel_rt.serve.forward import run_step
 from kestrel_rt.serve.kv import SlotPool
 from kestrel_rt.serve.postprocess import postprocess
@@ -34,6 +36,8 @@ class Worker:
         self.batch: list[Sequence] = []  # running, in join order (the newest last)
         self.joined: list[Sequence] = []  # prefilled since the last round (join at the next)
         self.last_was_prefill = False  # the alternate schedule's turn
+        self.in_flight = 0  # rounds launched ahead of the one being planned (ahead.py)
+        self.round_s = 0.0  # the last run-ahead round's duration, host clock (ahead.py)
         device = models[0].device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
@@ -70,6 +74,9 @@ class Worker:
             eng.observe(self, plan)  # None: idle until something changes
         if plan is None:
             return False
+        if runs_ahead(eng, self, plan):
+            decode_ahead(eng, self, plan)
+            return True
         out = run_step(self, eng.tracer, plan)
         with eng.lock:
             postprocess(eng, self, plan, out)
