@@ -130,7 +130,8 @@ def main() -> None:
                      "output_throughput": m.output_throughput,
                      "median_ttft_ms": m.median_ttft_ms, "p99_ttft_ms": m.p99_ttft_ms,
                      "median_tpot_ms": m.median_tpot_ms, "p99_tpot_ms": m.p99_tpot_ms,
-                     "coverage": coverage(served.trace)})
+                     "coverage": coverage(served.trace),
+                     "captures_in_run": served.trace.meta.get("graph_captures_in_run")})
         print(json.dumps(rows[-1]), flush=True)
         served = None
         release()
@@ -143,17 +144,20 @@ def main() -> None:
              (f"Plain decode at batch 1 through the serving engine: {rows[0]['tok_s']:.1f} "
               f"tok/s, {rows[0]['of_benchmark']:.1%} of the benchmark loop's "
               f"{bench['tok_s']:.1f} tok/s."),
-             "", "| run | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | traced |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
+             "", ("| run | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | traced | "
+                  "graphs captured in the run |"),
+             "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in rows[1:]:
         if "error" in r:
-            lines.append(f"| {r['run']} | failed: {r['error']} |  |  |  |  |")
+            lines.append(f"| {r['run']} | failed: {r['error']} |  |  |  |  |  |")
             continue
         cov = ", ".join(f"{w} {c:.1%}" for w, c in r["coverage"].items())
+        cap = r["captures_in_run"] or {"count": 0, "seconds": 0.0}
         lines.append(f"| {r['run']} | {r['request_throughput']:.2f} | "
                      f"{r['output_throughput']:.0f} | {r['median_ttft_ms']:.0f} / "
                      f"{r['p99_ttft_ms']:.0f} | {r['median_tpot_ms']:.1f} / "
-                     f"{r['p99_tpot_ms']:.1f} | {cov} |")
+                     f"{r['p99_tpot_ms']:.1f} | {cov} | {cap['count']} "
+                     f"({cap['seconds']:.2f} s) |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serve_bench.md").write_text("\n".join(lines) + "\n")
     (args.out / "serve_bench.json").write_text(json.dumps(

@@ -65,6 +65,8 @@ def test_run_on_hardware_writes_what_the_simulator_reads(folder, tmp_path, path)
     trace = run_on_hardware(sc, console)
     assert trace.meta["source"] == "hardware" and trace.meta["scenario"] == sc.name
     assert trace.meta["k"] == (sc.spec.k if sc.spec else 0)
+    # no CUDA graphs on the CPU; on a GPU, those the warm-up did not foresee
+    assert trace.meta["graph_captures_in_run"] == {"count": 0, "seconds": 0.0}
     metrics, files = render_run(sc, trace)
     assert {"metrics.json", "timeseries.json", "trace.json", "report.html"} <= set(files)
     for name, text in files.items():

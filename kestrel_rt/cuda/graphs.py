@@ -25,6 +25,8 @@ Anything else (larger batches, a MoE prefill) runs eagerly: Qwen3Model.forward i
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from kestrel_rt.cuda.ops import Unsupported
@@ -67,6 +69,7 @@ class GraphModel(Qwen3Model):
         self.graphs: dict[tuple[int, int, bool, bool, int], _Captured] = {}
         self.scratch_slot: int | None = None
         self.replays = 0  # forwards served by a graph replay (for tests and reports)
+        self.captures, self.capture_s = 0, 0.0  # graphs captured, and the host time it took
 
     def allocate_kv(self, num_slots: int, max_len: int) -> KVCache:
         """A cache of num_slots usable slots plus one scratch slot that padding rows write."""
@@ -202,6 +205,7 @@ class GraphModel(Qwen3Model):
         """Run the forward eagerly on the capture stream (this call's result), then capture
         it. A greedy forward writes its ids to pinned host memory too where the backend's
         argmax can (else its caller copies them back)."""
+        t0 = time.perf_counter()
         bucket, M, last_only, greedy, keys = key
         be = self.backend
         inputs = meta.to(self.device)
@@ -245,6 +249,8 @@ class GraphModel(Qwen3Model):
         cap = _Captured(graph, inputs, step, static_tokens, out,
                         None if host is None else host[0])
         self.graphs[key] = cap
+        self.captures += 1
+        self.capture_s += time.perf_counter() - t0
         return eager, cap
 
 

@@ -185,8 +185,13 @@ def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, ob
         threads = any(d.type == "cuda" for d in run.where.values())
     engine = ServingEngine(run.settings, workers, run.seqs, Arrivals(run.drawn), observer,
                            threads, link_type, progress)
+    warm = captures(workers)
     spans, records = engine.run()
     meta = trace_meta(sc, run, engine, engine.devices[0])
+    # CUDA graphs captured while requests were served (shapes the warm-up did not foresee):
+    # each stalls its worker for the capture's host time
+    count, seconds = (now - then for now, then in zip(captures(workers), warm))
+    meta["graph_captures_in_run"] = {"count": count, "seconds": seconds}
     meta["trace"] = {"mode": "full", "complete": True, "spans_seen": len(spans),
                      "spans_kept": len(spans)}
     meta["end_time"] = max(r.finish for r in records) if records else 0.0
@@ -244,6 +249,13 @@ def trace_meta(sc: Scenario, run: RunPlan, engine: ServingEngine, device) -> dic
         "slo": sc.slo.model_dump(),
         "scenario_json": sc.model_dump(mode="json"),
     }
+
+
+def captures(workers) -> tuple[int, float]:
+    """CUDA graphs the workers' models have captured so far, and the seconds it took."""
+    models = [m for w in workers for m in w.models]
+    return (sum(getattr(m, "captures", 0) for m in models),
+            sum(getattr(m, "capture_s", 0.0) for m in models))
 
 
 def spec_stats(workers) -> dict | None:
