@@ -103,11 +103,12 @@ def warm_up(w, max_batch: int, k: int, longest_chunk: int = 0) -> None:
     """Run the step shapes once before the clock starts (on a GPU: kernels compile and a
     GraphModel captures its graphs for every batch bucket up to max_batch: the target's
     decode, or verify at M = k + 1; the draft's steps at M = 1 and 2; and both models'
-    prefill graphs of every length bucket up to longest_chunk's), then empty the slots
-    used."""
+    one-sequence chunk graphs: each length up to max_m, then every prefill length bucket up
+    to longest_chunk's), then empty the slots used."""
     rows_max = min(max_batch, w.slots.num_slots)
     for model in w.models:
-        for n in prefill_lengths(model, longest_chunk):
+        for n in [*small_chunk_lengths(model, longest_chunk),
+                  *prefill_lengths(model, longest_chunk)]:
             model.forward(torch.zeros(1, n, dtype=torch.long), [0], last_only=True,
                           greedy=True)
             model.kv.rollback(0, 0)
@@ -133,6 +134,14 @@ def warm_up(w, max_batch: int, k: int, longest_chunk: int = 0) -> None:
             model.kv.rollback(s, 0)
         if model.device.type == "cuda":
             torch.cuda.synchronize(model.device)
+
+
+def small_chunk_lengths(model: Qwen3Model, longest: int) -> list[int]:
+    """Chunk lengths a GraphModel replays at their own length, not a prefill bucket: up to
+    its max_m (none for a model without graphs). A prompt's last chunk, or one cut by what
+    is left of max_batched_tokens, can be any of them; one first seen mid-run is captured
+    then, stalling the worker (trace meta `graph_captures_in_run`)."""
+    return list(range(1, min(getattr(model, "max_m", 0), longest) + 1))
 
 
 def prefill_lengths(model: Qwen3Model, longest: int) -> list[int]:
