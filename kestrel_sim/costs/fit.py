@@ -49,7 +49,11 @@ from kestrel_sim.costs.work import StepWork
 
 TERMS = ("overhead", "weights", "gemm", "serial", "kv", "attention")
 RATE_TERMS = ("weights", "gemm", "kv", "attention")  # bounded by the stated rates
-ATTENTION_STAGES = ("prefill", "mixed")
+ATTENTION_STAGES = ("prefill", "mixed", "verify")
+# stages whose attention term is fitted only from rows measured at two or more contexts
+# (verify: its M x context growth, the H200's attn_partial past 8 query rows per KV head,
+# cannot be told from the gemm term at one context)
+CONTEXT_ATTENTION_STAGES = ("verify",)
 ITERATIONS = 12
 
 

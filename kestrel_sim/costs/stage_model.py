@@ -14,7 +14,14 @@ import numpy as np
 
 from kestrel_sim.costs.base import Chunk, Shares, shares_of
 from kestrel_sim.costs.correction import Correction
-from kestrel_sim.costs.fit import ATTENTION_STAGES, Terms, fit_terms, step_features, varies_context
+from kestrel_sim.costs.fit import (
+    ATTENTION_STAGES,
+    CONTEXT_ATTENTION_STAGES,
+    Terms,
+    fit_terms,
+    step_features,
+    varies_context,
+)
 from kestrel_sim.costs.work import StepWork
 from kestrel_sim.profile import Measurement
 
@@ -100,8 +107,9 @@ def fit_stage(stage: str, device: str, rows: list[Measurement], work: StepWork,
     ms = np.array([mm.ms for mm in rows])
     varies = varies_context([_key(mm) for mm in rows],
                             [(mm.context, mm.chunk_context) for mm in rows])
-    terms = fit_terms(x, ms, context_varies=varies, rates=rates,
-                      borrowed=borrowed, attention=stage in ATTENTION_STAGES)
+    attention = stage in ATTENTION_STAGES and (varies or stage not in CONTEXT_ATTENTION_STAGES)
+    terms = fit_terms(x, ms, context_varies=varies, rates=rates, borrowed=borrowed,
+                      attention=attention)
     model = StageModel(stage, device, work, terms, None, len(rows))
     if correction:
         keys = np.array([_key(mm) if stage == "mixed" else _key(mm)[:2] for mm in rows], float)
