@@ -1,53 +1,12 @@
-"""Decode rounds that run ahead (kestrel_rt/serve/ahead.py): the next round is enqueued before
-the host reads this one's ids, only while the scheduler would plan the same round; the
-tokens stay plain greedy generation's and the scheduler's limits hold at every round."""
+"""When a decode round runs ahead (kestrel_rt/serve/ahead.py): only while the scheduler would
+plan the same round again. tests/test_serve_engine.py runs it: greedy tokens, the limits at
+every round."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
-from test_serve_engine import Limits, check_run, scenario
-from tiny_models import build
-
-from kestrel_rt.serve import serve
 from kestrel_rt.serve.ahead import steady
-from kestrel_rt.serve.models import build_model
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build("tied", tmp_path_factory.mktemp("ahead") / "tied")
-
-
-@pytest.fixture(scope="module")
-def reference(folder):
-    return build_model(str(folder), "cpu")
-
-
-class Ahead(Limits):
-    """Limits, counting the rounds launched ahead of the host."""
-
-    def __init__(self):
-        super().__init__()
-        self.ahead = 0
-
-    def __call__(self, eng, w, plan):
-        super().__call__(eng, w, plan)
-        self.ahead += w.in_flight
-
-
-@pytest.mark.parametrize("kv", [{"on_kv_full": "wait"},
-                                {"on_kv_full": "preempt", "kv_capacity_tokens": 400}])
-def test_steady_rounds_run_ahead_and_give_greedy_tokens(folder, reference, kv):
-    sc = scenario(folder, {"max_batch": 4, **kv}, requests=4, prompt=(4, 12), output=(12, 40),
-                  arrivals={"process": "closed", "concurrency": 4, "think_time_s": 0})
-    seen = Ahead()
-    served = serve(sc, "cpu", observer=seen)
-    check_run(served, reference, sc)
-    assert seen.ahead > 10  # most rounds, once every prompt is in
-    decode = [s for s in served.trace.spans if s.kind == "decode"]
-    assert len(decode) >= max(r.output_tokens for r in served.trace.requests) - 1
 
 
 def engine(queue=(), arrival=None, now=0.0, preempt=False):

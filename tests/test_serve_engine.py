@@ -172,6 +172,31 @@ def test_disaggregated_hands_kv_over(folder, reference, threads, order):
     assert served.trace.meta["threads"] is threads
 
 
+class Ahead(Limits):
+    """Limits, counting the rounds launched ahead of the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.ahead = 0
+
+    def __call__(self, eng, w, plan):
+        super().__call__(eng, w, plan)
+        self.ahead += w.in_flight
+
+
+@pytest.mark.parametrize("kv", [{"on_kv_full": "wait"},
+                                {"on_kv_full": "preempt", "kv_capacity_tokens": 400}])
+def test_steady_rounds_run_ahead_and_give_greedy_tokens(folder, reference, kv):
+    sc = scenario(folder, {"max_batch": 4, **kv}, requests=4, prompt=(4, 12), output=(12, 40),
+                  arrivals={"process": "closed", "concurrency": 4, "think_time_s": 0})
+    seen = Ahead()
+    served = serve(sc, "cpu", observer=seen)
+    check_run(served, reference, sc)
+    assert seen.ahead > 10  # most rounds, once every prompt is in
+    decode = [s for s in served.trace.spans if s.kind == "decode"]
+    assert len(decode) >= max(r.output_tokens for r in served.trace.requests) - 1
+
+
 def test_closed_loop_keeps_concurrency(folder, reference):
     sc = scenario(folder, {"max_batch": 4, "kv_capacity_tokens": 200}, requests=7,
                   arrivals={"process": "closed", "concurrency": 2, "think_time_s": 0})
