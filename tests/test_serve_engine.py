@@ -193,6 +193,7 @@ def test_steady_rounds_run_ahead_and_give_greedy_tokens(folder, reference, kv):
     served = serve(sc, "cpu", observer=seen)
     check_run(served, reference, sc)
     assert seen.ahead > 10  # most rounds, once every prompt is in
+    assert served.trace.meta["decode_rounds_ahead"] == seen.ahead
     decode = [s for s in served.trace.spans if s.kind == "decode"]
     assert len(decode) >= max(r.output_tokens for r in served.trace.requests) - 1
 

@@ -48,6 +48,7 @@ def decode_ahead(eng, w, plan) -> None:
                 w.in_flight = 1
                 eng.observe(w, plan)
         nxt = launch(eng, w, rows, pending.tokens, ahead=1) if go else None
+        w.rounds_ahead += go
         ids = pending.read()  # [b, 1] ids on the host, waiting for the round if need be
         now = time.perf_counter()
         if read_at is not None:

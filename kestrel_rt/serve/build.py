@@ -243,6 +243,7 @@ def trace_meta(sc: Scenario, run: RunPlan, engine: ServingEngine, device) -> dic
         "kv_policy": sc.serving.on_kv_full,
         "max_batch": s.max_batch,
         "preemptions": engine.preemptions,
+        "decode_rounds_ahead": sum(w.rounds_ahead for w in workers),  # serve/ahead.py
         "handover_slot_waits": sum(link.slot_waits for link in engine.links),
         "kv_handovers": sum(engine.handovers),
         "requests": len(run.seqs),

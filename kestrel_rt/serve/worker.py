@@ -38,6 +38,7 @@ class Worker:
         self.last_was_prefill = False  # the alternate schedule's turn
         self.in_flight = 0  # rounds launched ahead of the one being planned (ahead.py)
         self.round_s = 0.0  # the last run-ahead round's duration, host clock (ahead.py)
+        self.rounds_ahead = 0  # rounds launched before the previous one's ids were read
         device = models[0].device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
