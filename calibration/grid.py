@@ -23,6 +23,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, field_validator
 
 from calibration.overlap_grid import OverlapGrid
+from calibration.values import MAX_K, at_most_max_k, sorted_at_least
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.schema_base import StrictModel
 from kestrel_sim.yamlio import load_model
@@ -30,22 +31,12 @@ from kestrel_sim.yamlio import load_model
 GRIDS_DIR = Path(__file__).resolve().parent / "grids"
 STAGES = ("decode", "verify", "correction", "prefill", "mixed", "draft", "kv_transfer",
           "overlap")
-MAX_K = 15  # verify M = k + 1 <= 16: the CUDA-graphed shapes (GraphModel.max_m)
-
-
-def _at_least(values: list[int], what: str, low: int) -> list[int]:
-    if not values:
-        raise ValueError(f"needs at least one {what}")
-    bad = [v for v in values if v < low]
-    if bad:
-        raise ValueError(f"every {what} must be >= {low} (got {bad[0]})")
-    return sorted(set(values))
 
 
 def _sizes(what: str, zero: bool = False):
     """A list of sizes (>= 1, or >= 0 with zero), at least one, sorted, repeats dropped."""
     low = 0 if zero else 1
-    return Annotated[list[int], AfterValidator(lambda v: _at_least(v, what, low))]
+    return Annotated[list[int], AfterValidator(lambda v: sorted_at_least(v, what, low))]
 
 
 Batches = _sizes("batch")
@@ -85,10 +76,7 @@ class VerifyGrid(StrictModel):
     @field_validator("k")
     @classmethod
     def _k(cls, v: list[int]) -> list[int]:
-        if v[-1] > MAX_K:
-            raise ValueError(f"k must be at most {MAX_K} (M = k + 1 <= 16, the CUDA-graphed "
-                             f"verify shapes; got {v[-1]})")
-        return v
+        return at_most_max_k(v)
 
 
 class CorrectionGrid(StrictModel):
@@ -126,9 +114,7 @@ class MixedGrid(StrictModel):
     @field_validator("k")
     @classmethod
     def _k(cls, v: list[int]) -> list[int]:
-        if v[-1] > MAX_K:
-            raise ValueError(f"k must be at most {MAX_K} (got {v[-1]})")
-        return v
+        return at_most_max_k(v)
 
 
 class DraftGrid(StrictModel):

@@ -23,20 +23,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from calibration.values import at_most_max_k, sorted_at_least
 from kestrel_sim.profile import Measurement
 from kestrel_sim.schema_base import StrictModel
 
-MAX_K = 15  # verify M = k + 1 <= 16, the graphed shapes (as calibration.grid.MAX_K)
 SIDES = ("decode", "prefill")
-
-
-def _sorted(values: list[int], what: str, least: int) -> list[int]:
-    if not values:
-        raise ValueError(f"needs at least one {what}")
-    bad = [v for v in values if v < least]
-    if bad:
-        raise ValueError(f"every {what} must be >= {least} (got {bad[0]})")
-    return sorted(set(values))
 
 
 class OverlapGrid(StrictModel):
@@ -59,21 +50,17 @@ class OverlapGrid(StrictModel):
     @field_validator("batches", "chunks")
     @classmethod
     def _sizes(cls, v: list[int], info) -> list[int]:
-        return _sorted(v, info.field_name.removesuffix("es").removesuffix("s"), 1)
+        return sorted_at_least(v, info.field_name.removesuffix("es").removesuffix("s"), 1)
 
     @field_validator("contexts", "chunk_contexts")
     @classmethod
     def _contexts(cls, v: list[int], info) -> list[int]:
-        return _sorted(v, "context", 0)
+        return sorted_at_least(v, "context", 0)
 
     @field_validator("k")
     @classmethod
     def _k(cls, v: list[int]) -> list[int]:
-        v = _sorted(v, "k", 0)
-        if v[-1] > MAX_K:
-            raise ValueError(f"k must be at most {MAX_K} (M = k + 1 <= 16, the CUDA-graphed "
-                             f"verify shapes; got {v[-1]})")
-        return v
+        return at_most_max_k(sorted_at_least(v, "k", 0))
 
     def shapes(self) -> list[tuple[str, int, int, int, int, int]]:
         """(timed, batch, M, context, chunk tokens, chunk context) of every point."""
