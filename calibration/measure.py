@@ -134,9 +134,14 @@ def timed(bench: Bench, point: Point, setup, run, nbytes: int | None = None,
             elapsed = (time.perf_counter() - t0) * 1e3
             if i >= bench.warmup:
                 times.append(elapsed)
-    times.sort()
-    return Record(point, statistics.median(times), len(times), percentile(times, 0.1),
-                  percentile(times, 0.9), nbytes, link)
+    return record_of(point, times, bytes=nbytes, link=link)
+
+
+def record_of(point: Point, times: list[float], cls=Record, **extra) -> Record:
+    """A `cls` record of a point's timed runs (ms): median, count, p10 and p90."""
+    times = sorted(times)
+    return cls(point, statistics.median(times), len(times), percentile(times, 0.1),
+               percentile(times, 0.9), **extra)
 
 
 def measure(bench: Bench, point: Point) -> Record:

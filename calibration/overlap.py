@@ -14,8 +14,7 @@ on the other stream:
 
   1. the timed step alone on its stream, warm-up + timed runs (calibration.measure.timed):
      `alone_ms`, the median;
-  2. the other step alone, a few runs (once per shape per bench): its time, to size the
-     loop;
+  2. the other step alone, a few runs: its time, to size the loop;
   3. warm-up + timed runs of: the other step's first forward on its stream (an event
      after it), the timed step on its own stream waiting on that event (so the other
      stream is busy when it starts), then the other step's remaining forwards, at least
@@ -32,15 +31,14 @@ so the loop's chunk stays at its context however many times it runs.
 from __future__ import annotations
 
 import math
-import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from calibration.measure import Bench, Record, percentile, set_lengths, timed
+from calibration.driver import ROTATION
+from calibration.measure import Bench, Record, record_of, set_lengths, timed
 from calibration.overlap_grid import COVER
 
-ROTATION = 2  # KV slots per row where memory allows (rows rotate over them)
 ALONE_RUNS = 3  # timed runs of the other step alone, to size the loop
 TRIES = 3  # runs made again with a loop twice as long before a point fails
 
@@ -68,23 +66,12 @@ class PairBench:
     decode: Bench  # the decode worker's instance: decode / verify rows
     prefill: Bench  # the prefill worker's instance: one prompt chunk per forward
     streams: tuple[torch.cuda.Stream, torch.cuda.Stream]  # (decode, prefill)
-    other_ms: dict[tuple, float] = field(default_factory=dict)  # shape -> ms alone
-
-    @property
-    def on_gpu(self) -> bool:
-        return True
 
 
 def loop_length(alone_ms: float, other_ms: float) -> int:
     """Forwards of the other step: one before the timed step starts, then enough to last
     COVER x the timed step's time alone."""
     return 1 + max(1, math.ceil(COVER * alone_ms / max(other_ms, 1e-6)))
-
-
-def summary(point, times: list[float], alone_ms: float) -> OverlapRecord:
-    times = sorted(times)
-    return OverlapRecord(point, statistics.median(times), len(times), percentile(times, 0.1),
-                         percentile(times, 0.9), alone_ms=alone_ms)
 
 
 def layout(points, side: str, prefill_buckets: tuple[int, ...]) -> dict:
@@ -188,13 +175,9 @@ def measure_overlap(pair: PairBench, point) -> OverlapRecord:
     for stream in pair.streams:
         stream.wait_stream(made_on)  # the token ids sides() made
     mine, other = (decode, prefill) if point.timed == "decode" else (prefill, decode)
-    key = (other is decode, point.batch, point.m, point.context, point.chunk_tokens,
-           point.chunk_context)
     try:
         solo = alone(mine, point)
-        if key not in pair.other_ms:
-            pair.other_ms[key] = alone(other, point, (1, ALONE_RUNS)).ms
-        reps = loop_length(solo.ms, pair.other_ms[key])
+        reps = loop_length(solo.ms, alone(other, point, (1, ALONE_RUNS)).ms)
         bench = mine.bench
         times = []
         for i in range(bench.warmup + bench.repeats):
@@ -211,4 +194,4 @@ def measure_overlap(pair: PairBench, point) -> OverlapRecord:
     finally:
         set_lengths(pair.decode.model.kv, pair.decode.slots, 0)
         set_lengths(pair.prefill.model.kv, pair.prefill.slots, 0)
-    return summary(point, times, solo.ms)
+    return record_of(point, times, OverlapRecord, alone_ms=solo.ms)

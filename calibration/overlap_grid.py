@@ -27,8 +27,6 @@ from calibration.values import at_most_max_k, sorted_at_least
 from kestrel_sim.profile import Measurement
 from kestrel_sim.schema_base import StrictModel
 
-SIDES = ("decode", "prefill")
-
 
 class OverlapGrid(StrictModel):
     """A decode worker's step (`batches` rows of k + 1 tokens at `contexts`) and a prefill

@@ -52,7 +52,7 @@ def asked(shares: list[Shares]) -> tuple[float, float, float]:
     for sh in shares:
         bw += sh.bandwidth
         fl += sh.compute
-        busy += sh.memory_bound + sh.compute_bound
+        busy += sh.busy
     return max(1.0, bw), max(1.0, fl), max(1.0, busy)
 
 
@@ -62,7 +62,7 @@ def bounds(shares: list[Shares], i: int, x: tuple[float, float, float] | None = 
     asked(), where already known)."""
     xb, xc, xt = x or asked(shares)
     me = shares[i]
-    busy = me.memory_bound + me.compute_bound
+    busy = me.busy
     return (1.0 - busy + me.memory_bound * xb + me.compute_bound * xc,
             1.0 - busy + busy * xt)
 

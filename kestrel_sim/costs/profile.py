@@ -50,7 +50,6 @@ from kestrel_sim.hardware import LinkSpec, hardware_for_device
 from kestrel_sim.models import ModelShape
 from kestrel_sim.profile import Measurement, Profile
 
-TARGET_STAGES = ("prefill", "verify", "correction", "decode", "mixed")
 FIT_ORDER = ("decode", "prefill", "verify", "correction", "draft", "mixed")
 
 
@@ -70,8 +69,11 @@ class ProfileFits:
             self.works["draft"] = StepWork(self.draft, bytes_per_param(fp.dtype), kv_bytes)
         self.correction = correction
         self.models: dict[tuple[str, str], StageModel] = {}
-        self.stages = stages
-        for device in sorted({mm.device for mm in profile.measurements}):
+        devices = sorted({mm.device for mm in profile.measurements})
+        # the stated rates of each device's description (read once: fit runs per row in
+        # the report's leave-one-out)
+        self.rates = {d: stated_rates(self.hardware(d)) for d in devices}
+        for device in devices:
             for stage in FIT_ORDER:
                 rows = profile.rows(stage, device)
                 if rows and (stages is None or stage in stages or stage == "decode"):
@@ -99,7 +101,7 @@ class ProfileFits:
 
     def fit(self, stage: str, device: str, rows: list[Measurement],
             correction: bool | None = None) -> StageModel:
-        return fit_stage(stage, device, rows, self.work(stage), stated_rates(self.hardware(device)),
+        return fit_stage(stage, device, rows, self.work(stage), self.rates[device],
                          self.borrowed(stage, device),
                          self.correction if correction is None else correction)
 
@@ -202,14 +204,8 @@ class FittedCost:
         step, pre = self._models.get(stage), self._models.get("prefill")
         if step is None or pre is None:
             self.require([stage, "prefill"])
-        alone = step.ms(batch, m, context)
-        chunk_alone = pre.ms(chunk.batch, chunk.m, chunk.context)
-        mixed = self._models.get("mixed")
-        if mixed is not None:
-            ms = mixed.mixed_ms(batch, m, context, chunk)
-        else:
-            ms = alone + pre.marginal_ms(stage, batch, m, chunk)
-        return min(alone + chunk_alone, max(ms, alone, chunk_alone)) * 1e-3
+        return mixed_step_ms(step, pre, self._models.get("mixed"), batch, m, context,
+                             chunk) * 1e-3
 
 
     def shares(self, stage: str, batch: int, m: float, context: float,
@@ -252,6 +248,20 @@ class ProfileCost(FittedCost):
         super().__init__({s: m for (s, d), m in self.fits.models.items()
                           if d == self.device and (stages is None or s in stages)},
                          path, fallback)
+
+
+def mixed_step_ms(step: StageModel, pre: StageModel, mixed: StageModel | None, batch: int,
+                  m: float, context: float, chunk: Chunk) -> float:
+    """A step (`step`'s stage) carrying a prefill chunk, ms: the mixed fit where there is
+    one (`mixed`), else the step plus the chunk's marginal cost on the prefill terms; kept
+    between the longer of the two alone and their sum."""
+    alone = step.ms(batch, m, context)
+    chunk_alone = pre.ms(chunk.batch, chunk.m, chunk.context)
+    if mixed is not None:
+        ms = mixed.mixed_ms(batch, m, context, chunk)
+    else:
+        ms = alone + pre.marginal_ms(step.stage, batch, m, chunk)
+    return min(alone + chunk_alone, max(ms, alone, chunk_alone))
 
 
 def target_device(profile: Profile) -> str:

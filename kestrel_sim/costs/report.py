@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from kestrel_sim.costs.base import Chunk
-from kestrel_sim.costs.profile import ProfileFits, StageModel
+from kestrel_sim.costs.profile import ProfileFits, StageModel, mixed_step_ms
 from kestrel_sim.profile import Measurement, Profile
 
 
@@ -111,14 +111,8 @@ def _rates(model: StageModel) -> dict[str, float]:
 
 def _predict(model: StageModel, mm: Measurement, physical: bool) -> float:
     if model.stage == "mixed":
-        chunk = Chunk(*mm.chunk)
-        if physical:
-            corr, model.correction = model.correction, None
-            try:
-                return model.mixed_ms(mm.batch, mm.tokens_per_seq, mm.context, chunk)
-            finally:
-                model.correction = corr
-        return model.mixed_ms(mm.batch, mm.tokens_per_seq, mm.context, chunk)
+        ms = model.physical_mixed_ms if physical else model.mixed_ms
+        return ms(mm.batch, mm.tokens_per_seq, mm.context, Chunk(*mm.chunk))
     if physical:
         return model.physical_ms(mm.batch, mm.tokens_per_seq, mm.context)
     return model.ms(mm.batch, mm.tokens_per_seq, mm.context)
@@ -178,11 +172,8 @@ def _marginal_rule(fits: ProfileFits, rows: list[Measurement], prefill: StageMod
         step = fits.models.get(("decode" if mm.tokens_per_seq == 1 else "verify", "gpu"))
         if step is None:
             continue
-        chunk = Chunk(*mm.chunk)
-        alone = step.ms(mm.batch, mm.tokens_per_seq, mm.context)
-        chunk_alone = prefill.ms(chunk.batch, chunk.m, chunk.context)
-        ms = alone + prefill.marginal_ms(step.stage, mm.batch, mm.tokens_per_seq, chunk)
-        ms = min(alone + chunk_alone, max(ms, alone, chunk_alone))
+        ms = mixed_step_ms(step, prefill, None, mm.batch, mm.tokens_per_seq, mm.context,
+                           Chunk(*mm.chunk))
         errs.append(abs(ms / mm.ms - 1) * 100)
     med, mx = _stats(errs)
     return StageReport("mixed (marginal rule)", "gpu", len(rows), len(errs), None, None, med, mx)

@@ -59,10 +59,14 @@ class StageModel:
             return phys
         return max(phys + self.correction.ms((b, m), c), 0.5 * phys)
 
+    def physical_mixed_ms(self, b: float, m: float, c: float, chunk: Chunk) -> float:
+        """mixed_ms by the physical terms alone."""
+        f = step_features(self.work, "mixed", b, m, c, (chunk.batch, chunk.m, chunk.context))
+        return self.terms.ms(*f)
+
     def mixed_ms(self, b: float, m: float, c: float, chunk: Chunk) -> float:
         """A mixed stage's forward: a step of b x m at c and a prefill chunk."""
-        f = step_features(self.work, "mixed", b, m, c, (chunk.batch, chunk.m, chunk.context))
-        phys = self.terms.ms(*f)
+        phys = self.physical_mixed_ms(b, m, c, chunk)
         if self.correction is None:
             return phys
         return max(phys + self.correction.ms((b, m, chunk.tokens), c), 0.5 * phys)

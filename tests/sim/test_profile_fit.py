@@ -14,7 +14,7 @@ from kestrel_sim.costs.profile import ProfileCost
 from kestrel_sim.costs.roofline import RooflineCost
 from kestrel_sim.hardware import load_hardware
 from kestrel_sim.models import preset
-from kestrel_sim.profile import Profile
+from kestrel_sim.profile import STEP_STAGES, Profile
 
 BUNDLED = Path(__file__).resolve().parents[2] / "calibration" / "profiles" / "qwen3-8b_h200.json"
 H200 = load_hardware("h200")
@@ -79,9 +79,6 @@ def test_noisy_measurements_never_give_a_negative_context_slope():
     short, long = fit.seconds("verify", 16, 4, 128), fit.seconds("verify", 16, 4, 8000)
     assert long > short  # decode's positive KV slope, not the batch effect read as context
     assert long - short == pytest.approx(1e-4 * 16 * (8000 - 128) * 1e-3, rel=0.02)
-
-
-STEP_STAGES = ("decode", "verify", "prefill", "draft", "correction")
 
 
 @pytest.mark.skipif(not BUNDLED.is_file(), reason="bundled profile not present")
