@@ -17,6 +17,7 @@ import platform
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import reduce
 
 import torch
 
@@ -264,11 +265,4 @@ def spec_stats(workers) -> dict | None:
     stats = [w.spec.stats for w in workers if w.spec is not None]
     if not stats:
         return None
-    total = SpecStats(stats[0].k, stats[0].controlled)
-    for st in stats:
-        total.num_drafts += st.num_drafts
-        total.draft_tokens += st.draft_tokens
-        total.accepted_tokens += st.accepted_tokens
-        for name in ("proposed_at", "reached_at", "accepted_at"):
-            setattr(total, name, [a + b for a, b in zip(getattr(total, name), getattr(st, name))])
-    return total.as_dict()
+    return reduce(SpecStats.merged, stats, SpecStats(stats[0].k, stats[0].controlled)).as_dict()

@@ -69,7 +69,7 @@ class ServingEngine:
         self.done = 0
         self.preemptions = 0
         self.failed: BaseException | None = None
-        self.tracer = DevicesTracer(self.devices)
+        self.tracer: DevicesTracer | None = None  # made by run(): its clock starts there
 
     # ------------------------------------------------------------------ the run
 

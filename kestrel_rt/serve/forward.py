@@ -77,7 +77,7 @@ def speculative_round(w, plan):
     emitted = w.spec.round([seq.spec for seq in plan.rows])
     for seq, n in zip(plan.rows, lengths):
         del seq.tokens[n:]  # the decoder appended them to the shared list: postprocess does
-    return emitted, after[0] if after else None, w.spec.last_verify_span()
+    return emitted, after[0] if after else None, w.spec.verify_span
 
 
 def decode_forward(model: Qwen3Model, rows) -> torch.Tensor:

@@ -56,13 +56,6 @@ class ServingDecoder(SpecDecoder):
                             seq.slot, accept_rng=accept_rng(self.config.seed, seq.rid)
                             if self.controlled is not None else None)
 
-    def last_verify_span(self):
-        """This worker's latest verify span (only its own thread writes spans of its name)."""
-        for span in reversed(self.tracer.spans):
-            if span.kind == "verify" and span.worker == self.target_worker:
-                return span
-        return None
-
 
 def build_decoder(target, draft, config: SpecConfig, target_name: str,
                   draft_name: str) -> ServingDecoder:

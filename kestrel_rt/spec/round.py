@@ -87,6 +87,7 @@ class SpecDecoder:
         self.draft_worker = worker_name(draft.device, "draft")
         self.target_gpu = target.device.type == "cuda"  # spans: CUDA events, else host clock
         self.draft_gpu = draft.device.type == "cuda"
+        self.verify_span = None  # the last round's verify span
 
     # -- sequences -----------------------------------------------------------------------
     def allocate_kv(self, num_slots: int, max_len: int) -> None:
@@ -174,6 +175,7 @@ class SpecDecoder:
         else:  # separate: g_n from the target's last accepted input, forwarded alone
             after = self.correct(seqs, rows, q, uniforms, limits)
         span.accepted = accepted
+        self.verify_span = span  # the round's verify (serving puts its prompt chunks on it)
         for limit, n in zip(limits, accepted):
             self.stats.record(limit, n)
         return [s.emit(row[2: 2 + n] + [g], room)  # d_1..d_n, g_n
@@ -198,9 +200,10 @@ class SpecDecoder:
         q = []
         if uniforms is not None:
             uniforms = uniforms[:, :k].to(draft.device)  # [B, k]
+        requests = [s.request for s in seqs]
+        context = sum(draft.kv.length(s) for s in slots)
         for i in range(k):
-            context = sum(draft.kv.length(s) for s in slots)
-            with self.tracer.span("draft", self.draft_worker, [s.request for s in seqs],
+            with self.tracer.span("draft", self.draft_worker, requests,
                                   on_device=self.draft_gpu, tokens=sum(n_new), context=context):
                 if uniforms is None:  # greedy: the argmax stays on the device
                     ids = self.draft_argmax(tokens, slots, n_new)  # [B, 1]
@@ -208,6 +211,7 @@ class SpecDecoder:
                     q.append(self.probs(draft.forward(tokens, slots, n_new, last_only=True)))
                     ids = sample_from(q[-1], uniforms[:, i])[:, None]  # [B, 1]
                 drafts[:, i: i + 1].copy_(ids)  # before the next step reuses a graph's buffer
+            context += sum(n_new)
             tokens, n_new = ids, [1] * B
         device = self.target.device
         return drafts.to(device), (torch.stack(q, 1).to(device) if q else None)

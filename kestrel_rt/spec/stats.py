@@ -52,6 +52,14 @@ class SpecStats:
             self.reached_at[i] += i <= accepted
             self.accepted_at[i] += i < accepted
 
+    def merged(self, other: SpecStats) -> SpecStats:
+        """Both sets of drafts counted together (the workers of one run)."""
+        return SpecStats(
+            self.k, self.controlled, self.num_drafts + other.num_drafts,
+            self.draft_tokens + other.draft_tokens, self.accepted_tokens + other.accepted_tokens,
+            *([a + b for a, b in zip(getattr(self, n), getattr(other, n))]
+              for n in ("proposed_at", "reached_at", "accepted_at")))
+
     @property
     def acceptance_length(self) -> float:
         return 1.0 + self.accepted_tokens / self.num_drafts if self.num_drafts else 1.0
