@@ -107,7 +107,6 @@ class Bench:
         self.add("decode b=1", name, quant, 1, 1, r, self.decode_limit_s(model, 1, 1, CONTEXT))
         if self.breakdown and quant in ("bf16", "int4"):
             self.breakdowns.append((name, quant, measure.kernel_breakdown(model, CONTEXT)))
-            model.graphs.clear()
         if name == "qwen3-8b" and quant == "bf16":
             for b in BATCHES[1:]:
                 r = measure.time_steps(model, b, 1, CONTEXT, self.steps // 2, self.gen)

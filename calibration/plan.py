@@ -16,9 +16,7 @@ one.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from calibration.estimate import (
     COLD_COMPILE_S,
@@ -166,16 +164,13 @@ def plan_notes(request: Request) -> list[str]:
     return []
 
 
-def kernel_cache_filled() -> bool:
-    folder = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
-    return folder.is_dir() and any(folder.iterdir())
-
-
 def itemsize(dtype: str) -> int:
     return 4 if "32" in dtype else 2
 
 
 def estimate(benches: list[BenchPlan], grid: Grid) -> Estimate:
+    from kestrel_rt.options import kernel_cache_filled
+
     t = grid.timing
     out = Estimate({}, {})
     for b in benches:

@@ -35,19 +35,6 @@ INSTALL_HINT = ('install cupy with pip install -e ".[cuda13]" (CUDA 13 driver) o
                 'pip install -e ".[cuda12]" (CUDA 12 driver)')
 
 
-def kernel_cache_dir() -> Path:
-    """Where cupy keeps compiled kernels (CUPY_CACHE_DIR, else ~/.cupy/kernel_cache)."""
-    import os
-
-    return Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
-
-
-def kernel_cache_filled() -> bool:
-    """True when cupy's kernel cache holds compiled modules (a later run loads them)."""
-    folder = kernel_cache_dir()
-    return folder.is_dir() and any(folder.iterdir())
-
-
 def pick_backend(backend: str | None, device: Any, graphs: bool) -> str:
     """The backend to build: --backend as given (checked), else cupy on CUDA with cupy."""
     from kestrel_rt.options import cupy_installed
@@ -212,7 +199,7 @@ def generate(
     from kestrel_rt.engine import generate as run_generate
     from kestrel_rt.loading import default_dtype, is_awq_checkpoint, load_tokenizer, resolve
     from kestrel_rt.memory import check_fits, free_bytes
-    from kestrel_rt.options import default_options
+    from kestrel_rt.options import default_options, kernel_cache_dir, kernel_cache_filled
     from kestrel_rt.runner import build_model, prepare
     from kestrel_rt.weights import parse_device, parse_dtype
 

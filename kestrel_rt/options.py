@@ -13,6 +13,8 @@ defaults (the measurements and the commands that reproduce them).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -71,6 +73,17 @@ def cupy_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("cupy") is not None
+
+
+def kernel_cache_dir() -> Path:
+    """Where cupy keeps compiled kernels (CUPY_CACHE_DIR, else ~/.cupy/kernel_cache)."""
+    return Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+
+
+def kernel_cache_filled() -> bool:
+    """True when cupy's kernel cache holds compiled modules (a later run loads them)."""
+    folder = kernel_cache_dir()
+    return folder.is_dir() and any(folder.iterdir())
 
 
 def compute_capability(device: torch.device) -> tuple[int, int] | None:

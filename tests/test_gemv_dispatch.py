@@ -120,6 +120,7 @@ def recording_gemv(target: GemvDevice, monkeypatch):
 
     gemv = Gemv.__new__(Gemv)  # no device: only the launch logic runs
     gemv.target, gemv.sms, gemv.tuned, gemv.sweep = target, target.sms, {}, False
+    gemv._shared = {}
     calls = []
 
     class Module:

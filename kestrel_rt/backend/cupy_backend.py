@@ -68,6 +68,7 @@ class CupyBackend(TorchBackend):
         self.moe_kernels = MoeKernels(self)
         self.greedy_head = GreedyHead(self)
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
+        self._graph_safe: dict[tuple[int, int], bool] = {}  # (batch, m) -> graph_safe's answer
 
     def load(self, model_id: str, shape: ModelShape, hf_weights: dict) -> None:
         """Backend.load, after making the Gemv for this model: the bulk kernel's row-scale
@@ -103,7 +104,14 @@ class CupyBackend(TorchBackend):
         host sync, so it may be captured in a CUDA graph: decode and verify (m <= 16) on the
         kernels; a prefill (m > 16) of a dense model, whose attention is torch's over a Step
         of static length (the graph's step.max_ctx is the cache's max_len). A MoE prefill is
-        not: the torch experts pick their tokens on the host."""
+        not: the torch experts pick their tokens on the host. Asked before every forward
+        of a GraphModel, so kept per shape (it depends only on the loaded model)."""
+        safe = self._graph_safe.get((batch, m))
+        if safe is None:
+            safe = self._graph_safe[batch, m] = self._is_graph_safe(batch, m)
+        return safe
+
+    def _is_graph_safe(self, batch: int, m: int) -> bool:
         s = self.shape
         vec = 16 // torch.empty((), dtype=self.dtype).element_size()
         if not self.kernel_dtype() or s.head_dim % vec or s.head_dim > 256:

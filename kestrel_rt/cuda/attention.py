@@ -30,6 +30,7 @@ from kestrel_rt.cuda.ops import (
     token_rows,
     vec_elems,
 )
+from kestrel_rt.options import DECODE_MIN_KEYS
 
 ATTN_THREADS = 256
 ATTN_ELEMS = 4096  # rows-per-block * head_dim held in registers by one attn_partial block
@@ -37,7 +38,6 @@ DECODE_WARPS = 4  # warps of the warp-per-key decode kernel
 DECODE_MAX_ROWS = 8  # query rows (M * Hq / Hkv) it takes; more go to attn_partial
 DECODE_HEAD_DIMS = (64, 128, 256)  # head_dim = 32 lanes * 2, 4 or 8 elements
 MAX_SPLITS = 64  # context splits (the merge holds one weight per split)
-DECODE_MIN_KEYS = 8  # keys per split of the warp-per-key kernel, at least (short contexts)
 
 
 def kv_write(km: KernelModules, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,

@@ -98,6 +98,9 @@ class Gemv:
         self.sweep = sweep
         self._modules: dict[tuple[str, int], object] = {}
         self._streams: dict[int, object] = {}
+        # dynamic shared memory each persistent kernel was allowed, by function: the
+        # attribute is only ever raised, so a launch asking no more skips the driver call
+        self._shared: dict[tuple[str, int, str], int] = {}
         self._pdl = None
         if pdl and torch.cuda.get_device_capability(self.device_index) >= (9, 0):
             from kestrel_rt.cuda.pdl import Launcher
@@ -201,7 +204,10 @@ class Gemv:
                     threads: int, args: tuple) -> None:
         """One wave of `blocks` blocks of kernels/SOURCE.cu:NAME with smem dynamic bytes."""
         fn = self.module(source, pro).get_function(name)
-        ensure_dynamic_shared(fn, smem)
+        key = (source, pro, name)
+        if self._shared.get(key, -1) < smem:
+            ensure_dynamic_shared(fn, smem)
+            self._shared[key] = smem
         self._run(fn, (blocks,), (threads,), args, smem)
 
     # -- what the backend calls ------------------------------------------------------------
