@@ -69,3 +69,13 @@ def one_cpu_thread_for_torch():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny Qwen3 checkpoint with tied embeddings (tests/tiny_models.py), one per module:
+    the serving, placement and run-on-hardware tests' model. A module that needs another
+    kind of folder defines its own `folder`."""
+    from tiny_models import build
+
+    return build("tied", tmp_path_factory.mktemp("tied") / "tied")

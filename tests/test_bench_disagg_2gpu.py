@@ -14,16 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from disagg_2gpu import PARTS, RUNS, table, ttft_parts
 from test_serve_engine import all_at_once, scenario
-from tiny_models import build
 
 from kestrel_rt.serve import serve
 from kestrel_sim.scenario import load_scenario
 from kestrel_sim.sim import simulate
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build("tied", tmp_path_factory.mktemp("bench") / "tied")
 
 
 def test_the_parts_of_ttft_sum_to_it_on_a_measured_run(folder):

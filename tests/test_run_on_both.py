@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tiny_models import build
 
 from kestrel_cli.app import main
 from kestrel_sim.comparison import compare
@@ -27,11 +26,6 @@ CPU = ROOT / "scenarios" / "hardware"
 # every default check made generous: a CPU run against the roofline passes them
 GENEROUS = [f"validate.tolerance_pct.{m}=1e9" for m in Validate().checks()]
 TIGHT = ["validate.tolerance_pct.median_tpot_ms=1e-9"]
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build("tied", tmp_path_factory.mktemp("both") / "tied")
 
 
 def kestrel(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:

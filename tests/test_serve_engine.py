@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from tiny_models import build
 
 from kestrel_rt.engine import generate
 from kestrel_rt.serve import serve
@@ -17,11 +16,6 @@ from kestrel_rt.serve.kv import reservation
 from kestrel_rt.serve.models import build_model
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.scenario import Scenario
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build("tied", tmp_path_factory.mktemp("serve") / "tied")
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +98,11 @@ def check_run(served, reference, sc: Scenario) -> None:
         assert sum(rec.emit_counts) == rec.output_tokens == len(out)
         assert rec.arrival <= rec.prefill_start <= rec.emit_times[0] <= rec.finish
         assert rec.emit_times == sorted(rec.emit_times) and rec.emit_times[-1] == rec.finish
+    same_as_greedy(served, reference)
+
+
+def same_as_greedy(served, reference) -> None:
+    """Each request's tokens are plain greedy generation's of its prompt."""
     longest = max(len(out) for out in served.outputs)
     expected = generate(reference, served.prompts, longest).token_ids
     for i, out in enumerate(served.outputs):

@@ -17,7 +17,6 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_serve_engine import Limits, all_at_once, check_run, scenario
-from tiny_models import build
 
 from kestrel_rt.serve import serve
 from kestrel_rt.serve.handover import Link, copy_rows
@@ -27,11 +26,6 @@ from kestrel_sim.errors import ConfigError
 from kestrel_sim.placement import place, worker_prefixes
 from kestrel_sim.scenario import Scenario, load_scenario
 from kestrel_sim.serving_spec import Serving
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build("tied", tmp_path_factory.mktemp("placement") / "tied")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import pytest
 import torch
 import yaml
 from rich.console import Console
-from tiny_models import build
 
 from kestrel_cli.run_hardware import HardwareMismatchError, notes, run_on_hardware
 from kestrel_cli.simulate import render_run
@@ -26,11 +25,6 @@ from kestrel_sim.trace import Trace
 
 HARDWARE_SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "hardware")
                             .glob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build("tied", tmp_path_factory.mktemp("serve") / "tied")
 
 
 def load(path: Path, **changes) -> Scenario:

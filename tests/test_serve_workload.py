@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tiny_models import build
 
 from kestrel_rt.serve import serve
 from kestrel_rt.serve.arrivals import Arrivals
@@ -18,11 +17,6 @@ from kestrel_sim.errors import KestrelError
 from kestrel_sim.scenario import Scenario
 from kestrel_sim.sim.kv import KVPool
 from kestrel_sim.workload import draw_workload
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build("tied", tmp_path_factory.mktemp("serve") / "tied")
 
 
 def scenario(folder, arrivals: dict, requests: int = 9) -> Scenario:

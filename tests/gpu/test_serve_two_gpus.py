@@ -11,32 +11,18 @@ import torch
 if torch.cuda.device_count() < 2:
     pytest.skip("needs two GPUs", allow_module_level=True)
 
-from test_serve_engine import all_at_once, scenario
+from test_serve_engine import all_at_once, same_as_greedy, scenario
 from test_serve_placement import Arrived, check_handover
-from tiny_models import build
 
 from calibration.grid import Point
 from calibration.measure import Bench, measure, transfer_caches
-from kestrel_rt.engine import generate
 from kestrel_rt.serve import serve
 from kestrel_rt.serve.models import build_model
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build("tied", tmp_path_factory.mktemp("two-gpus") / "tied")
-
-
-@pytest.fixture(scope="module")
 def reference(folder):
     return build_model(str(folder), "cuda:0")
-
-
-def same_as_greedy(served, reference) -> None:
-    longest = max(len(out) for out in served.outputs)
-    expected = generate(reference, served.prompts, longest).token_ids
-    for i, out in enumerate(served.outputs):
-        assert out == expected[i][:len(out)], f"request {i}"
 
 
 def serving(p: int, d: int, **more) -> dict:
