@@ -15,6 +15,19 @@ from kestrel_sim.profile import Profile
 from kestrel_sim.schema_base import StrictModel, in_base_dir, resolve_file
 
 
+def profile_file(v: str | None, info: ValidationInfo, key: str) -> str | None:
+    """The Profile JSON a scenario key names, resolved against the scenario's folder and
+    loaded once to check it (None stays None)."""
+    if v is None:
+        return None
+    path = resolve_file(v, info, key)
+    try:
+        Profile.load(path)
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
+    return path
+
+
 class RooflineCosts(StrictModel):
     """The analytic model from the hardware description; fields override it. With
     `calibrated_from` a Profile JSON, its fitted efficiencies (fraction of bandwidth, of
@@ -33,14 +46,7 @@ class RooflineCosts(StrictModel):
     @field_validator("calibrated_from")
     @classmethod
     def _profile_exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
-            return None
-        path = resolve_file(v, info, "calibrated_from")
-        try:
-            Profile.load(path)
-        except ConfigError as err:
-            raise ValueError(str(err)) from None
-        return path
+        return profile_file(v, info, "calibrated_from")
 
     @field_validator("measured_on")
     @classmethod
@@ -106,14 +112,7 @@ class Costs(StrictModel):
     @field_validator("profile")
     @classmethod
     def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
-            return None
-        path = resolve_file(v, info, "profile")
-        try:
-            Profile.load(path)
-        except ConfigError as err:
-            raise ValueError(str(err)) from None
-        return path
+        return profile_file(v, info, "profile")
 
     @model_validator(mode="after")
     def _exactly_one(self):
