@@ -222,14 +222,18 @@ def check_mode(mode: str | None, layers: int | None = None) -> None:
         raise KestrelError(f"quantization '{mode}': the model has {layers} layers")
 
 
+def layer_of(name: str) -> int | None:
+    """The layer index of a Hugging Face weight name (model.layers.{i}....), else None."""
+    return int(name.split(".")[2]) if name.startswith("model.layers.") else None
+
+
 def mode_of(name: str, mode: str, layers: int | None) -> str:
     """The quantization of weight `name` under `mode` (int4-last-N: by its layer)."""
     n = int4_last(mode)
     if n is None:
         return mode
-    parts = name.split(".")
-    layer = int(parts[2]) if name.startswith("model.layers.") else -1
-    return "int4" if layers is not None and layer >= layers - n else "int8"
+    layer = layer_of(name)
+    return "int4" if layers is not None and layer is not None and layer >= layers - n else "int8"
 
 
 def quantize_weights(hf: dict, mode: str | None, layers: int | None = None) -> dict:

@@ -43,18 +43,12 @@ import torch
 
 from kestrel_rt.backend import TorchBackend
 from kestrel_rt.model import Qwen3Model
-from kestrel_rt.quant_weights import QuantizedWeight, is_projection, quantize_weight
+from kestrel_rt.quant_weights import QuantizedWeight, is_projection, layer_of, quantize_weights
 from kestrel_rt.weights import dummy_weights, load_dummy, parse_dtype
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.models import ModelShape
 
 DEFAULT_INT4_LAYERS = 14  # of qwen3-0.6b's 28: per-token acceptance 0.67 (module doc)
-
-
-def layer_of(name: str) -> int | None:
-    """The layer index of a Hugging Face weight name (model.layers.{i}....), else None."""
-    parts = name.split(".")
-    return int(parts[2]) if name.startswith("model.layers.") else None
 
 
 def layer_skip_weights(shape: ModelShape, hf: dict[str, torch.Tensor], layers: int
@@ -78,13 +72,8 @@ def quantized_weights(shape: ModelShape, hf: dict[str, torch.Tensor], int4_layer
     layers = shape.num_hidden_layers
     if not 0 <= int4_layers <= layers:
         raise KestrelError(f"int4_layers of '{shape.name}' is 0..{layers}, not {int4_layers}")
-    out: dict[str, object] = {}
-    for name, t in hf.items():
-        if is_projection(name):
-            late = layer_of(name) >= layers - int4_layers
-            out[name] = quantize_weight(t, "int4" if late else "int8")
-        else:
-            out[name] = t.clone()
+    copy = {name: t if is_projection(name) else t.clone() for name, t in hf.items()}
+    out = quantize_weights(copy, f"int4-last-{int4_layers}", layers)  # projections: new objects
     draft = shape.model_copy(update={"name": f"{shape.name}-int4x{int4_layers}"})
     return draft, out
 
