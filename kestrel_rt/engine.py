@@ -17,10 +17,8 @@ import torch
 
 from kestrel_rt.kv_cache import KVCache
 from kestrel_rt.model import Chosen, Qwen3Model
-from kestrel_rt.sampling import choose
+from kestrel_rt.sampling import SEED_RANGE, choose, request_generator
 from kestrel_sim.errors import KestrelError
-
-SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
 
 
 class PromptTooLongError(KestrelError):
@@ -65,7 +63,8 @@ class _Step:
         return [row[0] for row in self.chosen.read()]
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's work (nothing on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -143,11 +142,7 @@ def generate(
         return GenerateResult(out, sum(map(len, prompts)), 0.0, 0.0, 0)
     eos = set() if eos_token_id is None else (
         {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id))
-    gens = []
-    for i in range(len(prompts)):
-        g = torch.Generator()
-        g.manual_seed((seed + i) % SEED_RANGE) if seed is not None else g.seed()
-        gens.append(g)
+    gens = [request_generator(seed, i) for i in range(len(prompts))]
     max_len = min(max(map(len, prompts)) + max_new_tokens, model.shape.max_position_embeddings)
     kv = kv_cache_for(model, min(len(prompts), max_batch or len(prompts)), max_len)
 
@@ -198,7 +193,7 @@ def generate(
             t0 = time.perf_counter()
             logits = model.prefill([prompts[r] for r in reqs], slots)  # [B, V]
             tokens = pick(logits, reqs)
-            _sync(model.device)
+            sync(model.device)
             prefill_s += time.perf_counter() - t0
             record(reqs, slots, tokens)
         if not running:
@@ -229,7 +224,7 @@ def generate(
             read(pending)
         pending = launched
         if slots and not overlap:
-            _sync(model.device)
+            sync(model.device)
             record(reqs, slots, tokens)
         decode_s += time.perf_counter() - t0
         steps += bool(slots)

@@ -9,6 +9,16 @@ from __future__ import annotations
 
 import torch
 
+SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
+
+
+def request_generator(seed: int | None, request: int) -> torch.Generator:
+    """Request `request`'s CPU generator: seeded (seed + request) mod 2**64, or at random
+    when seed is None."""
+    g = torch.Generator()
+    g.manual_seed((seed + request) % SEED_RANGE) if seed is not None else g.seed()
+    return g
+
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """logits [B, V] -> [B] int64, the first index of the maximum (as torch.argmax)."""

@@ -6,10 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from kestrel_rt.sampling import SEED_RANGE
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.scenario import Acceptance
-
-SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
 
 
 class SpecConfig(BaseModel):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kestrel_rt.spec.config import SEED_RANGE
+from kestrel_rt.sampling import SEED_RANGE
 from kestrel_sim.acceptance import AcceptanceModel, build_acceptance
 from kestrel_sim.scenario import Acceptance
 

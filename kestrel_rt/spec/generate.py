@@ -9,9 +9,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-import torch
-
-from kestrel_rt.engine import GenerateResult, check_prompts
+from kestrel_rt.engine import GenerateResult, check_prompts, sync
 from kestrel_rt.model import Qwen3Model
 from kestrel_rt.spec.config import SpecConfig
 from kestrel_rt.spec.round import SpecDecoder
@@ -36,11 +34,6 @@ def check_request(decoder: SpecDecoder, prompts: list[list[int]], max_new: list[
     check_prompts(prompts, decoder.target.shape.vocab_size, decoder.context,
                   f"target '{name}' and its draft")
 
-
-def _sync(*models: Qwen3Model) -> None:
-    for m in models:
-        if m.device.type == "cuda":
-            torch.cuda.synchronize(m.device)
 
 
 def speculative_generate(
@@ -88,13 +81,15 @@ def speculative_generate(
         if admitted:
             t0 = time.perf_counter()
             decoder.prefill(admitted)
-            _sync(target, draft)
+            sync(target.device)
+            sync(draft.device)
             prefill_s += time.perf_counter() - t0
             running += admitted
         if running := finish(decoder, running, out):
             t0 = time.perf_counter()
             decoder.round(running)
-            _sync(target, draft)
+            sync(target.device)
+            sync(draft.device)
             decode_s += time.perf_counter() - t0
             rounds += 1
             running = finish(decoder, running, out)

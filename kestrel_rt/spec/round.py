@@ -39,9 +39,9 @@ import torch
 
 from kestrel_rt.engine import kv_cache_for
 from kestrel_rt.model import Qwen3Model
-from kestrel_rt.sampling import probabilities, sample_from
+from kestrel_rt.sampling import probabilities, request_generator, sample_from
 from kestrel_rt.spec.accept import draft_probs_at, greedy_accept, rejection_sample, residual
-from kestrel_rt.spec.config import SEED_RANGE, SpecConfig
+from kestrel_rt.spec.config import SpecConfig
 from kestrel_rt.spec.controlled import ControlledAcceptance, accept_rng
 from kestrel_rt.spec.sequence import SpecSequence
 from kestrel_rt.spec.stats import SpecStats
@@ -110,13 +110,7 @@ class SpecDecoder:
             eos: frozenset[int] | set[int] = frozenset()) -> SpecSequence:
         """A new sequence with a slot in each cache and its own generators."""
         cfg = self.config
-        generator = None
-        if not cfg.greedy:
-            generator = torch.Generator()
-            if cfg.seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed((cfg.seed + request) % SEED_RANGE)
+        generator = None if cfg.greedy else request_generator(cfg.seed, request)
         return SpecSequence(
             request, list(prompt), len(prompt), max_new_tokens, self.target.kv.allocate(),
             self.draft.kv.allocate(), frozenset(eos), generator,
