@@ -152,9 +152,12 @@ class Qwen3Model:
 
         Returns fp32 logits [B, V] at each prompt's last token.
         """
-        lengths = [len(p) for p in prompts]
-        M = max(lengths)
-        tokens = torch.zeros(len(prompts), M, dtype=torch.long)  # [B, M], 0-padded
-        for b, p in enumerate(prompts):
-            tokens[b, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+        tokens, lengths = padded(prompts)  # [B, M]
         return self.forward(tokens, slots, lengths, last_only=True)
+
+
+def padded(rows: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+    """Token rows of different lengths -> ([B, M] int64, 0-padded, on the host; lengths)."""
+    lengths = [len(r) for r in rows]
+    M = max(lengths)
+    return torch.tensor([r + [0] * (M - len(r)) for r in rows], dtype=torch.long), lengths

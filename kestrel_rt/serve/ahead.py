@@ -29,7 +29,7 @@ from kestrel_rt.serve.postprocess import postprocess
 def runs_ahead(eng, w, plan) -> bool:
     """Whether `plan` is a round that may run ahead: plain decode, and no other worker
     waiting for this thread (several workers in one thread take turns a step each)."""
-    return (plan.kind == "round" and not plan.chunks and w.spec is None and w.draft is None
+    return (plan.kind == "round" and not plan.chunks and w.spec is None
             and (eng.threads or len(eng.workers) == 1))
 
 

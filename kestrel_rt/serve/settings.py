@@ -31,11 +31,6 @@ class ServeSettings:
     kv_capacity: int  # logical KV tokens per worker
     k: int  # draft tokens per speculative round; 0 without speculation
 
-    @property
-    def slots_per_round(self) -> int:
-        """KV headroom a running request needs for one round (its k + 1 new tokens)."""
-        return self.k + 1
-
 
 def refuse_unsupported(sc: Scenario) -> None:
     """Raise UnsupportedScenarioError for scenario keys the runtime cannot run (any number of

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from kestrel_rt.engine import kv_cache_for
-from kestrel_rt.model import Qwen3Model
+from kestrel_rt.model import Qwen3Model, padded
 from kestrel_rt.sampling import probabilities, request_generator, sample_from
 from kestrel_rt.spec.accept import draft_probs_at, greedy_accept, rejection_sample, residual
 from kestrel_rt.spec.config import SpecConfig
@@ -284,10 +284,3 @@ def to_device(values: list, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return host
     return host.pin_memory().to(device, non_blocking=True)
-
-
-def padded(rows: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
-    """Token rows of different lengths -> ([B, M] int64, 0-padded, on the host; lengths)."""
-    lengths = [len(r) for r in rows]
-    M = max(lengths)
-    return torch.tensor([r + [0] * (M - len(r)) for r in rows], dtype=torch.long), lengths
