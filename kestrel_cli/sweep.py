@@ -85,11 +85,19 @@ def grid_points(axes: dict[str, list[str]]) -> list[dict[str, str]]:
     return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
 
 
+# what the costs label depends on (kestrel_sim/costs/build.py: the models, the quantization,
+# the cost model, and the serving keys that place workers and pick mixed or link pricing)
+LABEL_FIELDS = {"hardware": True, "model": True, "quant": True, "draft": True, "costs": True,
+                "spec": True,
+                "serving": {"mode", "prefill_schedule", "devices", "link", "workers",
+                            "prefill_workers", "decode_workers"}}
+
+
 def sweep_costs(scenarios) -> str:
     """The grid's costs label, or each distinct one where an axis changes the costs."""
     labels: dict[str, str] = {}
     for sc in scenarios:
-        key = sc.model_dump_json(include={"hardware", "model", "draft", "costs"})
+        key = sc.model_dump_json(include=LABEL_FIELDS)
         if key not in labels:
             labels[key] = costs_label(sc)
     distinct = list(dict.fromkeys(labels.values()))
