@@ -23,11 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import measure
-from h200_decode import CONTEXT
+from h200_decode import CONTEXT, build
 
-from kestrel_rt.options import RuntimeOptions, default_options
-from kestrel_rt.runner import build_model
-from kestrel_sim.models import preset
+from kestrel_rt.options import RuntimeOptions
 
 
 def parse_set(text: str) -> tuple[str, list]:
@@ -55,10 +53,8 @@ def main() -> None:
     rows, breakdowns = [], []
     for spec in args.models.split(","):
         name, quant = spec.split(":")
-        q = None if quant == "bf16" else quant
         for changes in grid:
-            options = default_options("cuda", preset(name), q, **changes)
-            model = build_model(name, "cuda", torch.bfloat16, q, options)
+            model = build(name, quant, **changes)
             model.allocate_kv(1, 2048 + 64)
             r = measure.time_steps(model, 1, 1, CONTEXT, args.steps, gen)
             shown = " ".join(f"{k}={v}" for k, v in changes.items()) or "defaults"

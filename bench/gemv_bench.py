@@ -41,6 +41,7 @@ from kestrel_rt.cuda.gemv_variants import (
     RING_DEFAULT,
     all_variants,
 )
+from kestrel_rt.options import default_options
 from kestrel_rt.quant_weights import Int4Weight, Int8Weight
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
@@ -176,8 +177,8 @@ def main() -> None:
     args = parser.parse_args()
     gen = torch.Generator("cuda").manual_seed(0)
     device = torch.device("cuda")
-    hopper = torch.cuda.get_device_capability(device) >= (9, 0)
-    target = gemv_device(device, bulk=hopper, ring=not hopper)
+    defaults = default_options(device, backend="cupy")  # the kernels the runtime picks here
+    target = gemv_device(device, bulk=defaults.bulk_gemv, ring=defaults.ring_gemv)
     gemv = Gemv(device, target, sweep=args.sweep, pdl=args.pdl)
     gemv.compile()
     copy_bw = copy_bandwidth()

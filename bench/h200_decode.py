@@ -43,17 +43,17 @@ PREFILL = (512, 2048, 8192)
 CONTEXT = 128  # cached tokens per sequence in decode measurements (and a long one, 2048)
 
 
-def build(name: str, quant: str, min_keys: int | None = None):
+def build(name: str, quant: str, min_keys: int | None = None, **changes):
     """The model `kestrel generate` runs for a preset (kestrel_rt/runner.py: dummy weights,
     the device's default options), with the decode attention's keys per split at least
-    min_keys where given."""
+    min_keys where given, and the option `changes` (bench/ablation.py)."""
     from kestrel_rt.options import default_options
     from kestrel_rt.runner import build_model
     from kestrel_sim.models import preset
 
     q = None if quant == "bf16" else quant
     extra = {} if min_keys is None else {"attention_min_keys": min_keys}
-    options = default_options("cuda", preset(name), q, **extra)
+    options = default_options("cuda", preset(name), q, **extra, **changes)
     return build_model(name, "cuda", torch.bfloat16, q, options, seed=0)
 
 
