@@ -122,6 +122,16 @@ def describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+class Silent:
+    """A run_bench reporter that says nothing (a Ray worker: progress is reported per part,
+    by the driver)."""
+
+    def building(self, bp) -> None: ...
+    def built(self, bp, error) -> None: ...
+    def measuring(self, point) -> None: ...
+    def measured(self, point, record, error) -> None: ...
+
+
 def run_bench(bp: BenchPlan, grid: Grid, outcome: Outcome, reporter,
               deadline: float | None = None) -> None:
     """Build one bench and time its points into `outcome` (failures by point id)."""

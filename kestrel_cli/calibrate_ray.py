@@ -40,19 +40,10 @@ class Part:
     kind: str  # accelerator type, or ANY
 
 
-class Silent:
-    """A run_bench reporter for a worker: progress is reported per part, by the driver."""
-
-    def building(self, bp) -> None: ...
-    def built(self, bp, error) -> None: ...
-    def measuring(self, point) -> None: ...
-    def measured(self, point, record, error) -> None: ...
-
-
 def measure_part(part: Part) -> dict:
     """Run in a worker: build the part's bench, time its points; its Profile (JSON, None
     when nothing was measured) and failures."""
-    from calibration.driver import Outcome, fingerprint, run_bench
+    from calibration.driver import Outcome, Silent, fingerprint, run_bench
     from calibration.record import to_profile
 
     outcome = Outcome()

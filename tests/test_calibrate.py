@@ -229,13 +229,6 @@ def test_kv_transfer_copies_the_rows(bench):
 
 
 
-class Silent:
-    def building(self, bp): ...
-    def built(self, bp, error): ...
-    def measuring(self, point): ...
-    def measured(self, point, record, error): ...
-
-
 def test_a_spent_budget_skips_the_rest_without_building(folders, monkeypatch):
     from calibration import driver
 
@@ -245,7 +238,7 @@ def test_a_spent_budget_skips_the_rest_without_building(folders, monkeypatch):
     monkeypatch.setattr(driver, "build_bench", no_build)
     plan = make_plan(Request(str(folders["tied"]), load_grid("tiny")[0], "tiny", "tiny", "cpu",
                              draft=str(folders["untied"])))
-    outcome = driver.run(plan, Silent(), max_minutes=1e-9)
+    outcome = driver.run(plan, driver.Silent(), max_minutes=1e-9)
     assert outcome.records == []
     assert set(outcome.failures) == {p.id for p in plan.points}
     assert set(outcome.failures.values()) == {driver.SKIPPED}
