@@ -28,3 +28,9 @@ def place(prefixes: list[str], devices: list[str]) -> dict[str, str]:
     if not devices:
         raise ValueError("no device to place the workers on")
     return {name: devices[i % len(devices)] for i, name in enumerate(prefixes)}
+
+
+def placement(serving: Serving) -> dict[str, str] | None:
+    """serving.devices dealt to the workers (place), or None without a device list (the
+    simulator's default: a device per worker)."""
+    return place(worker_prefixes(serving), serving.devices) if serving.devices else None

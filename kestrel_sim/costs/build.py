@@ -28,7 +28,7 @@ from kestrel_sim.costs.table import TableCost
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import Hardware, LinkSpec, hardware_for_device, load_hardware
 from kestrel_sim.models import ModelShape
-from kestrel_sim.placement import place, worker_prefixes
+from kestrel_sim.placement import placement
 from kestrel_sim.profile import Profile
 from kestrel_sim.scenario import Scenario
 
@@ -67,8 +67,8 @@ def needed_stages(sc: Scenario) -> list[str]:
 
 def build_costs(sc: Scenario, rng: np.random.Generator) -> SimCosts:
     costs = _build(sc, rng)
-    if sc.serving.devices:  # two workers or more placed on one device
-        where = place(worker_prefixes(sc.serving), sc.serving.devices)
+    where = placement(sc.serving)
+    if where is not None:  # two workers or more placed on one device
         costs.shared = len(set(where.values())) < len(where)
     return costs
 

@@ -21,7 +21,7 @@ from kestrel_sim.costs.build import build_costs
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec
 from kestrel_sim.metrics import Metrics, metrics_from, with_source
-from kestrel_sim.placement import place, worker_prefixes
+from kestrel_sim.placement import placement
 from kestrel_sim.recorder import Recorder
 from kestrel_sim.scenario import Link, Scenario, Slo, model_context
 from kestrel_sim.sim import processes as proc
@@ -76,9 +76,9 @@ def _link(sc: Scenario, hw) -> LinkSpec:
 def shared_devices(sc: Scenario, env: simpy.Environment, contention) -> dict[str, SharedDevice]:
     """A SharedDevice per device that serving.devices places two workers or more on, by
     worker prefix; a worker alone on its device (or without serving.devices) has none."""
-    if not sc.serving.devices:
+    where = placement(sc.serving)
+    if where is None:
         return {}
-    where = place(worker_prefixes(sc.serving), sc.serving.devices)
     out: dict[str, SharedDevice] = {}
     for name in dict.fromkeys(where.values()):
         mine = [w for w, d in where.items() if d == name]
@@ -189,8 +189,7 @@ def simulate(
         "draft": sc.draft.model if sc.draft else None,
         "draft_device": sc.draft.device if sc.draft else None,
         "costs": costs.source,
-        "placement": (place(worker_prefixes(sc.serving), sc.serving.devices)
-                      if sc.serving.devices else None),  # None: a device per worker
+        "placement": placement(sc.serving),  # None: a device per worker
         "calibrated": costs.source != "roofline",  # roofline: analytic, not measured
         "workers": roles,
         "kv_capacity_tokens": capacity,
