@@ -7,7 +7,7 @@
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
 # STEPS: a comma list of tests, spec, serve, decode, calibrate, calibrate_moe, validate1..4,
-# gemv, probe, ablation (default tests,spec,serve,decode,calibrate; a 10-minute call fits
+# beforeafter, gemv, probe, ablation (default tests,spec,serve,decode,calibrate; a 10-minute call fits
 # tests,spec, then serve,decode, then calibrate; each validateN is one of docs/validation.md's
 # four chunks, about 9 minutes).
 # Only OUT/session.tgz and OUT/summary.txt come back (the device tool returns a limited number
@@ -28,6 +28,7 @@ step() {  # step NAME SECONDS COMMAND...: run, log to LOG/NAME.log, report its e
   [[ $STEPS == *,$name,* ]] || return 0
   timeout "$limit" "$@" > "$LOG/$name.log" 2>&1
   echo "$name: exit $? (limit ${limit}s)" | tee -a "$LOG/summary.txt"
+  tar czf "$OUT/session.tgz" -C "$OUT" session  # after each step: a call cut short keeps it
 }
 step tests 330 python3 -m pytest -o addopts="" -q -n 12 --durations=25 -p no:cacheprovider tests/gpu tests/test_cli_generate.py tests/test_calibrate_gpu.py
 step spec 240 python3 bench/spec_bench.py --out "$LOG" --commit "$COMMIT"
@@ -41,6 +42,10 @@ step validate1 570 $V spec-off,spec-k1-fused,spec-k2-separate,spec-k4-fused,spec
 step validate2 570 $V spec-k12-heldout,spec-organic-int4-copy,int4,colocated-saturated,preempt-kv-pressure,draft-cpu
 step validate3 570 $V ladder-1-bf16-colocated,ladder-2-int4,ladder-3-int4-disaggregated,ladder-4-int4-disaggregated-spec,disaggregated-light
 step validate4 570 $V disaggregated-saturated,light-load-mixed-lengths,qwen3-30b-a3b
+# before/after (issue 20 item 7): the quantized decode rows at d5cb851 (the tree before the
+# options object) and here, one after the other; needs the device's .git to hold d5cb851
+Q="--no-transformers --quants int8,int4 --models qwen3-0.6b,qwen3-8b,qwen3-30b-a3b"
+step beforeafter 300 bash -c "rm -rf /tmp/before && mkdir -p /tmp/before && git archive d5cb851 | tar -x -C /tmp/before && (cd /tmp/before && python3 bench/h200_decode.py --out $LOG/before $Q --commit d5cb851) && python3 bench/h200_decode.py --out $LOG/after $Q --commit $COMMIT"
 step probe 120 python3 bench/probes/attention_probe.py
 step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-0.6b:bf16 --set pdl=true,false --set fold_norms=true,false
 tar czf "$OUT/session.tgz" -C "$OUT" session
