@@ -8,6 +8,7 @@ terms to it (kestrel_sim.costs.fit) and reports their error on held-out points
 Schema version 2. One Measurement is one timed forward (or one KV hand-over):
 
   stage        prefill | decode | verify | draft | correction | mixed | kv_transfer | overlap
+               | draft_prefill | round
   batch        sequences in the step (kv_transfer: requests handed over together)
   tokens_per_seq  M, new tokens per sequence (decode, draft, correction: 1; verify: k+1;
                prefill: the prompt tokens this forward carries per sequence, i.e. the
@@ -28,6 +29,13 @@ Schema version 2. One Measurement is one timed forward (or one KV hand-over):
                loops beside it on another stream of the same GPU, on another instance of
                the model (as the disaggregated workers on one GPU); `ms` is its time so,
                `alone_ms` its time alone, measured in the same run
+  draft_prefill  the draft model's pass over a prompt chunk (read as prefill)
+  round        one whole speculative round as serving runs it (kestrel_rt/spec SpecDecoder:
+               the draft's steps, the verify, the acceptance and the host's bookkeeping
+               until the next round can start), wall time: `tokens_per_seq` is k + 1 and
+               the round accepts no proposal, so its first draft step feeds one token per
+               sequence; what it costs beyond its stages is the serving loop's per-round
+               host time (kestrel_sim.costs.profile: round_overhead)
   device       gpu | cpu: where the stage ran (a draft may run on the CPU)
   ms, samples, p10, p90   median time over `samples` timed repeats, and its spread
 
@@ -35,6 +43,12 @@ A chunked prefill is measured as its chunks: one prefill row per chunk, `tokens_
 the chunk and `context` the prompt tokens before it. `chunk_*` fields belong to mixed rows
 only, and the overlap fields to overlap rows only, so that each row has one reading.
 Overlap rows were added to version 2 without changing it (optional fields, a new stage).
+
+`runtime` (optional) says how the runtime that measured ran its steps: `batch_buckets`, the
+batch sizes its CUDA graphs are captured at (a decode, verify, draft or correction step of
+b <= the largest and M <= `max_m` tokens per sequence replays the graph of the smallest
+bucket >= b, its padding rows computed and thrown away), so the simulator prices such a
+step at its bucket; absent: each step at its own batch.
 
 Version 1 files (no `schema_version`; bench/h200_decode.py wrote them) load as version 2:
 the new fields take their defaults and a preset model's shape hash is derived from the
@@ -44,6 +58,7 @@ preset. `Profile.load(old).save(new)` converts one.
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,7 +68,7 @@ from kestrel_sim.errors import ConfigError
 from kestrel_sim.yamlio import count_problems, describe_errors, key_name, read_yaml
 
 ProfileStage = Literal["prefill", "decode", "verify", "draft", "correction", "mixed",
-                       "kv_transfer", "overlap"]
+                       "kv_transfer", "overlap", "draft_prefill", "round"]
 STEP_STAGES = ("prefill", "decode", "verify", "draft", "correction")
 StepStage = Literal["prefill", "decode", "verify", "draft", "correction"]
 OVERLAP_FIELDS = ("step_stage", "other_stage", "other_batch", "other_tokens_per_seq",
@@ -199,11 +214,37 @@ class Measurement(BaseModel):
         return nb, (self.chunk_tokens or 0) / nb, float(self.chunk_context or 0)
 
 
+class RuntimeInfo(BaseModel):
+    """How the measuring runtime runs its steps (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_buckets: list[int] = Field(
+        min_length=1, description="batch sizes of the runtime's step graphs, ascending")
+    max_m: int = Field(default=16, ge=1,
+                       description="most tokens per sequence a step graph takes")
+
+    @model_validator(mode="after")
+    def _ascending(self):
+        b = self.batch_buckets
+        if any(x < 1 for x in b) or any(x >= y for x, y in pairwise(b)):
+            raise ValueError(f"batch_buckets must be ascending positive sizes (got {b})")
+        return self
+
+    def bucket(self, batch: int, m: float) -> int:
+        """The batch a step of `batch` x `m` runs at: its bucket, or itself (eager)."""
+        if m > self.max_m or batch > self.batch_buckets[-1]:
+            return batch
+        return next(x for x in self.batch_buckets if x >= batch)
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_version: Literal[2] = 2
     fingerprint: Fingerprint
+    runtime: RuntimeInfo | None = Field(
+        default=None, description="how the measuring runtime pads steps (module docstring)")
     measurements: list[Measurement] = Field(min_length=1)
     parts: list[Fingerprint] = Field(
         default_factory=list,
@@ -241,7 +282,10 @@ class Profile(BaseModel):
         grid = a.grid if a.grid == b.grid else "+".join(g for g in (a.grid, b.grid) if g) or None
         differs = drift or a.grid != b.grid or a.date != b.date
         parts = list(self.parts) + ([b] if differs else []) + list(other.parts)
-        return Profile(fingerprint=a.model_copy(update={"grid": grid}),
+        if self.runtime != other.runtime:
+            raise ConfigError(f"cannot merge profiles whose runtimes pad steps differently "
+                              f"(runtime: {self.runtime} vs {other.runtime})")
+        return Profile(fingerprint=a.model_copy(update={"grid": grid}), runtime=self.runtime,
                        measurements=list(self.measurements) + list(other.measurements),
                        parts=parts)
 
