@@ -21,7 +21,7 @@ import numpy as np
 from kestrel_sim.costs.base import IDLE, Shares
 from kestrel_sim.costs.calibrated import CalibratedRoofline
 from kestrel_sim.costs.contention import Contention
-from kestrel_sim.costs.profile import ProfileCost, ProfileFits
+from kestrel_sim.costs.profile import ProfileCost, ProfileFits, RoundOverhead
 from kestrel_sim.costs.roofline import RooflineCost
 from kestrel_sim.costs.shape import model_shape, shape_hash
 from kestrel_sim.costs.table import TableCost
@@ -57,6 +57,8 @@ class SimCosts:
     mixed: bool = False  # the scenario prices mixed steps (colocated, prefill_schedule mixed)
     contention: Contention = field(default_factory=Contention)  # steps sharing a device
     shared: bool = False  # serving.devices places two workers or more on one device
+    # the serving loop's host time per speculative round (a profile's round rows), or None
+    round_overhead: RoundOverhead | None = None
 
 
 def needed_stages(sc: Scenario) -> list[str]:
@@ -118,8 +120,12 @@ def _build(sc: Scenario, rng: np.random.Generator) -> SimCosts:
             draft = _profile_draft(sc, fits, profile_path, draft_shape, draft_hw)
         # the profile's KV link where the scenario hands KV over and names no link
         hands_over = sc.serving.mode == "disaggregated" and sc.serving.link is None
+        # measured with the draft on the GPU: the loop a CPU draft runs is another one
+        overhead = fits.round_overhead() if sc.draft is not None and sc.draft.device == "gpu" \
+            else None
         return SimCosts(target, draft, hw, draft_hw, "profile",
-                        fits.link() if hands_over else None, mixed, fits.contention())
+                        fits.link() if hands_over else None, mixed, fits.contention(),
+                        round_overhead=overhead)
 
     ro = sc.costs.roofline if sc.costs is not None and sc.costs.roofline else None
     if ro is not None and ro.calibrated_from is not None:
@@ -170,9 +176,11 @@ def _profile_draft(sc: Scenario, fits: ProfileFits, path: str, shape: ModelShape
     if sc.draft.device == "gpu" and draft_hw is not None:
         calibrated = CalibratedRoofline(fits, draft_hw, draft_hw, shape, path, role="draft")
     if measured:
-        # the draft's own prompt pass is not in the profile (prefill rows time the target)
+        # the draft's own prompt pass: its draft_prefill rows, or without them the target's
+        # prefill terms over the draft's shape (a GPU draft) or the roofline
         prompt = calibrated or (RooflineCost(draft_hw, shape) if draft_hw else _Zero())
-        return ProfileCost(fits.profile, path, fallback=prompt, stages=("draft",), fits=fits,
+        return ProfileCost(fits.profile, path, fallback=prompt,
+                           stages=("draft", "draft_prefill"), fits=fits,
                            device=sc.draft.device)
     if calibrated is not None:
         return calibrated
@@ -239,6 +247,12 @@ def _describe(costs: SimCosts) -> str:
         text += "; draft: the profile's decode and prefill terms over the draft's shape"
     if costs.mixed and costs.source == "profile":
         text += f"; mixed steps: {costs.target.mixed_source}"
+    runtime = getattr(costs.target, "runtime", None)
+    if costs.source == "profile" and runtime is not None:
+        text += ("; steps at the runtime's graph batch buckets ("
+                 f"{', '.join(map(str, runtime.batch_buckets))})")
+    if costs.round_overhead is not None:
+        text += f"; {costs.round_overhead.describe()}"
     if costs.link is not None:
         text += (f"; KV link fitted: {costs.link.bandwidth_gb_s:.3g} GB/s, "
                  f"{costs.link.latency_us:.3g} us")

@@ -19,7 +19,8 @@ belongs to A's kernels). On A itself this is the profile's physical fit, whose h
 error report.py gives. The model priced may differ from the one measured (the same
 efficiencies over another shape, overhead scaled by its layers); its dtype and quant are
 the profile's. A draft whose model the profile did not measure is priced with the
-target's decode terms (and its prompt pass with the prefill terms).
+target's decode terms (and its prompt pass with the prefill terms); one it measured, with
+its own draft and draft_prefill terms.
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ class CalibratedRoofline(FittedCost):
             # the draft's own rows if they measured this shape, else the target's decode
             same = "draft" in gpu and fits.works["draft"].shape == shape
             picked = {"draft": gpu["draft" if same else "decode"],
-                      "prefill": gpu.get("prefill")}
+                      "prefill": gpu.get("draft_prefill" if same and "draft_prefill" in gpu
+                                         else "prefill")}
         else:
-            picked = {s: m for s, m in gpu.items() if s != "draft"}
+            picked = {s: m for s, m in gpu.items() if s not in ("draft", "draft_prefill")}
         self.source_models = {s: m for s, m in picked.items() if m is not None}
         models = {}
         for stage, fitted in self.source_models.items():

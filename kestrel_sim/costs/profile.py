@@ -36,6 +36,8 @@ contention.py): each row's two steps are split into Shares by their stages' fits
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from kestrel_sim.costs.base import BUSY, Chunk, Shares, blend
@@ -48,9 +50,10 @@ from kestrel_sim.costs.work import DTYPE_BYTES, StepWork, bytes_per_param
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec, hardware_for_device
 from kestrel_sim.models import ModelShape
-from kestrel_sim.profile import Measurement, Profile
+from kestrel_sim.profile import Measurement, Profile, RuntimeInfo
 
 FIT_ORDER = ("decode", "prefill", "verify", "correction", "draft", "mixed")
+GRAPH_STAGES = ("decode", "verify", "correction", "draft")  # replayed at a batch bucket
 
 
 class ProfileFits:
@@ -78,9 +81,12 @@ class ProfileFits:
                 rows = profile.rows(stage, device)
                 if rows and (stages is None or stage in stages or stage == "decode"):
                     self.models[stage, device] = self.fit(stage, device, rows)
+            rows = profile.rows("draft_prefill", device)
+            if rows and "draft" in self.works:
+                self.models["draft_prefill", device] = self.fit("draft_prefill", device, rows)
 
     def work(self, stage: str) -> StepWork:
-        return self.works["draft" if stage == "draft" else "target"]
+        return self.works["draft" if stage in ("draft", "draft_prefill") else "target"]
 
     def hardware(self, device: str):
         """The bundled description of the device the rows ran on, or None."""
@@ -101,6 +107,9 @@ class ProfileFits:
 
     def fit(self, stage: str, device: str, rows: list[Measurement],
             correction: bool | None = None) -> StageModel:
+        if stage == "draft_prefill":  # the draft's prompt pass: a prefill's terms
+            return fit_stage("prefill", device, rows, self.work(stage), self.rates[device], {},
+                             self.correction if correction is None else correction)
         return fit_stage(stage, device, rows, self.work(stage), self.rates[device],
                          self.borrowed(stage, device),
                          self.correction if correction is None else correction)
@@ -126,6 +135,28 @@ class ProfileFits:
         return LinkSpec(bandwidth_gb_s=1e-6 / per_byte, latency_us=latency * 1e3)
 
 
+    def round_overhead(self, device: str = "gpu") -> RoundOverhead | None:
+        """What a whole speculative round (`round` rows) costs beyond its stages priced by
+        their fits (k draft steps of one token and the verify of k + 1, each at its
+        batch bucket): the serving loop's host time per round, fitted as fixed ms + ms
+        per sequence (non-negative least squares); None without round rows or the fits
+        to price their stages."""
+        rows = self.profile.rows("round", device)
+        draft, verify = self.models.get(("draft", device)), self.models.get(("verify", device))
+        if not rows or draft is None or verify is None:
+            return None
+        pad = self.profile.runtime if device == "gpu" else None
+        b = np.array([mm.batch for mm in rows], float)
+        left = []
+        for mm in rows:
+            k, bb = mm.tokens_per_seq - 1, pad.bucket(mm.batch, mm.tokens_per_seq) if pad else mm.batch
+            stages = k * draft.ms(bb, 1, mm.context) + verify.ms(bb, k + 1, mm.context)
+            left.append(mm.ms - stages)
+        a = np.column_stack([np.ones_like(b), b])
+        scale = np.linalg.norm(a, axis=0)
+        fixed, per_seq = nnls(a / scale, np.array(left)) / scale
+        return RoundOverhead(float(fixed), float(per_seq), len(rows))
+
     def overlap_rows(self) -> list[OverlapRow]:
         """The profile's overlap rows, each step split into Shares by its stage's fit on
         the GPU (a correction by decode's); rows of a stage without a fit are left out."""
@@ -149,6 +180,23 @@ class ProfileFits:
         return fit_contention(self.overlap_rows())
 
 
+@dataclass(frozen=True)
+class RoundOverhead:
+    """The host's time per speculative round beyond its stages: fixed_ms + per_seq_ms x
+    the round's batch (ProfileFits.round_overhead)."""
+
+    fixed_ms: float
+    per_seq_ms: float
+    rows: int
+
+    def seconds(self, batch: int) -> float:
+        return (self.fixed_ms + self.per_seq_ms * batch) * 1e-3
+
+    def describe(self) -> str:
+        return (f"round overhead {self.fixed_ms:.3g} ms + {self.per_seq_ms:.3g} ms per "
+                f"sequence (fitted to {self.rows} round measurements)")
+
+
 def _shape_of(name: str | None, key: str) -> ModelShape:
     try:
         return model_shape(name or "")
@@ -162,10 +210,12 @@ class FittedCost:
     """A StageCost over fitted StageModels, one per stage (see the module docstring for
     correction and mixed steps); `fallback` prices stages it lacks, if given."""
 
-    __slots__ = ("_fallback", "_models", "mixed_source", "path")
+    __slots__ = ("_fallback", "_models", "mixed_source", "path", "runtime")
 
-    def __init__(self, models: dict[str, StageModel], path: str, fallback=None):
+    def __init__(self, models: dict[str, StageModel], path: str, fallback=None,
+                 runtime: RuntimeInfo | None = None):
         self.path = path
+        self.runtime = runtime  # the graph buckets steps are priced at (None: none)
         self._fallback = fallback
         self._models = dict(models)
         if "correction" not in self._models and "decode" in self._models:
@@ -188,6 +238,13 @@ class FittedCost:
                 f"which this scenario needs (it has: {', '.join(sorted(self._models))})"
             )
 
+    def padded(self, stage: str, batch: int, m: float) -> int:
+        """The batch a `stage` step of `batch` x `m` runs at: a graph's bucket where the
+        measuring runtime replays one (Profile.runtime), else `batch`."""
+        if self.runtime is None or stage not in GRAPH_STAGES:
+            return batch
+        return self.runtime.bucket(batch, m)
+
     def seconds(self, stage: str, batch: int, m: float, context: float) -> float:
         if stage == "mixed":
             raise ValueError("a mixed step is priced by mixed_seconds: it needs its chunk")
@@ -196,7 +253,7 @@ class FittedCost:
             if self._fallback is not None:
                 return self._fallback.seconds(stage, batch, m, context)
             self.require([stage])
-        return model.ms(batch, m, context) * 1e-3
+        return model.ms(self.padded(stage, batch, m), m, context) * 1e-3
 
     def mixed_seconds(self, stage: str, batch: int, m: float, context: float,
                       chunk: Chunk) -> float:
@@ -204,8 +261,8 @@ class FittedCost:
         step, pre = self._models.get(stage), self._models.get("prefill")
         if step is None or pre is None:
             self.require([stage, "prefill"])
-        return mixed_step_ms(step, pre, self._models.get("mixed"), batch, m, context,
-                             chunk) * 1e-3
+        return mixed_step_ms(step, pre, self._models.get("mixed"),
+                             self.padded(stage, batch, m), m, context, chunk) * 1e-3
 
 
     def shares(self, stage: str, batch: int, m: float, context: float,
@@ -213,6 +270,8 @@ class FittedCost:
         """How the step uses the device (base.Shares), from its stage's physical terms; a
         mixed forward from the mixed fit, or without one its step and chunk blended by
         their times; a stage priced by the fallback from the fallback."""
+        if stage in self._models:
+            batch = self.padded(stage, batch, m)
         if chunk is not None:
             mixed = self._models.get("mixed")
             if mixed is not None:
@@ -233,7 +292,10 @@ class FittedCost:
 
 class ProfileCost(FittedCost):
     """Seconds per step from a Profile's fits (see the module docstring). `device`: the
-    rows to use, "gpu" or "cpu"; by default where the profile's target stages ran.
+    rows to use, "gpu" or "cpu"; by default where the profile's target stages ran. A
+    draft's cost names `stages=("draft", "draft_prefill")`: its prefill is then the
+    draft_prefill fit. Steps of a GPU's rows are priced at the runtime's graph bucket
+    (Profile.runtime).
     `fits`: the profile's ProfileFits when already made (the shapes and correction
     arguments are then its own)."""
 
@@ -245,9 +307,13 @@ class ProfileCost(FittedCost):
                  device: str | None = None, fits: ProfileFits | None = None):
         self.fits = fits or ProfileFits(profile, target, draft, correction, stages)
         self.device = device or target_device(profile)
-        super().__init__({s: m for (s, d), m in self.fits.models.items()
-                          if d == self.device and (stages is None or s in stages)},
-                         path, fallback)
+        models = {s: m for (s, d), m in self.fits.models.items()
+                  if d == self.device and (stages is None or s in stages)}
+        draft_prefill = models.pop("draft_prefill", None)
+        if stages is not None and "draft_prefill" in stages and draft_prefill is not None:
+            models["prefill"] = draft_prefill  # the draft's cost: its prompt pass
+        super().__init__(models, path, fallback,
+                         self.fits.profile.runtime if self.device == "gpu" else None)
 
 
 def mixed_step_ms(step: StageModel, pre: StageModel, mixed: StageModel | None, batch: int,

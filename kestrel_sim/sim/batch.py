@@ -12,13 +12,19 @@ import numpy as np
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
+_NO_LAG = np.empty(0, dtype=bool)
+
+
 class RunningBatch:
-    __slots__ = ("ctx", "ctx_sum", "ids", "pending", "rem")
+    __slots__ = ("ctx", "ctx_sum", "ids", "lag", "pending", "rem")
 
     def __init__(self):
         self.ids = _EMPTY  # [b] request ids
         self.ctx = _EMPTY  # [b] tokens in the KV cache (prompt + emitted)
         self.rem = _EMPTY  # [b] output tokens still to emit
+        # [b] the draft lags by a token: its last round accepted all k proposals, so its
+        # next round's first draft step feeds two tokens (kestrel_rt/spec/round.py)
+        self.lag = _NO_LAG
         self.ctx_sum = 0  # == ctx.sum(), kept up to date by every change below
         self.pending: list[tuple[int, int, int]] = []  # (id, ctx, rem) joined since last round
 
@@ -37,6 +43,7 @@ class RunningBatch:
         self.ids = np.concatenate((self.ids, new[:, 0]))
         self.ctx = np.concatenate((self.ctx, new[:, 1]))
         self.rem = np.concatenate((self.rem, new[:, 2]))
+        self.lag = np.concatenate((self.lag, np.zeros(len(new), dtype=bool)))
         self.ctx_sum += int(new[:, 1].sum())
         return new[:, 0].tolist()
 
@@ -48,6 +55,7 @@ class RunningBatch:
 
     def keep(self, mask: np.ndarray) -> None:
         self.ids, self.ctx, self.rem = self.ids[mask], self.ctx[mask], self.rem[mask]
+        self.lag = self.lag[mask]
         self.ctx_sum = int(self.ctx.sum())
 
     def pop_newest(self) -> tuple[int, int, int]:
@@ -56,5 +64,6 @@ class RunningBatch:
             return self.pending.pop()
         out = int(self.ids[-1]), int(self.ctx[-1]), int(self.rem[-1])
         self.ids, self.ctx, self.rem = self.ids[:-1], self.ctx[:-1], self.rem[:-1]
+        self.lag = self.lag[:-1]
         self.ctx_sum -= out[1]
         return out

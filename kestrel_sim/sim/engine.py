@@ -128,6 +128,7 @@ def simulate(
         chunk=sc.serving.prefill_chunk, preempt=not wait,
         mixed=sc.serving.mode == "colocated" and sc.serving.prefill_schedule == "mixed",
         draft_on_device=bool(sc.draft and sc.draft.device == "gpu"),
+        round_overhead=costs.round_overhead, catch_up=costs.source != "table",
     )
     devices = shared_devices(sc, env, costs.contention)
 

@@ -40,13 +40,13 @@ class StepConfig:
     """Constants the steps need, resolved once from the Scenario (no pydantic in the loop)."""
 
     __slots__ = (
-        "acceptance", "chunk", "draft", "draft_on_device", "max_batch", "max_tokens", "mixed",
-        "preempt", "separate", "target",
+        "acceptance", "catch_up", "chunk", "draft", "draft_on_device", "max_batch",
+        "max_tokens", "mixed", "preempt", "round_overhead", "separate", "target",
     )
 
     def __init__(self, target, draft, acceptance, separate: bool, max_batch: int,
                  max_tokens: int, chunk: int, preempt: bool, mixed: bool = False,
-                 draft_on_device: bool = True):
+                 draft_on_device: bool = True, round_overhead=None, catch_up: bool = True):
         self.target = target  # StageCost of the target model
         self.draft = draft  # StageCost of the draft model, or None
         self.acceptance = acceptance  # AcceptanceModel, or None
@@ -57,6 +57,11 @@ class StepConfig:
         self.preempt = preempt  # KV policy: preempt (True) or wait (False)
         self.mixed = mixed  # colocated: prefill chunks ride in decode/verify forwards
         self.draft_on_device = draft_on_device  # the draft runs on the target's GPU
+        # the host's time per speculative round beyond its stages (RoundOverhead), or None
+        self.round_overhead = round_overhead
+        # a lagging draft's first step is priced at M = 2 (not with a cost table: its ms per
+        # draft step holds whatever the step feeds)
+        self.catch_up = catch_up
 
     def draft_shares(self, stage: str, b: int, m: float, c: float) -> Shares:
         """The draft's Shares of the target's device (none when it runs on the CPU)."""
@@ -220,9 +225,12 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
             chunk = Chunk(len(chunks), ptok / len(chunks), pctx / len(chunks))
     if k:  # (draws in the order of the rounds without a chunk: draft, acceptance, verify)
         td = cfg.draft.seconds("draft", b, 1, c)
+        # the first step feeds two tokens per sequence where a draft lags (a graph of M = 2)
+        td1 = cfg.draft.seconds("draft", b, 2, c) if cfg.catch_up and batch.lag.any() else td
         acc = cfg.acceptance.sample(b, st.rng)
         emit = np.minimum(acc + 1, rem)  # a request near its end keeps fewer than accepted
         alist = (emit - 1).tolist()  # draft tokens accepted and kept
+        batch.lag = acc >= k  # all k accepted: the draft never ran d_k
     stage = "verify" if k else "decode"
     if chunk is None:
         tf = cfg.target.seconds(stage, b, k + 1, c)
@@ -231,8 +239,9 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
     if k:
         t = now
         for j in range(k):
-            spans.append(Span("draft", w.draft_name, t, t + td, rlist, b, csum + j * b))
-            t += td
+            step = td1 if j == 0 else td
+            spans.append(Span("draft", w.draft_name, t, t + step, rlist, b, csum + j * b))
+            t += step
         spans.append(Span("verify", w.name, t, t + tf, rlist, b * (k + 1), csum, k, alist))
     else:
         t = now
@@ -250,12 +259,16 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
     if chunk is not None:
         td_prefill = _draft_prefill(spans, cfg, w, t, pids, ptok, pctx)
         t += td_prefill
+    host = cfg.round_overhead.seconds(b) if k and cfg.round_overhead is not None else 0.0
+    t += host  # the loop's own time before the next round: no stage runs (no span)
     if w.device is None:
         yield env.timeout(t - now if k else tf)  # without k, t == now + tf: tf keeps the bits
     else:
         parts = [(tf, cfg.target.shares(stage, b, k + 1, c, chunk))]
         if k:
-            parts.append((k * td, cfg.draft_shares("draft", b, 1, c)))
+            parts.append(((k - 1) * td + td1, cfg.draft_shares("draft", b, 1, c)))
+        if host:
+            parts.append((host, IDLE))
         if tc:
             parts.append((tc, cfg.target.shares("correction", b, 1, (csum + asum) / b)))
         if td_prefill:
