@@ -4,11 +4,18 @@ simulator, held against each other.
     both = run_both(scenario, console)     # predicts, then measures
     both.files                             # hardware/*, sim/*, parity.html, comparison.json
     failures(both.rows)                    # checked metrics past validate.tolerance_pct
+    again = kept_both(scenario, KEPT, console)  # predicts again, against a kept measurement
 
 The simulator runs first (seconds: a scenario it refuses is refused before the runtime
 spends any time); each side's files are the ones `kestrel run --on sim|hardware`
 writes, in OUT/hardware/ and OUT/sim/. comparison.json holds every row of the comparison
 with the date and the fingerprint of the machine that measured (for committed results).
+
+`kept_both` re-predicts a scenario measured before (`kestrel validate --measured KEPT`): the
+measurement is read from KEPT (an earlier `--on both` output: hardware/metrics.json and
+comparison.json), so a changed simulator or profile is checked against the hardware without
+measuring again. It refuses a scenario that differs from the one measured in anything the
+runtime ran (all but `costs` and `validate`).
 """
 
 from __future__ import annotations
@@ -103,6 +110,51 @@ def comparison_doc(sc: Scenario, rows: list[Row], measured_meta: dict, costs: st
         "failed": [r.metric for r in failures(rows)],
         "rows": [r.to_dict() for r in rows],
     }
+
+
+KEPT_FILES = ("hardware/metrics.json", "hardware/scenario.json", "comparison.json")
+NOT_RUN = ("costs", "validate")  # scenario keys the runtime does not read
+
+
+def kept_both(sc: Scenario, kept: Path, console: Console, trace: str = "sample") -> Both:
+    """Predict `sc` and compare it with its measurement kept in `kept` (see the module
+    docstring): the files of `run_both`, with the kept measurement's metrics, scenario and
+    fingerprint (comparison.json's `measured_at`: where and when it was measured)."""
+    from kestrel_cli.render import costs_label, render_run, simulate_with_progress
+    from kestrel_sim.trace import Trace
+    from reports.parity import parity_report
+
+    missing = [f for f in KEPT_FILES if not (kept / f).is_file()]
+    if missing:
+        raise KestrelError(f"--measured: {kept} holds no measurement of {sc.name} "
+                           f"({', '.join(missing)} missing): run it with --on both first")
+    ran = json.loads((kept / "hardware/scenario.json").read_text())
+    now = sc.model_dump(mode="json")
+    differ = sorted(k for k in set(ran) | set(now) if k not in NOT_RUN and ran.get(k) != now.get(k))
+    if differ:
+        raise KestrelError(f"--measured: {kept / 'hardware/scenario.json'} was measured with "
+                           f"other values of {', '.join(differ)} than scenario {sc.name} now "
+                           "has: measure it again (--on both)")
+    measured = Metrics.model_validate_json((kept / "hardware/metrics.json").read_text())
+    before = json.loads((kept / "comparison.json").read_text())
+    meta = {**before.get("fingerprint", {}), "source": "hardware",
+            "acceptance_controlled": before.get("acceptance_controlled", False)}
+    costs = costs_label(sc)
+    predicted_trace = simulate_with_progress(sc, console, trace)
+    predicted, sim_files = render_run(sc, predicted_trace)
+    rows = compare(measured, predicted, sc.validate_, meta["acceptance_controlled"])
+    doc = comparison_doc(sc, rows, meta, costs)
+    doc["fingerprint"] = before.get("fingerprint", {})  # the machine that measured
+    doc["measured_at"] = before.get("measured_at") or before.get("date")
+    doc["predicted_at"] = git_commit()
+    files = {"hardware/metrics.json": measured.model_dump_json(indent=2),
+             "hardware/scenario.json": json.dumps(ran, indent=2)}
+    files |= {f"sim/{name}": text for name, text in sim_files.items()}
+    files["parity.html"] = parity_report(sc.name, rows, measured, predicted,
+                                         Trace(spans=[], requests=[], meta=meta),
+                                         predicted_trace, now)
+    files["comparison.json"] = json.dumps(doc, indent=2)
+    return Both(measured, predicted, rows, files, str(meta.get("device")), costs)
 
 
 def run_both(sc: Scenario, console: Console, trace: str = "sample",

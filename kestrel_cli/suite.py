@@ -4,6 +4,8 @@ run on both sides and compared, or only predicted (`--on sim`), then one summary
     kestrel validate scenarios/validation --out runs/validation            # measure + predict
     kestrel validate scenarios/validation --out runs/validation --on sim   # predictions only
     kestrel validate scenarios/validation --out runs/validation --only a,b # a chunk
+    kestrel validate scenarios/validation --out runs/again --measured runs/validation
+                                          # predict again, against the kept measurements
 
 Each scenario's files go to OUT/NAME/ (those of `kestrel run --on both`, or of `--on sim`);
 a later run replaces a scenario's folder and keeps the others, and the summary
@@ -68,13 +70,19 @@ def check_out(out: Path, names: set[str]) -> None:
                 f"summary ({', '.join(foreign[:5])}): give a new --out")
 
 
-def run_one(sc: Scenario, path: Path, out: Path, on: SuiteOn, console: Console) -> None:
-    """Run one scenario and write OUT/NAME (raises on a refusal or a crash)."""
-    from kestrel_cli.compare import run_both
+def run_one(sc: Scenario, path: Path, out: Path, on: SuiteOn, console: Console,
+            measured: Path | None = None) -> None:
+    """Run one scenario and write OUT/NAME (raises on a refusal or a crash); with
+    `measured`, predict it against its measurement kept in measured/NAME."""
+    from kestrel_cli.compare import kept_both, run_both
     from kestrel_cli.render import render_run, simulate_with_progress
 
+    # a kept measurement is read before OUT/NAME is replaced (OUT may be `measured`)
+    kept = None if measured is None else kept_both(sc, measured / sc.name, console).files
     with output_folder(out / sc.name, False, RUN_FILES | BOTH_FILES, inputs=(path,)) as f:
-        if on is SuiteOn.both:
+        if kept is not None:
+            files = kept
+        elif on is SuiteOn.both:
             files = run_both(sc, console).files
         else:
             _, files = render_run(sc, simulate_with_progress(sc, console))
@@ -116,9 +124,18 @@ def validate(
         "--only", help="comma-separated scenario names to run now (the summary still "
         "covers every folder in OUT)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help=SET_HELP)] = None,
+    measured: Annotated[Path | None, typer.Option(
+        "--measured", help="predict against the measurements kept in this earlier --on "
+        "both output (MEASURED/NAME) instead of measuring again")] = None,
 ) -> None:
     """Run a folder of scenarios on both sides (or predict only) and sum up the errors."""
     console = Console(stderr=True)
+    if measured is not None and on is not SuiteOn.both:
+        raise ConfigError("--measured compares predictions with kept measurements: it "
+                          "cannot go with --on sim")
+    if measured is not None and not measured.is_dir():
+        raise ConfigError(f"--measured {measured}: not a folder (an earlier --on both "
+                          "output of this suite)")
     suite = load_suite(folder, list(set_ or ()))
     names = {sc.name for _, sc in suite}
     chosen = names if only is None else {n.strip() for n in only.split(",") if n.strip()}
@@ -129,18 +146,19 @@ def validate(
     check_out(out, names)
     out.mkdir(parents=True, exist_ok=True)
     problems = earlier_problems(out, chosen)
-    what = "measured and predicted" if on is SuiteOn.both else "predicted"
+    what = ("measured and predicted" if on is SuiteOn.both and measured is None
+            else "predicted against kept measurements" if measured is not None else "predicted")
     title = f"Validation suite {folder.name} ({what})"
     for path, sc in suite:
         if sc.name not in chosen:
             continue
-        if on is SuiteOn.both and sc.validate_.pending:
+        if on is SuiteOn.both and measured is None and sc.validate_.pending:
             console.print(f"{sc.name}: pending, not run ({sc.validate_.pending.strip()})",
                           highlight=False)
             continue
         console.print(f"{sc.name}: running ({on.value})", highlight=False)
         try:
-            run_one(sc, path, out, on, console)
+            run_one(sc, path, out, on, console, measured)
         except KestrelError as err:
             problems[sc.name] = str(err)
         except Exception as err:  # noqa: BLE001  (a crash, e.g. out of GPU memory: record it, run the others)

@@ -213,3 +213,40 @@ def test_validate_refuses_a_foreign_out_folder(folder, tmp_path, monkeypatch, ca
     (out / "notes.txt").write_text("mine")
     code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", out, "--on", "sim")
     assert code == 2 and "notes.txt" in err
+
+
+def test_validate_predicts_again_against_kept_measurements(folder, tmp_path, monkeypatch,
+                                                           capsys):
+    suite, out, again = write_suite(tmp_path, folder), tmp_path / "out", tmp_path / "again"
+    code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", out,
+                           "--only", "cpu-colocated")
+    assert code == 0, err
+    first = json.loads((out / "cpu-colocated" / "comparison.json").read_text())
+    # a cost table in place of the roofline: other predictions, the same measurement
+    table = "costs={table: {prefill: 5.0, decode: 2.0}}"
+    code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", again,
+                           "--measured", out, "--only", "cpu-colocated", *sets(table))
+    assert code == 0, err
+    doc = json.loads((again / "cpu-colocated" / "comparison.json").read_text())
+    was = {r["metric"]: r for r in first["rows"]}
+    now = {r["metric"]: r for r in doc["rows"]}
+    assert now["median_tpot_ms"]["measured"] == was["median_tpot_ms"]["measured"]
+    assert now["median_tpot_ms"]["predicted"] != was["median_tpot_ms"]["predicted"]
+    assert doc["fingerprint"] == first["fingerprint"] and doc["measured_at"] == first["date"]
+    assert doc["predicted_with"] == "fixed cost table"
+    assert (again / "cpu-colocated" / "hardware" / "metrics.json").is_file()
+    assert "<h2>Verdict</h2>" in (again / "cpu-colocated" / "parity.html").read_text()
+    # a scenario the runtime would run otherwise is refused, naming what differs
+    code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", tmp_path / "x",
+                           "--measured", out, "--only", "cpu-colocated",
+                           *sets("workload.requests=3"))
+    assert code == 1 and "workload" in err and "measure it again" in err
+    # one never measured is recorded as an error, the summary still written
+    code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", tmp_path / "y",
+                           "--measured", out, "--only", "cpu-disaggregated")
+    assert code == 1 and "holds no measurement" in err
+    doc = json.loads((tmp_path / "y" / "summary.json").read_text())
+    assert {e["name"]: e["status"] for e in doc["scenarios"]}["cpu-disaggregated"] == "error"
+    code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", tmp_path / "z",
+                           "--measured", out, "--on", "sim")
+    assert code == 2 and "--measured" in err
