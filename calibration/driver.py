@@ -46,7 +46,7 @@ def kv_layout(bp: BenchPlan, model, prefill_buckets: tuple[int, ...]) -> tuple[i
         return 1, 16
 
     def reach(p: Point) -> int:
-        if p.stage == "prefill" and p.batch == 1:
+        if p.prompt_chunk and p.batch == 1:
             padded = next((n for n in prefill_buckets if n >= p.m), p.m)
             return p.context + padded
         return p.reach
@@ -74,13 +74,18 @@ def bench_options(bp: BenchPlan):
 
 def build_bench(bp: BenchPlan, grid: Grid):
     """The bench's model, built and prepared, owning its KV slots (the overlap bench
-    `pair@gpu`: two instances of it, calibration/overlap.py)."""
+    `pair@gpu`: two instances of it, calibration/overlap.py; the round bench `spec@gpu`:
+    the target and the draft, calibration/rounds.py)."""
     import torch
 
     if bp.name.startswith("pair@"):
         from calibration.overlap import build_pair
 
         return build_pair(bp, grid)
+    if bp.name.startswith("spec@"):
+        from calibration.rounds import build_spec
+
+        return build_spec(bp, grid)
 
     from calibration.measure import Bench, transfer_caches
     from kestrel_rt.runner import build_model, prepare
@@ -90,9 +95,9 @@ def build_bench(bp: BenchPlan, grid: Grid):
     slots, max_len = kv_layout(bp, model, tuple(getattr(model, "prefill_buckets", ())))
     graphable = [p for p in bp.points if p.stage in ("decode", "verify", "correction", "draft")]
     batches = tuple(sorted({p.batch for p in graphable})) or (1,)
-    new_tokens = sorted({p.m for p in graphable} | {p.after_k + 1 for p in graphable
-                                                     if p.after_k})
-    prefill = sorted({p.m for p in bp.points if p.stage == "prefill" and p.batch == 1})
+    new_tokens = sorted({p.m for p in graphable if not p.catch_up}
+                        | {p.after_k + 1 for p in graphable if p.after_k})
+    prefill = sorted({p.m for p in bp.points if p.prompt_chunk and p.batch == 1})
     prepare(model, slots, max_len, batches, tuple(new_tokens) or (1,),
             prefill=tuple(n for n in prefill if n < max_len) or (min(32, max_len - 1),))
     kv = model.kv
@@ -100,6 +105,7 @@ def build_bench(bp: BenchPlan, grid: Grid):
     t = grid.timing
     bench = Bench(bp.name, model, [kv.allocate() for _ in range(slots)],
                   t.warmup if gpu else t.cpu_warmup, t.repeats if gpu else t.cpu_repeats)
+    warm_catch_up(bench, [p for p in graphable if p.catch_up])
     biggest = max((p.m for p in bp.points if p.stage == "kv_transfer" and not p.peer),
                   default=0)
     if biggest:
@@ -107,6 +113,21 @@ def build_bench(bp: BenchPlan, grid: Grid):
     if gpu:
         torch.cuda.synchronize(model.device)
     return bench
+
+
+def warm_catch_up(bench, points: list[Point]) -> None:
+    """Capture the graphs of the draft's catch-up steps (M > 1, last_only: keyed apart from
+    the decode graphs prepare() captures) on the bench's own slots, left empty after, so
+    that no point's runs capture one (its warm-up runs would, but a graph's capture is no
+    part of a step)."""
+    from calibration.measure import set_lengths
+
+    if not hasattr(bench.model, "graphs"):  # eager (no GraphModel): nothing to capture
+        return
+    for b, m in sorted({(p.batch, p.m) for p in points}):
+        slots = bench.slots[:b]
+        bench.model.forward(bench.tokens(b, m), slots, [m] * b, last_only=True, greedy=True)
+        set_lengths(bench.model.kv, slots, 0)
 
 
 def release(device: str) -> None:

@@ -113,6 +113,19 @@ def point_seconds(p: Point, shape, speed: DeviceSpeed, itemsize: int, quant: str
     return runs * step + speed.point_s
 
 
+def spec_round_seconds(p: Point, shape, draft_shape, speed: DeviceSpeed, itemsize: int,
+                       draft_itemsize: int, quant: str | None, runs: int) -> float:
+    """A round point (calibration/rounds.py): `runs` rounds of k = M - 1 one-token draft
+    steps and a verify of M tokens per sequence, and the host's time per round."""
+    from calibration.round_grid import round_seconds
+
+    graphed = p.batch <= 64
+    draft = step_seconds(draft_shape, speed, draft_itemsize, None, p.batch, 1, p.context,
+                         graphed)
+    verify = step_seconds(shape, speed, itemsize, quant, p.batch, p.m, p.context, graphed)
+    return round_seconds(draft, verify, p.m - 1, runs) + speed.point_s
+
+
 def build_seconds(shape, speed: DeviceSpeed, itemsize: int, quant: str | None,
                   graphs: int) -> float:
     """Building a model (weights made or read, quantized) and capturing its graphs."""

@@ -5,46 +5,44 @@
     points = expand(grid, "gpu", ("gpu", "cpu"))
 
 A grid names, per stage, the values to cross (batch x new tokens x context, ...); `expand`
-turns it into a flat list of independent `Point`s, each with a stable id
-("target@gpu/verify/b4/m5/c2048"), ordered by the model instance that measures it (the
-target, then the draft on each device) and without repeats (chunked prompts share chunk
-steps). Any point can be measured alone once its model is built (calibration/measure.py), so
-a later driver can spread the points of one grid over several GPUs and merge the results.
+(calibration/points.py, also importable from here) turns it into a flat list of independent
+`Point`s, each with a stable id ("target@gpu/verify/b4/m5/c2048"), ordered by the model
+instance that measures it (the target, then the draft on each device) and without repeats
+(chunked prompts share chunk steps). Any point can be measured alone once its model is
+built (calibration/measure.py), so a driver can spread the points of one grid over several
+GPUs and merge the results.
 
 Errors name the file, line and key (kestrel_sim.yamlio, as for scenarios).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import Field, field_validator
 
 from calibration.overlap_grid import OverlapGrid
-from calibration.values import MAX_K, at_most_max_k, sorted_at_least
+from calibration.points import Point, chunk_steps, expand  # the grid's API
+from calibration.round_grid import RoundGrid
+from calibration.values import (
+    MAX_K,
+    Batches,
+    Contexts,
+    Ks,
+    KsOrZero,
+    Lengths,
+    NewTokens,
+    at_most_max_k,
+)
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.schema_base import StrictModel
 from kestrel_sim.yamlio import load_model
 
+__all__ = ["Grid", "Point", "bundled_grids", "chunk_steps", "expand", "load_grid"]
+
 GRIDS_DIR = Path(__file__).resolve().parent / "grids"
-STAGES = ("decode", "verify", "correction", "prefill", "mixed", "draft", "kv_transfer",
-          "overlap")
-
-
-def _sizes(what: str, zero: bool = False):
-    """A list of sizes (>= 1, or >= 0 with zero), at least one, sorted, repeats dropped."""
-    low = 0 if zero else 1
-    return Annotated[list[int], AfterValidator(lambda v: sorted_at_least(v, what, low))]
-
-
-Batches = _sizes("batch")
-Contexts = _sizes("context", zero=True)
-NewTokens = _sizes("new token count")
-Ks = _sizes("k")
-KsOrZero = _sizes("k", zero=True)
-Lengths = _sizes("length")
+STAGES = ("decode", "verify", "correction", "prefill", "mixed", "draft", "draft_prefill",
+          "kv_transfer", "overlap", "round")
 
 
 class Timing(StrictModel):
@@ -117,11 +115,20 @@ class MixedGrid(StrictModel):
         return at_most_max_k(v)
 
 
+class DraftSteps(StepGrid):
+    """The draft's steps on one device: `new_tokens` M = 1 a plain one-token step, M > 1
+    the first step of a serving round (the catch-up: the tokens the draft has not cached,
+    its last token's choice only); and its `prefill`, the prompt chunks as the target's."""
+
+    prefill: PrefillGrid | None = Field(default=None, description="the draft's pass over "
+                                        "the prompts (stage draft_prefill)")
+
+
 class DraftGrid(StrictModel):
     """Draft model steps (one token per sequence by default) on each device."""
 
-    gpu: StepGrid | None = None
-    cpu: StepGrid | None = None
+    gpu: DraftSteps | None = None
+    cpu: DraftSteps | None = None
 
 
 class TransferGrid(StrictModel):
@@ -150,134 +157,9 @@ class Grid(StrictModel):
     overlap: OverlapGrid | None = Field(
         default=None, description="the two disaggregated workers' steps at once on one GPU "
         "(calibration/overlap_grid.py); measured on a GPU only")
-
-
-@dataclass(frozen=True)
-class Point:
-    """One step to time. `model`: "target" or "draft"; `device`: "gpu" or "cpu" (where that
-    model runs); `batch` sequences x `m` new tokens at `context` cached tokens each; mixed:
-    plus one prompt chunk of `chunk_tokens` at `chunk_context`; correction: after a verify
-    of `after_k` + 1 tokens; kv_transfer: `m` tokens of KV copied (batch 1, context 0), to
-    another cache on the same device, or on `peer` (another GPU: "cuda:1")."""
-
-    model: str
-    device: str
-    stage: str
-    batch: int = 1
-    m: int = 1
-    context: int = 0
-    chunk_tokens: int = 0
-    chunk_context: int = 0
-    after_k: int = 0
-    peer: str = ""  # kv_transfer: the GPU the KV is copied to ("": the bench's own device)
-    timed: str = ""  # overlap: "decode" or "prefill", the side timed (overlap_grid.py)
-
-    @property
-    def bench(self) -> str:
-        """The model instance that measures it: "target@gpu", "draft@cpu", ..."""
-        return f"{self.model}@{self.device}"
-
-    @property
-    def id(self) -> str:
-        if self.stage == "kv_transfer":
-            return f"{self.bench}/kv_transfer/n{self.m}" + (f"/to-{self.peer}" if self.peer
-                                                            else "")
-        text = f"{self.bench}/{self.stage}/b{self.batch}/m{self.m}/c{self.context}"
-        if self.stage in ("mixed", "overlap"):
-            text += f"/chunk{self.chunk_tokens}@{self.chunk_context}"
-        if self.stage == "overlap":
-            text += f"/timed-{self.timed}"
-        if self.stage == "correction":
-            text += f"/after-k{self.after_k}"
-        return text
-
-    @property
-    def slots(self) -> int:
-        """KV slots a run of it uses."""
-        return self.batch + (1 if self.stage == "mixed" else 0)
-
-    @property
-    def reach(self) -> int:
-        """The longest sequence it makes (cached + new tokens)."""
-        if self.stage == "kv_transfer":
-            return 0  # its own caches (calibration/measure.py)
-        if self.stage in ("mixed", "overlap"):
-            return max(self.context + self.m, self.chunk_context + self.chunk_tokens)
-        if self.stage == "correction":
-            return self.context + self.after_k + 1
-        return self.context + self.m
-
-
-def chunk_steps(prompt: int, chunk: int) -> list[tuple[int, int]]:
-    """(tokens, context) of each step that prefills `prompt` tokens in chunks of `chunk`."""
-    return [(min(chunk, prompt - start), start) for start in range(0, prompt, chunk)]
-
-
-def target_points(grid: Grid, device: str) -> list[Point]:
-    out: list[Point] = []
-    add = out.append
-    if grid.decode:
-        for b in grid.decode.batches:
-            for m in grid.decode.new_tokens:
-                for c in grid.decode.contexts:
-                    add(Point("target", device, "decode", b, m, c))
-    if grid.verify:
-        for b in grid.verify.batches:
-            for k in grid.verify.k:
-                for c in grid.verify.contexts:
-                    add(Point("target", device, "verify", b, k + 1, c))
-    if grid.correction:
-        g = grid.correction
-        for b in g.batches:
-            for c in g.contexts:
-                add(Point("target", device, "correction", b, 1, c, after_k=g.after_k))
-    if grid.prefill:
-        g = grid.prefill
-        for b in g.batches:
-            for prompt in g.prompts:
-                for chunk in g.chunks:
-                    for n, c in chunk_steps(prompt, chunk):
-                        if g.max_step_tokens is None or b * n <= g.max_step_tokens:
-                            add(Point("target", device, "prefill", b, n, c))
-    if grid.mixed:
-        g = grid.mixed
-        for b in g.batches:
-            for k in g.k:
-                for c in g.contexts:
-                    for n in g.chunks:
-                        for cc in g.chunk_contexts:
-                            add(Point("target", device, "mixed", b, k + 1, c, n, cc))
-    return out
-
-
-def expand(grid: Grid, target_device: str, draft_devices: tuple[str, ...] = (),
-           peer: str | None = None) -> list[Point]:
-    """Every point of the grid, without repeats: the target's (on target_device), then the
-    draft's on each of draft_devices (those the grid's draft section lists); each model's
-    kv_transfer points after its steps, and the target's to the GPU `peer` (when given and
-    the grid measures between GPUs); last, on a GPU, the overlap points of two instances of
-    the target (the bench "pair@gpu")."""
-    groups = [("target", target_device, target_points(grid, target_device))]
-    for device in draft_devices:
-        steps = getattr(grid.draft, device, None) if grid.draft else None
-        points = [Point("draft", device, "draft", b, m, c)
-                  for b in steps.batches for m in steps.new_tokens for c in steps.contexts
-                  ] if steps else []
-        groups.append(("draft", device, points))
-    out: list[Point] = []
-    for model, device, points in groups:
-        if grid.kv_transfer:
-            points = points + [Point(model, device, "kv_transfer", 1, n)
-                               for n in grid.kv_transfer.tokens]
-            if model == "target" and peer and grid.kv_transfer.between_gpus:
-                points += [Point(model, device, "kv_transfer", 1, n, peer=peer)
-                           for n in grid.kv_transfer.tokens]
-        out += points
-    if grid.overlap and target_device == "gpu":  # two streams of one GPU
-        out += [Point("pair", "gpu", "overlap", b, m, c, n, cc, timed=timed)
-                for timed, b, m, c, n, cc in grid.overlap.shapes()]
-    seen: set[str] = set()
-    return [p for p in out if not (p.id in seen or seen.add(p.id))]
+    round: RoundGrid | None = Field(
+        default=None, description="whole speculative rounds, the target and the draft on a "
+        "GPU (calibration/round_grid.py); measured on a GPU only")
 
 
 def bundled_grids() -> list[str]:

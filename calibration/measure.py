@@ -16,12 +16,15 @@ its steps), and each run's time is its CUDA events' interval on the stream: devi
 any gap the host leaves. What each stage runs:
 
 - decode, verify, draft: `model.forward([b, M] tokens, greedy=True)` (a graph replay on a
-  GraphModel for M <= 16 and b <= 64);
+  GraphModel for M <= 16 and b <= 64); a draft step of M > 1 as a round's first draft step
+  (the catch-up, kestrel_rt/spec/round.py draft_argmax): `forward([b, M], n_new=[M] * b,
+  last_only=True, greedy=True)`, its own graph (captured when the bench is built);
 - correction: a verify of after_k + 1 tokens (untimed, enqueued first), then the timed
   one-token forward at the same context;
-- prefill: b chunks at the chunk's context, each its own `model.forward([1, C],
-  last_only=True, greedy=True)` (a prefill-graph replay on a GraphModel), as serving
-  prefills the chunks of a step (kestrel_rt/serve/forward.py);
+- prefill, draft_prefill: b chunks at the chunk's context, each its own
+  `model.forward([1, C], last_only=True, greedy=True)` (a prefill-graph replay on a
+  GraphModel), as serving prefills the chunks of a step on the target and then on the
+  draft (kestrel_rt/serve/forward.py);
 - mixed: `kestrel_rt.packed.forward_mixed` with the rows' group and the chunk's group (the
   rows' forward then the chunk's, as serving runs a mixed step);
 - kv_transfer: `kestrel_rt.serve.handover.copy_rows` of n tokens between two caches of the
@@ -29,7 +32,9 @@ any gap the host leaves. What each stage runs:
   the model's device, or the second on the point's `peer` GPU (a peer copy, the link
   between GPUs); the record names the pair ("cuda:0->cuda:1").
 - overlap: a decode worker's step and a prefill worker's chunk at once, on two instances of
-  the target on two streams of one GPU (calibration/overlap.py).
+  the target on two streams of one GPU (calibration/overlap.py);
+- round: a whole speculative round of the target and the draft, by the host clock
+  (calibration/rounds.py).
 """
 
 from __future__ import annotations
@@ -151,6 +156,10 @@ def measure(bench: Bench, point: Point) -> Record:
         from calibration.overlap import measure_overlap
 
         return measure_overlap(bench, point)
+    if stage == "round":  # a SpecBench's point: calibration/rounds.py
+        from calibration.rounds import measure_round
+
+        return measure_round(bench, point)
     if stage == "kv_transfer":
         return measure_transfer(bench, point)
     if stage == "mixed":
@@ -158,7 +167,6 @@ def measure(bench: Bench, point: Point) -> Record:
     model, kv = bench.model, bench.model.kv
     b, m, c = point.batch, point.m, point.context
     tokens = bench.tokens(b, m)  # [b, M]
-    last_only = stage == "prefill"
     verify = bench.tokens(b, point.after_k + 1) if stage == "correction" else None  # [b, k+1]
 
     def setup() -> list[int]:
@@ -170,9 +178,11 @@ def measure(bench: Bench, point: Point) -> Record:
         return slots
 
     def run(slots: list[int]) -> None:
-        if last_only:  # each prompt chunk its own forward, as serving prefills them
+        if point.prompt_chunk:  # each prompt chunk its own forward, as serving prefills them
             for i, slot in enumerate(slots):
                 model.forward(tokens[i:i + 1], [slot], last_only=True, greedy=True)
+        elif point.catch_up:  # the choice after each row's last token only: [b]
+            model.forward(tokens, slots, [m] * b, last_only=True, greedy=True)
         else:
             model.forward(tokens, slots, greedy=True)
 

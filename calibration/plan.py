@@ -8,7 +8,8 @@ models, and the run's time estimate, before anything is built.
 A *bench* is one model instance on one device: the target on the GPU (or the CPU), the draft
 on the GPU, the draft on the CPU; its points are the grid points that instance measures. The
 bench `pair@gpu` is two instances of the target on one GPU, for the overlap points
-(calibration/overlap.py).
+(calibration/overlap.py); the bench `spec@gpu` the target and the draft on one GPU (its
+`draft` the draft's BenchPlan), for the whole speculative rounds (calibration/rounds.py).
 Only shapes are read here (kestrel_rt.loading.resolve), never weights, and no device is
 touched: a plan for a GPU can be made (`kestrel calibrate --dry-run`) on a machine without
 one.
@@ -25,6 +26,7 @@ from calibration.estimate import (
     Estimate,
     build_seconds,
     point_seconds,
+    spec_round_seconds,
 )
 from calibration.grid import Grid, Point, expand
 from kestrel_sim.errors import ConfigError, KestrelError
@@ -59,6 +61,7 @@ class BenchPlan:
     quant: str | None
     shape: object  # ModelShape
     points: list[Point]
+    draft: BenchPlan | None = None  # spec@gpu: the draft instance beside the target
 
 
 @dataclass
@@ -135,6 +138,13 @@ def make_plan(request: Request) -> Plan:
         check_reach(pair, shape, f"model {request.model}", request.grid_file)
         benches.append(BenchPlan("pair@gpu", request.model, request.device, dtype,
                                  request.quant, shape, pair))
+    spec = [p for p in points if p.model == "spec"]  # whole rounds: the target and the draft
+    if spec:
+        draft = next(b for b in benches if b.name == "draft@gpu")
+        check_reach(spec, shape, f"model {request.model}", request.grid_file)
+        check_reach(spec, draft.shape, f"draft {request.draft}", request.grid_file)
+        benches.append(BenchPlan("spec@gpu", request.model, request.device, dtype,
+                                 request.quant, shape, spec, replace(draft, points=[])))
     benches = [b for b in benches if b.points]
     if not benches:
         raise ConfigError(f"grid {request.grid_file} has no point to measure for this model "
@@ -156,12 +166,17 @@ def peer_gpu(device: str) -> str | None:
 
 
 def plan_notes(request: Request) -> list[str]:
-    transfer = request.grid.kv_transfer
-    if (transfer is not None and transfer.between_gpus and request.peer is None
-            and request.device.startswith("cuda")):
-        return [("kv_transfer between GPUs is skipped: no second GPU to copy to (a run on a "
-                 "machine with two measures the link between them)")]
-    return []
+    notes = []
+    transfer, gpu = request.grid.kv_transfer, request.device.startswith("cuda")
+    if transfer is not None and transfer.between_gpus and request.peer is None and gpu:
+        notes.append("kv_transfer between GPUs is skipped: no second GPU to copy to (a run on "
+                     "a machine with two measures the link between them)")
+    if request.grid.round is not None and request.draft is not None and (
+            not gpu or "gpu" not in draft_devices(request)):
+        notes.append("round points are skipped: a whole speculative round is measured with "
+                     "the target and the draft on a GPU (--device cuda, --draft-device gpu "
+                     "or both)")
+    return notes
 
 
 def itemsize(dtype: str) -> int:
@@ -181,11 +196,20 @@ def estimate(benches: list[BenchPlan], grid: Grid) -> Estimate:
         out.builds[b.name] = build_seconds(b.shape, speed, size, b.quant, graphs)
         if b.name.startswith("pair@"):  # two instances of the model (calibration/overlap.py)
             out.builds[b.name] *= 2
+        if b.draft is not None:  # and the draft, its one-token steps' graphs
+            d = b.draft
+            out.builds[b.name] += build_seconds(d.shape, speed, itemsize(d.dtype), d.quant,
+                                                len({p.batch for p in b.points}) if gpu else 0)
         if gpu and not out.compile and not kernel_cache_filled():
             out.compile = COLD_COMPILE_S
             out.builds[b.name] += COLD_COMPILE_S
         for p in b.points:
-            out.points[p.id] = point_seconds(p, b.shape, speed, size, b.quant, runs)
+            if p.stage == "round":
+                d = b.draft
+                out.points[p.id] = spec_round_seconds(p, b.shape, d.shape, speed, size,
+                                                      itemsize(d.dtype), b.quant, runs)
+            else:
+                out.points[p.id] = point_seconds(p, b.shape, speed, size, b.quant, runs)
     return out
 
 

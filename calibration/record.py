@@ -6,13 +6,16 @@
 (calibration/driver.py `fingerprint`). Each Measurement carries the stage, the step's shape
 (batch, tokens per sequence, context; a mixed step's one prompt chunk; a transfer's bytes
 and device pair), the device it ran on ("gpu" or "cpu") and the median time with its p10 /
-p90.
+p90. The Profile's `runtime` (the batch buckets of the runtime's step graphs) is read from
+the fingerprint's options, so every part of one plan, measured apart, says the same.
 """
 
 from __future__ import annotations
 
+import inspect
+
 from calibration.overlap_grid import overlap_measurement
-from kestrel_sim.profile import Fingerprint, Measurement, Profile
+from kestrel_sim.profile import Fingerprint, Measurement, Profile, RuntimeInfo
 
 
 def to_measurement(rec) -> Measurement:
@@ -39,7 +42,22 @@ def to_measurement(rec) -> Measurement:
     )
 
 
+def runtime_info(fingerprint: dict) -> RuntimeInfo | None:
+    """How the measuring runtime pads its steps, from a fingerprint's options (per bench:
+    calibration/driver.py `fingerprint`): the batch buckets and largest M of the step graphs
+    (kestrel_rt/cuda/graphs.py) where a bench runs CUDA graphs (the GPU benches of a GPU with
+    the graphs option on, all alike), else None (each step runs at its own batch)."""
+    options = fingerprint.get("options") or {}
+    if not any(bench.get("graphs") for bench in options.values()):
+        return None
+    from kestrel_rt.cuda.graphs import BUCKETS, GraphModel
+
+    max_m = inspect.signature(GraphModel).parameters["max_m"].default
+    return RuntimeInfo(batch_buckets=list(BUCKETS), max_m=max_m)
+
+
 def to_profile(records, fingerprint: dict) -> Profile:
-    """The Profile of a calibration: its fingerprint and one Measurement per record."""
-    return Profile(fingerprint=Fingerprint(**fingerprint),
+    """The Profile of a calibration: its fingerprint, its runtime (runtime_info) and one
+    Measurement per record."""
+    return Profile(fingerprint=Fingerprint(**fingerprint), runtime=runtime_info(fingerprint),
                    measurements=[to_measurement(r) for r in records])

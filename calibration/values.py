@@ -1,7 +1,11 @@
-"""The checks a calibration grid's lists of values share (calibration/grid.py and
-overlap_grid.py): sizes sorted with repeats dropped, and k within the CUDA-graphed shapes."""
+"""The checks a calibration grid's lists of values share (calibration/grid.py, overlap_grid.py
+and round_grid.py): sizes sorted with repeats dropped, and k within the CUDA-graphed shapes."""
 
 from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 MAX_K = 15  # verify M = k + 1 <= 16: the CUDA-graphed shapes (GraphModel.max_m)
 
@@ -22,3 +26,17 @@ def at_most_max_k(ks: list[int]) -> list[int]:
         raise ValueError(f"k must be at most {MAX_K} (M = k + 1 <= 16, the CUDA-graphed "
                          f"verify shapes; got {ks[-1]})")
     return ks
+
+
+def sizes(what: str, zero: bool = False):
+    """A list of sizes (>= 1, or >= 0 with zero), at least one, sorted, repeats dropped."""
+    low = 0 if zero else 1
+    return Annotated[list[int], AfterValidator(lambda v: sorted_at_least(v, what, low))]
+
+
+Batches = sizes("batch")
+Contexts = sizes("context", zero=True)
+NewTokens = sizes("new token count")
+Ks = sizes("k")
+KsOrZero = sizes("k", zero=True)
+Lengths = sizes("length")

@@ -28,7 +28,8 @@ from kestrel_sim.errors import ConfigError, KestrelError
 from kestrel_sim.profile import Profile
 
 runner = CliRunner()
-STAGES = {"decode", "verify", "correction", "prefill", "mixed", "draft", "kv_transfer"}
+STAGES = {"decode", "verify", "correction", "prefill", "mixed", "draft", "draft_prefill",
+          "kv_transfer"}
 
 
 def invoke(*args: str):
@@ -68,6 +69,14 @@ def test_tiny_grid_end_to_end_writes_a_valid_profile(calibrated):
         assert m.device == "cpu"
         assert m.samples == grid.timing.cpu_repeats
         assert m.p10 <= m.ms <= m.p90
+    # the draft's catch-up steps (M = 2) and its prompt chunks, as serving runs them
+    draft = profile.rows("draft", "cpu")
+    assert {m.tokens_per_seq for m in draft} == {1, 2}
+    assert {(m.batch, m.tokens_per_seq, m.context) for m in profile.rows("draft_prefill", "cpu")
+            } == {(1, 16, 0), (1, 16, 16), (1, 16, 32), (1, 48, 0)}
+    # whole rounds need the target and the draft on a GPU: left out, with a note
+    assert "round points are skipped" in result.output
+    assert profile.runtime is None  # the torch backend pads no step to a graph's batch
     shape, _ = resolve(profile.fingerprint.model)
     for m in profile.rows("kv_transfer", "cpu"):
         # float32 K and V of every layer, for one model or the other
@@ -163,7 +172,7 @@ def default_plan(grid: str = "default"):
 def test_default_grid_is_estimated_under_8_minutes_on_an_h200():
     plan = default_plan()
     assert [b.name for b in plan.benches] == ["target@gpu", "draft@gpu", "draft@cpu",
-                                              "pair@gpu"]
+                                              "pair@gpu", "spec@gpu"]
     assert plan.estimate.seconds < 8 * 60
     assert default_plan("quick").estimate.seconds < plan.estimate.seconds
     # long steps weigh more: a batch-4 2048-token prefill chunk against a batch-1 decode
