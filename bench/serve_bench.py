@@ -10,7 +10,8 @@ benchmark, and a loaded scenario colocated against disaggregated (issue 24's tab
 2. a loaded scenario (scenarios/default.yaml's workload without speculation, Poisson
    arrivals for about --seconds of load) colocated (mixed schedule) and disaggregated on two
    CUDA streams, each with its metrics;
-3. for every run, the share of each worker's wall time its traced stages cover.
+3. for every run, the share of each worker's wall time its traced stages cover, and of the
+   time it had requests to serve (bench/traced.py).
 Writes DIR/serve_bench.md and .json and prints the table last.
 """
 
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import measure
+from traced import traced_share
 
 from kestrel_rt.runner import build_model
 from kestrel_rt.serve import serve
@@ -54,24 +56,6 @@ def scenario(name: str, serving: dict, arrivals: dict, requests: int, prompt: di
         "name": name, "hardware": "h200", "model": MODEL, "serving": serving,
         "workload": {"arrivals": arrivals, "requests": requests, "prompt_tokens": prompt,
                      "output_tokens": output, "seed": 0}})
-
-
-def coverage(trace) -> dict[str, float]:
-    """Per worker: the union of its spans over the run's wall time (first arrival to last
-    finish), queue waits and transfers left out."""
-    spans = [s for s in trace.spans if s.kind not in ("queue_wait", "kv_transfer")]
-    start = min(r.arrival for r in trace.requests)
-    end = max(r.finish for r in trace.requests)
-    out = {}
-    for worker in sorted({s.worker for s in spans}):
-        ivs = sorted((s.start, s.end) for s in spans if s.worker == worker)
-        covered, last = 0.0, float("-inf")
-        for a, b in ivs:
-            if b > last:
-                covered += b - max(a, last)
-                last = b
-        out[worker] = covered / (end - start) if end > start else 0.0
-    return out
 
 
 def decode_rate(trace) -> float:
@@ -105,7 +89,7 @@ def main() -> None:
     rate = decode_rate(served.trace)
     rows.append({"run": "plain decode b=1 through serve", "tok_s": rate,
                  "benchmark_tok_s": bench["tok_s"], "of_benchmark": rate / bench["tok_s"],
-                 "coverage": coverage(served.trace),
+                 "coverage": traced_share(served.trace),
                  "rounds": sum(sp.kind == "decode" for sp in served.trace.spans),
                  "rounds_ahead": served.trace.meta.get("decode_rounds_ahead", 0)})
     print(json.dumps(rows[-1]), flush=True)
@@ -132,7 +116,7 @@ def main() -> None:
                      "output_throughput": m.output_throughput,
                      "median_ttft_ms": m.median_ttft_ms, "p99_ttft_ms": m.p99_ttft_ms,
                      "median_tpot_ms": m.median_tpot_ms, "p99_tpot_ms": m.p99_tpot_ms,
-                     "coverage": coverage(served.trace),
+                     "coverage": traced_share(served.trace),
                      "captures_in_run": served.trace.meta.get("graph_captures_in_run")})
         print(json.dumps(rows[-1]), flush=True)
         served = None
@@ -148,14 +132,16 @@ def main() -> None:
               f"{bench['tok_s']:.1f} tok/s ({rows[0]['rounds_ahead']} of its "
               f"{rows[0]['rounds']} rounds launched ahead of the host: "
               f"kestrel_rt/serve/ahead.py)."),
-             "", ("| run | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | traced | "
+             "", ("| run | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | traced, of the "
+                  "run / while working | "
                   "graphs captured in the run |"),
              "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in rows[1:]:
         if "error" in r:
             lines.append(f"| {r['run']} | failed: {r['error']} |  |  |  |  |  |")
             continue
-        cov = ", ".join(f"{w} {c:.1%}" for w, c in r["coverage"].items())
+        cov = ", ".join(f"{w} {c['run']:.1%} / {c['working']:.1%}"
+                        for w, c in r["coverage"].items())
         cap = r["captures_in_run"] or {"count": 0, "seconds": 0.0}
         lines.append(f"| {r['run']} | {r['request_throughput']:.2f} | "
                      f"{r['output_throughput']:.0f} | {r['median_ttft_ms']:.0f} / "

@@ -1,0 +1,81 @@
+"""How much of a run its traced stages cover, per worker (issue 24: at least 95%).
+
+    traced_share(trace)        # worker -> {"run": share of the run, "working": share of
+                               #            the time the worker had requests to serve}
+
+"run" is over the run's wall time, first arrival to last finish; "working" only over the
+periods the worker had work: a colocated worker from a request's prefill to its finish, a
+disaggregated prefill worker from a prefill's start to the request's first token, a decode
+worker from its decode start to its finish (a draft worker as its target). A worker idle for
+want of requests lowers "run" but not "working", which is what says whether the engine's
+own time between stages is traced. Queue waits and KV transfers are not stages.
+"""
+
+from __future__ import annotations
+
+NOT_STAGES = ("queue_wait", "kv_transfer")
+
+
+def merged(intervals) -> list[tuple[float, float]]:
+    """Disjoint, sorted intervals covering the same points as `intervals` [(start, end)]."""
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def length(intervals) -> float:
+    return sum(b - a for a, b in merged(intervals))
+
+
+def overlap(xs, ys) -> float:
+    """Length of the points both sets of intervals cover."""
+    xs, ys = merged(xs), merged(ys)
+    i = j = 0
+    total = 0.0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        total += max(0.0, b - a)
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def work_periods(trace, worker: str) -> list[tuple[float, float]]:
+    """When `worker` had requests to serve (see the module docstring)."""
+    role = worker.split("/")[0]
+    out = []
+    for r in trace.requests:
+        if r.finish is None:
+            continue
+        if role.startswith("prefill"):
+            start, end = r.prefill_start, r.first_token
+        elif role.startswith("decode"):
+            start, end = r.decode_start, r.finish
+        else:
+            start, end = r.prefill_start or r.arrival, r.finish
+        if start is not None and end is not None:
+            out.append((start, end))
+    return out
+
+
+def traced_share(trace) -> dict[str, dict[str, float]]:
+    spans = [s for s in trace.spans if s.kind not in NOT_STAGES]
+    done = [r for r in trace.requests if r.finish is not None]
+    if not done:
+        return {}
+    run = [(min(r.arrival for r in trace.requests), max(r.finish for r in done))]
+    out = {}
+    for worker in sorted({s.worker for s in spans}):
+        mine = [(s.start, s.end) for s in spans if s.worker == worker]
+        working = work_periods(trace, worker)
+        out[worker] = {"run": overlap(mine, run) / length(run),
+                       "working": overlap(mine, working) / length(working) if working else 0.0}
+    return out
