@@ -64,7 +64,7 @@ class TorchBackend(Backend):
         s = self.shape
         weights, experts = moe_ref.route(
             x, self.weight(f"layers.{layer}.router"), s.num_experts_per_tok, s.norm_topk_prob)
-        return moe_ref.experts_forward(
+        return moe_ref.experts(
             x, weights, experts,
             self.weight(f"layers.{layer}.experts.gate_up"),
             self.weight(f"layers.{layer}.experts.down"))
