@@ -8,6 +8,8 @@ the per-expert loop `experts_forward` (quantized experts, other GPUs)."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -107,5 +109,9 @@ def experts(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, gate_u
     """The chosen experts' weighted SwiGLU sum by the fastest path that takes them (see the
     module docstring): x [N, H] -> [N, H]."""
     if grouped_ok(x, gate_up, down):
-        return grouped_experts_forward(x, weights, chosen, gate_up, down)
+        try:
+            return grouped_experts_forward(x, weights, chosen, gate_up, down)
+        except RuntimeError as err:  # a layout or size this torch's kernel refuses
+            warnings.warn(f"MoE experts: torch._grouped_mm refused the call ({err}); "
+                          "running the per-expert loop", RuntimeWarning, stacklevel=2)
     return experts_forward(x, weights, chosen, gate_up, down)
