@@ -12,8 +12,6 @@ the fingerprint's options, so every part of one plan, measured apart, says the s
 
 from __future__ import annotations
 
-import inspect
-
 from calibration.overlap_grid import overlap_measurement
 from kestrel_sim.profile import Fingerprint, Measurement, Profile, RuntimeInfo
 
@@ -50,10 +48,9 @@ def runtime_info(fingerprint: dict) -> RuntimeInfo | None:
     options = fingerprint.get("options") or {}
     if not any(bench.get("graphs") for bench in options.values()):
         return None
-    from kestrel_rt.cuda.graphs import BUCKETS, GraphModel
+    from kestrel_rt.cuda.graphs import BUCKETS, MAX_M
 
-    max_m = inspect.signature(GraphModel).parameters["max_m"].default
-    return RuntimeInfo(batch_buckets=list(BUCKETS), max_m=max_m)
+    return RuntimeInfo(batch_buckets=list(BUCKETS), max_m=MAX_M)
 
 
 def to_profile(records, fingerprint: dict) -> Profile:

@@ -34,6 +34,7 @@ from kestrel_rt.kv_cache import KVCache, Step
 from kestrel_rt.model import Chosen, Qwen3Model
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MAX_M = 16  # most tokens per sequence a decode / verify graph takes (more: a prefill)
 # Prompt lengths a one-sequence prefill is padded up to and replayed at (at most a third of
 # padding from 64 on); longer prompts, or chunks that would pad past the cache, run eagerly.
 PREFILL_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
@@ -59,7 +60,7 @@ class _Captured:
 class GraphModel(Qwen3Model):
     """Qwen3Model whose decode / verify forwards replay CUDA graphs (backend: CupyBackend)."""
 
-    def __init__(self, *args, buckets: tuple[int, ...] = BUCKETS, max_m: int = 16,
+    def __init__(self, *args, buckets: tuple[int, ...] = BUCKETS, max_m: int = MAX_M,
                  prefill_buckets: tuple[int, ...] = PREFILL_BUCKETS, **kwargs):
         super().__init__(*args, **kwargs)
         self.buckets = tuple(sorted(buckets))
