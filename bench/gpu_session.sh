@@ -36,7 +36,7 @@ step serve 200 python3 bench/serve_bench.py --out "$LOG" --commit "$COMMIT"
 step gemv 120 python3 bench/gemv_bench.py --out "$LOG" --ms 1 --kinds bf16,int4 --paths table,tuned
 step decode 330 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
 step calibrate 540 bash -c "python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --commit $COMMIT --out $LOG/qwen3-8b_h200.json && python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --quant int4 --commit $COMMIT --max-minutes 4 --out $LOG/qwen3-8b-int4_h200.json"
-step calibrate_moe 540 python3 -m kestrel_cli.app calibrate --model qwen3-30b-a3b --draft qwen3-0.6b --commit "$COMMIT" --max-minutes 8 --out "$LOG/qwen3-30b-a3b_h200.json"
+step calibrate_moe 540 python3 -m kestrel_cli.app calibrate --model qwen3-30b-a3b --draft qwen3-0.6b --draft-device gpu --grid moe --commit "$COMMIT" --max-minutes 7 --out "$LOG/qwen3-30b-a3b_h200.json"
 V="python3 -m kestrel_cli.app validate scenarios/validation --out $LOG/validation --only"
 step validate1 570 $V spec-off,spec-k1-fused,spec-k2-separate,spec-k4-fused,spec-k4-separate,spec-k6-per-position,spec-k8-fused
 step validate2 570 $V spec-k12-heldout,spec-organic-int4-copy,int4,colocated-saturated,preempt-kv-pressure,draft-cpu

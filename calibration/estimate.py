@@ -25,16 +25,22 @@ class DeviceSpeed:
     step_s: float  # fixed per step
     layer_s: float  # per layer and step (launches inside a graph)
     eager_layer_s: float  # per layer, added where a step runs eagerly (host launches)
+    # per MoE layer, added where a MoE step runs eagerly (past the MoE kernels' tokens: the
+    # routing, sort and grouped matmuls of kestrel_rt/moe.py, ~20 torch ops of host time)
+    eager_moe_layer_s: float
     build_s: float  # fixed per model build
     build_bytes_s: float  # weight bytes made or loaded per second
     point_s: float  # per point: set-up, syncs, Python
 
 
 GPU = DeviceSpeed(bandwidth=4.0e12, flops=3.5e14, step_s=100e-6, layer_s=12e-6,
-                  eager_layer_s=60e-6, build_s=5.0, build_bytes_s=8.0e9, point_s=0.05)
+                  eager_layer_s=60e-6, eager_moe_layer_s=0.5e-3, build_s=5.0,
+                  build_bytes_s=8.0e9, point_s=0.05)
 CPU = DeviceSpeed(bandwidth=2.5e10, flops=3.0e11, step_s=2e-3, layer_s=50e-6,
-                  eager_layer_s=0.0, build_s=1.0, build_bytes_s=1.0e9, point_s=0.01)
+                  eager_layer_s=0.0, eager_moe_layer_s=0.0, build_s=1.0,
+                  build_bytes_s=1.0e9, point_s=0.01)
 COLD_COMPILE_S = 60.0  # the cupy kernels of both models, on an empty kernel cache
+MAX_MOE_TOKENS = 64  # kestrel_rt/cuda/moe_layer.py: tokens the MoE kernels take per call
 GRAPH_CAPTURE_S = 0.1  # per captured shape, besides its eager run
 QUANT_BYTES = {None: None, "none": None, "int8": 1.07, "int4": 0.57}  # per projection param
 
@@ -83,6 +89,8 @@ def step_seconds(shape, speed: DeviceSpeed, itemsize: int, quant: str | None, ba
         * tokens * (context + m / 2)
     flops = 2 * active_params(shape) * tokens + attn
     per_layer = speed.layer_s + (0.0 if graphed else speed.eager_layer_s)
+    if shape.is_moe and not graphed:
+        per_layer += speed.eager_moe_layer_s
     return (speed.step_s + shape.num_hidden_layers * per_layer
             + (weight_bytes(shape, itemsize, quant) + kv) / speed.bandwidth
             + flops / speed.flops)
@@ -106,6 +114,8 @@ def point_seconds(p: Point, shape, speed: DeviceSpeed, itemsize: int, quant: str
         step += p.batch * (p.context * shape.kv_elements_per_token * itemsize) / speed.bandwidth
     else:
         graphed = p.m <= 16 and p.batch <= 64 or p.batch == 1
+        if shape.is_moe and p.batch * p.m > MAX_MOE_TOKENS:  # eager: the MoE kernels' limit
+            graphed = False
         step = step_seconds(shape, speed, itemsize, quant, p.batch, p.m, p.context, graphed)
         if p.stage == "correction":
             step += step_seconds(shape, speed, itemsize, quant, p.batch, p.after_k + 1,
