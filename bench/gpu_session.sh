@@ -6,8 +6,8 @@
 #
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
-# STEPS: a comma list of tests, spec, serve, decode, calibrate, calibrate_moe, validate1..4,
-# beforeafter, gemv, probe, ablation (default tests,spec,serve,decode,calibrate; a 10-minute call fits
+# STEPS: a comma list of calib_tests, tests, spec, serve, decode, calibrate, calibrate_moe,
+# validate1..4, beforeafter, predict_k, gemv, probe, ablation (default tests,spec,serve,decode,calibrate; a 10-minute call fits
 # tests,spec, then serve,decode, then calibrate; each validateN is one of docs/validation.md's
 # four chunks, about 9 minutes).
 # Only OUT/session.tgz and OUT/summary.txt come back (the device tool returns a limited number
@@ -28,8 +28,15 @@ step() {  # step NAME SECONDS COMMAND...: run, log to LOG/NAME.log, report its e
   [[ $STEPS == *,$name,* ]] || return 0
   timeout "$limit" "$@" > "$LOG/$name.log" 2>&1
   echo "$name: exit $? (limit ${limit}s)" | tee -a "$LOG/summary.txt"
-  tar czf "$OUT/session.tgz" -C "$OUT" session  # after each step: a call cut short keeps it
+  pack  # after each step: a call cut short keeps it
 }
+# what comes back (at most 16 MiB a file): the logs, tables, profiles and each validated
+# scenario's measured metrics and comparison; not the reports, traces or predicted runs
+pack() {
+  tar czf "$OUT/session.tgz" -C "$OUT" --exclude='*.html' --exclude='trace.json' \
+    --exclude='timeseries.json' --exclude='kestrel_trace.json' --exclude='sim' session
+}
+step calib_tests 240 python3 -m pytest -o addopts="" -q -p no:cacheprovider tests/test_calibrate_gpu.py tests/test_moe_grouped.py "tests/gpu/test_torch_backend_cuda.py::test_cuda_matches_cpu[moe]"
 step tests 330 python3 -m pytest -o addopts="" -q -n 12 --durations=25 -p no:cacheprovider tests/gpu tests/test_cli_generate.py tests/test_calibrate_gpu.py
 step spec 240 python3 bench/spec_bench.py --out "$LOG" --commit "$COMMIT"
 step serve 200 python3 bench/serve_bench.py --out "$LOG" --commit "$COMMIT"
@@ -46,9 +53,11 @@ step validate4 570 $V disaggregated-saturated,light-load-mixed-lengths,qwen3-30b
 # options object) and here, one after the other; needs the device's .git to hold d5cb851
 Q="--no-transformers --quants int8,int4 --models qwen3-0.6b,qwen3-8b,qwen3-30b-a3b"
 step beforeafter 300 bash -c "rm -rf /tmp/before && mkdir -p /tmp/before && git archive d5cb851 | tar -x -C /tmp/before && (cd /tmp/before && python3 bench/h200_decode.py --out $LOG/before $Q --commit d5cb851) && python3 bench/h200_decode.py --out $LOG/after $Q --commit $COMMIT"
+# issue 23 item 6: the committed k-goodput prediction against the runtime (docs/validation.md)
+step predict_k 570 bash -c 'for k in 0 2 1 3 4 6; do if [ $k = 0 ]; then S="--set spec=null --set draft=null"; else S="--set spec.k=$k"; fi; python3 -m kestrel_cli.app run scenarios/validation/predictions/k-goodput.yaml --on both $S --out '"$LOG"'/k-goodput/k$k --trace none; done'
 step probe 120 python3 bench/probes/attention_probe.py
 step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-0.6b:bf16 --set pdl=true,false --set fold_norms=true,false
-tar czf "$OUT/session.tgz" -C "$OUT" session
+pack
 cp "$LOG/summary.txt" "$OUT/" 2>/dev/null
 KEEP=$(mktemp -d)
 mv "$LOG" "$KEEP/"  # the logs travel in the archive only
