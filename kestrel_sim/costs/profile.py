@@ -135,23 +135,29 @@ class ProfileFits:
         return LinkSpec(bandwidth_gb_s=1e-6 / per_byte, latency_us=latency * 1e3)
 
 
-    def round_overhead(self, device: str = "gpu") -> RoundOverhead | None:
-        """What a whole speculative round (`round` rows) costs beyond its stages priced by
-        their fits (k draft steps of one token and the verify of k + 1, each at its
-        batch bucket): the serving loop's host time per round, fitted as fixed ms + ms
-        per sequence (non-negative least squares); None without round rows or the fits
-        to price their stages."""
-        rows = self.profile.rows("round", device)
+    def round_stages_ms(self, mm: Measurement, device: str = "gpu") -> float | None:
+        """A `round` row's stages priced by their fits: k one-token draft steps and the
+        verify of k + 1, each at its batch bucket (None without those fits)."""
         draft, verify = self.models.get(("draft", device)), self.models.get(("verify", device))
-        if not rows or draft is None or verify is None:
+        if draft is None or verify is None:
             return None
         pad = self.profile.runtime if device == "gpu" else None
+        k = mm.tokens_per_seq - 1
+        b = pad.bucket(mm.batch, mm.tokens_per_seq) if pad else mm.batch
+        return k * draft.ms(b, 1, mm.context) + verify.ms(b, k + 1, mm.context)
+
+    def round_overhead(self, device: str = "gpu", rows: list[Measurement] | None = None
+                       ) -> RoundOverhead | None:
+        """What a whole speculative round (`round` rows, or `rows`) costs beyond its stages
+        (round_stages_ms): the serving loop's host time per round, fitted as fixed ms + ms
+        per sequence (non-negative least squares); None without round rows or the fits
+        to price their stages."""
+        rows = self.profile.rows("round", device) if rows is None else rows
+        stages = [self.round_stages_ms(mm, device) for mm in rows]
+        if not rows or None in stages:
+            return None
         b = np.array([mm.batch for mm in rows], float)
-        left = []
-        for mm in rows:
-            k, bb = mm.tokens_per_seq - 1, pad.bucket(mm.batch, mm.tokens_per_seq) if pad else mm.batch
-            stages = k * draft.ms(bb, 1, mm.context) + verify.ms(bb, k + 1, mm.context)
-            left.append(mm.ms - stages)
+        left = [mm.ms - st for mm, st in zip(rows, stages)]
         a = np.column_stack([np.ones_like(b), b])
         scale = np.linalg.norm(a, axis=0)
         fixed, per_seq = nnls(a / scale, np.array(left)) / scale

@@ -58,6 +58,7 @@ class FitReport:
     stages: list[StageReport]
     link: dict[str, float] | None = None
     overlap: dict | None = None  # lam per side, rows, held-out error of the slowdowns
+    rounds: dict | None = None  # the round overhead fitted, rows, held-out error of rounds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,6 +80,11 @@ class FitReport:
         if self.link:
             lines.append(f"kv_transfer link: {self.link['bandwidth_gb_s']:.3g} GB/s, "
                          f"{self.link['latency_us']:.3g} us latency")
+        if self.rounds:
+            r = self.rounds
+            lines.append(f"round overhead: {r['fixed_ms']:.3g} ms + {r['per_seq_ms']:.3g} ms per "
+                         f"sequence from {r['rows']} rounds; a round (stages + overhead) held "
+                         f"out med/max {_pair(r['median_pct'], r['max_pct'])} %")
         if self.overlap:
             o = self.overlap
             lam = ", ".join(f"{side} {v:.2f}" for side, v in o["serial"].items())
@@ -152,7 +158,24 @@ def fit_report(profile: Profile, name: str = "<profile>", every: int | None = No
         out.append(_marginal_rule(fits, mixed, prefill))
     link = fits.link()
     return FitReport(name, "leave-one-out" if every is None else f"every {_nth(every)} row",
-                     out, link.model_dump() if link else None, _overlap(fits))
+                     out, link.model_dump() if link else None, _overlap(fits), _rounds(fits))
+
+
+def _rounds(fits: ProfileFits) -> dict | None:
+    """The round overhead and each round row's error when the overhead is fitted without
+    it (leave-one-out), its stages priced by their fits."""
+    fitted = fits.round_overhead()
+    if fitted is None:
+        return None
+    rows, errs = fits.profile.rows("round"), []
+    for i, mm in enumerate(rows):
+        rest = fits.round_overhead(rows=rows[:i] + rows[i + 1:]) if len(rows) > 1 else None
+        if rest is not None:
+            ms = fits.round_stages_ms(mm) + rest.seconds(mm.batch) * 1e3
+            errs.append(abs(ms / mm.ms - 1) * 100)
+    med, mx = _stats(errs)
+    return {"fixed_ms": fitted.fixed_ms, "per_seq_ms": fitted.per_seq_ms, "rows": fitted.rows,
+            "median_pct": med, "max_pct": mx}
 
 
 def _overlap(fits: ProfileFits) -> dict | None:

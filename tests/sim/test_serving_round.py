@@ -150,3 +150,14 @@ def test_the_round_overhead_is_an_untraced_gap_after_each_round(tmp_path):
            if steps and steps[0].requests == prev_v.requests]
     assert gap and min(gap) >= OVERHEAD[0] * 1e-3 * 0.9
     assert with_rounds.metrics.median_tpot_ms > without.metrics.median_tpot_ms
+
+
+def test_the_fit_report_gives_the_round_overhead_and_its_held_out_error(tmp_path):
+    from kestrel_sim.costs.report import fit_report
+
+    report = fit_report(profile(), "p.json", fits=fits_of(profile()))
+    r = report.rounds
+    assert r["rows"] == 10 and r["fixed_ms"] == pytest.approx(OVERHEAD[0], abs=0.02)
+    assert r["median_pct"] < 1.0  # the rows are their stages + an exact line
+    assert "round overhead: 0.4" in report.table()
+    assert fit_report(profile(rounds=False), "p.json").rounds is None
