@@ -17,6 +17,7 @@ from calibration.grid import Point, load_grid
 from calibration.measure import measure
 from calibration.plan import Request, make_plan
 from kestrel_cli.app import app
+from kestrel_rt.cuda.graphs import BUCKETS
 from kestrel_sim.profile import Profile
 
 STAGES = {"decode", "verify", "correction", "prefill", "mixed", "draft", "draft_prefill",
@@ -47,7 +48,7 @@ def test_tiny_grid_on_the_gpu(tmp_path):
     assert fp.device == torch.cuda.get_device_name(0)
     assert fp.cuda and fp.driver and fp.cupy and fp.backend == "cupy+graphs"
     assert fp.dtype == "bfloat16" and fp.draft_device == "gpu"
-    assert profile.runtime.batch_buckets == [1, 2, 4, 8, 16, 32, 64]
+    assert profile.runtime.batch_buckets == list(BUCKETS)
     assert {(m.batch, m.tokens_per_seq) for m in profile.rows("round")} == {
         (b, k + 1) for b in (1, 4) for k in (1, 3)}
 
