@@ -157,6 +157,17 @@ def kept_both(sc: Scenario, kept: Path, console: Console, trace: str = "sample")
     return Both(measured, predicted, rows, files, str(meta.get("device")), costs)
 
 
+def audit_of(sc: Scenario, measured_trace) -> list[dict]:
+    """The measured run's stages priced by the scenario's costs (kestrel_sim.stage_audit),
+    from every span the runtime recorded (the measured Trace is kept whole)."""
+    import numpy as np
+
+    from kestrel_sim.costs.build import build_costs
+    from kestrel_sim.stage_audit import stage_audit
+
+    return stage_audit(measured_trace, build_costs(sc, np.random.default_rng(sc.workload.seed)))
+
+
 def run_both(sc: Scenario, console: Console, trace: str = "sample",
              include_raw: bool = False) -> Both:
     """Predict `sc` on the simulator, measure it on this machine, compare; the files of
@@ -176,9 +187,11 @@ def run_both(sc: Scenario, console: Console, trace: str = "sample",
     controlled = bool(measured_trace.meta.get("acceptance_controlled"))
     rows = compare(measured, predicted, sc.validate_, controlled)
     doc = comparison_doc(sc, rows, measured_trace.meta, costs)
+    audit = audit_of(sc, measured_trace)
+    doc["stage_audit"] = audit
     files = {f"hardware/{name}": text for name, text in hw_files.items()}
     files |= {f"sim/{name}": text for name, text in sim_files.items()}
     files["parity.html"] = parity_report(sc.name, rows, measured, predicted, measured_trace,
-                                         predicted_trace, sc.model_dump(mode="json"))
+                                         predicted_trace, sc.model_dump(mode="json"), audit)
     files["comparison.json"] = json.dumps(doc, indent=2)
     return Both(measured, predicted, rows, files, str(measured_trace.meta.get("device")), costs)

@@ -153,9 +153,39 @@ def verdict_html(rows: list[Row], measured_trace: Trace, predicted_trace: Trace)
     return text + f"<ul>{items}</ul>"
 
 
+def audit_html(audit: list[dict] | None) -> str | None:
+    """The measured stages priced at their shapes (kestrel_sim.stage_audit): per stage in
+    all, then per batch."""
+    if not audit:
+        return None
+    from kestrel_sim.stage_audit import totals
+
+    def err(v):
+        return "-" if v is None else f"{v:+.1f}"
+
+    def table(head, lines):
+        th = "".join(f"<th>{h}</th>" for h in head)
+        body = "".join("<tr>" + "".join(f"<td class='num'>{c}</td>" if i > 1 else f"<td>{c}</td>"
+                                        for i, c in enumerate(cells)) + "</tr>"
+                       for cells in lines)
+        return f"<table><tr>{th}</tr>{body}</table>"
+
+    overall = table(("worker", "stage", "spans", "measured s", "priced s", "error %"),
+                    [(t["worker"], html.escape(t["stage"]), t["spans"], f"{t['measured_s']:.3f}",
+                      f"{t['priced_s']:.3f}", err(t["error_pct"])) for t in totals(audit)])
+    each = table(("worker", "stage", "batch", "tokens / seq", "spans", "measured ms",
+                  "priced ms", "error %"),
+                 [(r["worker"], html.escape(r["stage"]), r["batch"], r.get("tokens_per_seq", ""),
+                   r["spans"], f"{r['measured_ms']:.3f}", f"{r['priced_ms']:.3f}",
+                   err(r["error_pct"])) for r in audit])
+    return ("<p>Each measured step priced by the simulator's costs at the shape it ran "
+            "(negative: priced too fast). Time between steps (the host's) is not in it.</p>"
+            + overall + each)
+
+
 def parity_report(name: str, rows: list[Row], measured: Metrics, predicted: Metrics,
                   measured_trace: Trace, predicted_trace: Trace,
-                  scenario: dict | None = None) -> str:
+                  scenario: dict | None = None, audit: list[dict] | None = None) -> str:
     """The whole page as one HTML string."""
     timelines = []
     for side, trace in (("measured", measured_trace), ("predicted", predicted_trace)):
@@ -169,6 +199,7 @@ def parity_report(name: str, rows: list[Row], measured: Metrics, predicted: Metr
         ("Error per metric", error_figure(rows)),
         ("Latency CDFs", cdf_figure(measured, predicted)),
         ("Stage shares", stage_share_figure(measured, predicted)),
+        ("Measured stages, priced at their shapes", audit_html(audit)),
         *timelines,
         ("Metrics", rows_html(rows)),
     ]

@@ -88,7 +88,16 @@ def test_on_both_past_a_tolerance_exits_1_and_writes_everything(folder, tmp_path
         (tpot["predicted"] - tpot["measured"]) / tpot["measured"] * 100)
     assert rows["itl_source"]["status"] == "skipped" and rows["itl_source"]["note"]
     assert rows["stage_share[verify]"]["status"] == "info"
+    # every measured draft and verify step priced at the shape it ran
+    audit = doc["stage_audit"]
+    assert {(a["worker"], a["stage"]) for a in audit} >= {("draft", "draft"),
+                                                           ("target", "verify")}
+    hw = Metrics.model_validate_json((out / "hardware" / "metrics.json").read_text())
+    rounds = sum(a["spans"] for a in audit if a["stage"].startswith("verify"))
+    assert 0 < rounds <= hw.spec_decode_num_drafts  # one verify per round of >= 1 sequence
+    assert all(a["measured_ms"] > 0 and a["priced_ms"] > 0 for a in audit)
     check_parity_html((out / "parity.html").read_text(), "cpu-spec")
+    assert "<h2>Measured stages, priced at their shapes</h2>" in (out / "parity.html").read_text()
     table = " ".join(stdout.split())
     assert "median_tpot_ms" in table and "fail" in table and "p95_e2el_ms" in table
 

@@ -226,7 +226,8 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
     if k:  # (draws in the order of the rounds without a chunk: draft, acceptance, verify)
         td = cfg.draft.seconds("draft", b, 1, c)
         # the first step feeds two tokens per sequence where a draft lags (a graph of M = 2)
-        td1 = cfg.draft.seconds("draft", b, 2, c) if cfg.catch_up and batch.lag.any() else td
+        lagging = int(batch.lag.sum()) if cfg.catch_up else 0
+        td1 = cfg.draft.seconds("draft", b, 2, c) if lagging else td
         acc = cfg.acceptance.sample(b, st.rng)
         emit = np.minimum(acc + 1, rem)  # a request near its end keeps fewer than accepted
         alist = (emit - 1).tolist()  # draft tokens accepted and kept
@@ -238,9 +239,9 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
         tf = cfg.target.mixed_seconds(stage, b, k + 1, c, chunk)
     if k:
         t = now
-        for j in range(k):
-            step = td1 if j == 0 else td
-            spans.append(Span("draft", w.draft_name, t, t + step, rlist, b, csum + j * b))
+        for j in range(k):  # the first step also feeds what lagging drafts did not see
+            step, fed = (td1, b + lagging) if j == 0 else (td, b)
+            spans.append(Span("draft", w.draft_name, t, t + step, rlist, fed, csum + j * b))
             t += step
         spans.append(Span("verify", w.name, t, t + tf, rlist, b * (k + 1), csum, k, alist))
     else:

@@ -161,3 +161,26 @@ def test_the_fit_report_gives_the_round_overhead_and_its_held_out_error(tmp_path
     assert r["median_pct"] < 1.0  # the rows are their stages + an exact line
     assert "round overhead: 0.4" in report.table()
     assert fit_report(profile(rounds=False), "p.json").rounds is None
+
+
+def test_the_stage_audit_of_a_simulated_run_prices_every_span_as_it_ran(tmp_path):
+    """The simulator's own trace, priced by its own costs at each span's shape: the audit
+    reads the shapes back (batch, tokens per sequence, context, mixed chunks) exactly."""
+    import numpy as np
+
+    from kestrel_sim.costs.build import build_costs
+    from kestrel_sim.stage_audit import stage_audit, totals
+
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile(catch_up_ms=0.5).model_dump(mode="json",
+                                                                   exclude_none=True)))
+    sc = scenario(0.9, costs={"profile": str(path)})
+    run = simulate(sc, trace="full")
+    rows = stage_audit(run, build_costs(sc, np.random.default_rng(0)))
+    stages = {(r["worker"], r["stage"]) for r in rows}
+    assert {("target", "verify"), ("target", "verify + prompt chunk"), ("draft", "draft"),
+            ("draft", "prefill")} <= stages
+    assert any(r.get("tokens_per_seq") == 2 for r in rows)  # catch-up steps seen as such
+    for r in rows:  # (a round's draft steps are priced at its first step's context)
+        assert r["error_pct"] == pytest.approx(0.0, abs=0.1), r
+    assert sum(t["spans"] for t in totals(rows)) == sum(r["spans"] for r in rows)
