@@ -120,7 +120,11 @@ def kept_both(sc: Scenario, kept: Path, console: Console, trace: str = "sample")
     """Predict `sc` and compare it with its measurement kept in `kept` (see the module
     docstring): the files of `run_both`, with the kept measurement's metrics, scenario and
     fingerprint (comparison.json's `measured_at`: where and when it was measured)."""
+    import numpy as np
+
     from kestrel_cli.render import costs_label, render_run, simulate_with_progress
+    from kestrel_sim.costs.build import build_costs
+    from kestrel_sim.stage_audit import reprice
     from kestrel_sim.trace import Trace
     from reports.parity import parity_report
 
@@ -144,6 +148,10 @@ def kept_both(sc: Scenario, kept: Path, console: Console, trace: str = "sample")
     predicted, sim_files = render_run(sc, predicted_trace)
     rows = compare(measured, predicted, sc.validate_, meta["acceptance_controlled"])
     doc = comparison_doc(sc, rows, meta, costs)
+    audit = None
+    if before.get("stage_audit"):  # the kept stages, priced by today's costs
+        audit = reprice(before["stage_audit"], build_costs(sc, np.random.default_rng(0)))
+        doc["stage_audit"] = audit
     doc["fingerprint"] = before.get("fingerprint", {})  # the machine that measured
     doc["measured_at"] = before.get("measured_at") or before.get("date")
     doc["predicted_at"] = git_commit()
@@ -152,7 +160,7 @@ def kept_both(sc: Scenario, kept: Path, console: Console, trace: str = "sample")
     files |= {f"sim/{name}": text for name, text in sim_files.items()}
     files["parity.html"] = parity_report(sc.name, rows, measured, predicted,
                                          Trace(spans=[], requests=[], meta=meta),
-                                         predicted_trace, now)
+                                         predicted_trace, now, audit)
     files["comparison.json"] = json.dumps(doc, indent=2)
     return Both(measured, predicted, rows, files, str(meta.get("device")), costs)
 

@@ -40,6 +40,8 @@ class Entry:
     predicted: dict[str, float | None] = field(default_factory=dict)
     errors: dict[str, float | None] = field(default_factory=dict)  # percent
     failed: list[str] = field(default_factory=list)
+    # the measured stages the costs price furthest off (comparison.json's stage_audit)
+    gaps: list[str] = field(default_factory=list)
 
 
 def entry_of(sc: Scenario, folder: Path, problem: str | None = None) -> Entry:
@@ -57,6 +59,7 @@ def entry_of(sc: Scenario, folder: Path, problem: str | None = None) -> Entry:
             e.errors[metric] = row.get("error_pct")
         e.failed = doc["failed"]
         e.status = "fail" if e.failed else "pass"
+        e.gaps = stage_gaps(doc.get("stage_audit") or [])
     elif (folder / "metrics.json").is_file():
         m = Metrics.model_validate_json((folder / "metrics.json").read_text())
         e.predicted = {metric: value_of(m, metric) for metric, _ in HEADLINE}
@@ -64,6 +67,17 @@ def entry_of(sc: Scenario, folder: Path, problem: str | None = None) -> Entry:
     elif v.pending:
         e.status, e.note = "pending", v.pending.strip()
     return e
+
+
+def stage_gaps(audit: list[dict], most: int = 3) -> list[str]:
+    """The stages whose priced time in all is furthest from the measured, in seconds:
+    "draft prefill on the draft: -73% (0.606 s measured)"."""
+    from kestrel_sim.stage_audit import totals
+
+    rows = sorted(totals(audit), key=lambda t: -abs(t["priced_s"] - t["measured_s"]))
+    return [f"{t['stage']} on the {t['worker']}: {_err(t['error_pct'])} "
+            f"({t['measured_s']:.3g} s measured)" for t in rows[:most]
+            if t["error_pct"] is not None and abs(t["error_pct"]) >= 1.0]
 
 
 def median_errors(entries: list[Entry]) -> dict[str, tuple[float | None, int]]:
@@ -116,6 +130,11 @@ def markdown(doc: dict, title: str) -> str:
                          f"{cells[0]} | {cells[1]} |")
         lines += ["", f"Past {EXPLAIN_PCT:g}% on a headline metric (to be explained): "
                   + (", ".join(doc["to_explain"]) or "none"), ""]
+        gaps = [e for e in entries if e.name in doc["to_explain"] and e.gaps]
+        if gaps:
+            lines += [("Where their measured stages and the costs differ most (each stage "
+                       "priced at the shapes it ran; kestrel_sim/stage_audit.py):"), ""]
+            lines += [f"- {e.name}: " + "; ".join(e.gaps) for e in gaps] + [""]
     lines += ["## Scenarios", "", "| scenario | held out | status | "
               + " | ".join(label for _, label in HEADLINE) + " |",
               "| --- | --- | --- | " + " | ".join("---:" for _ in HEADLINE) + " |"]

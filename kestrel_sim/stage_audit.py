@@ -11,8 +11,8 @@ A span of the runtime's trace is priced as the simulator would price that step: 
 tokens over its batch: 2 where a lagging sequence made it a catch-up step), its mean context,
 its model (a `draft` worker's spans by the draft's costs); a verify or decode span with a
 prefill span of the same worker, start and end is one mixed forward, priced with its chunks.
-Rows group the spans by worker role, stage and batch (a draft step also by its tokens per
-sequence); error_pct = (priced - measured) / measured x 100, negative where the simulator
+Rows group the spans by worker role, stage, batch and tokens per sequence, with their mean
+context (and a mixed forward's mean chunk: `reprice` prices a kept audit again); error_pct = (priced - measured) / measured x 100, negative where the simulator
 prices the stage too fast. What the audit leaves out is time between spans: the host's, which
 the simulator prices as a round's overhead where the profile measured one.
 """
@@ -25,6 +25,7 @@ from kestrel_sim.costs.base import Chunk
 from kestrel_sim.trace import Trace
 
 PRICED = ("prefill", "decode", "verify", "correction", "draft")
+MIXED = " + prompt chunk"  # a decode or verify stage that carried prompt chunks
 
 
 def role(worker: str) -> str:
@@ -37,7 +38,8 @@ def stage_audit(trace: Trace, costs) -> list[dict]:
     spans = [s for s in trace.spans if s.kind in PRICED]
     chunks = {(s.worker, s.start, s.end): s for s in spans if s.kind == "prefill"}
     steps = {(s.worker, s.start, s.end) for s in spans if s.kind in ("decode", "verify")}
-    groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    # per group: spans, measured ms, priced ms, context, chunk prompts, tokens, context
+    groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
     for s in spans:
         key = (s.worker, s.start, s.end)
         if s.kind == "prefill" and key in steps:
@@ -56,27 +58,56 @@ def stage_audit(trace: Trace, costs) -> list[dict]:
         elif s.kind == "prefill":
             m = s.tokens / b
         chunk = chunks.get(key) if s.kind in ("decode", "verify") else None
+        shape = None
         if chunk is not None:
             nb = max(len(chunk.requests), 1)
-            priced = cost.mixed_seconds(s.kind, b, m, c,
-                                        Chunk(nb, chunk.tokens / nb, chunk.context / nb))
+            shape = Chunk(nb, chunk.tokens / nb, chunk.context / nb)
+            priced = cost.mixed_seconds(s.kind, b, m, c, shape)
         else:
             priced = cost.seconds(s.kind, b, m, c)
-        stage = s.kind + (" + prompt chunk" if chunk is not None else "")
-        g = groups[who, stage, b, m if s.kind == "draft" else None]
+        stage = s.kind + (MIXED if chunk is not None else "")
+        g = groups[who, stage, b, m]
         g[0] += 1
         g[1] += (s.end - s.start) * 1e3
         g[2] += priced * 1e3
+        g[3] += c
+        if shape is not None:
+            g[4] += shape.batch
+            g[5] += shape.m
+            g[6] += shape.context
     rows = []
-    for (who, stage, b, m), (n, measured, priced) in sorted(
-            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or 0)):
-        row = {"worker": who, "stage": stage, "batch": b, "spans": n,
-               "measured_ms": measured / n, "priced_ms": priced / n,
-               "error_pct": (priced / measured - 1) * 100 if measured > 0 else None}
-        if m is not None:
-            row["tokens_per_seq"] = m
+    for (who, stage, b, m), (n, measured, priced, c, nb, cm, cc) in sorted(groups.items()):
+        row = {"worker": who, "stage": stage, "batch": b, "tokens_per_seq": m,
+               "context": c / n, "spans": n, "measured_ms": measured / n,
+               "priced_ms": priced / n, "error_pct": _error(priced, measured)}
+        if stage.endswith(MIXED):
+            row["chunk"] = [nb / n, cm / n, cc / n]  # prompts, tokens each, context (means)
         rows.append(row)
     return rows
+
+
+def reprice(rows: list[dict], costs) -> list[dict]:
+    """Audit rows kept from an earlier run priced again by `costs` (another profile or
+    simulator), each group at its mean shape (its mean context and chunk): what a kept
+    measurement says of new costs without its trace (kestrel validate --measured)."""
+    out = []
+    for r in rows:
+        cost = costs.draft if r["worker"] == "draft" else costs.target
+        kind = r["stage"].removesuffix(MIXED)
+        if cost is None:
+            continue
+        args = (kind, r["batch"], r["tokens_per_seq"], r["context"])
+        if "chunk" in r:
+            priced = cost.mixed_seconds(*args, Chunk(*r["chunk"])) * 1e3
+        else:
+            priced = cost.seconds(*args) * 1e3
+        out.append({**r, "priced_ms": priced,
+                    "error_pct": _error(priced, r["measured_ms"])})
+    return out
+
+
+def _error(priced: float, measured: float) -> float | None:
+    return (priced / measured - 1) * 100 if measured > 0 else None
 
 
 def totals(rows: list[dict]) -> list[dict]:

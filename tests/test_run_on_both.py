@@ -243,6 +243,15 @@ def test_validate_predicts_again_against_kept_measurements(folder, tmp_path, mon
     assert now["median_tpot_ms"]["predicted"] != was["median_tpot_ms"]["predicted"]
     assert doc["fingerprint"] == first["fingerprint"] and doc["measured_at"] == first["date"]
     assert doc["predicted_with"] == "fixed cost table"
+    # the kept stages priced again by the table: the same measured times, new prices
+    group = ("worker", "stage", "batch", "tokens_per_seq")
+    kept = {tuple(a[g] for g in group): a for a in first["stage_audit"]}
+    assert len(doc["stage_audit"]) == len(kept) > 0
+    for a in doc["stage_audit"]:
+        was = kept[tuple(a[g] for g in group)]
+        assert a["measured_ms"] == was["measured_ms"]
+        if a["stage"] == "decode":
+            assert a["priced_ms"] == pytest.approx(2.0)  # the table's decode step
     assert (again / "cpu-colocated" / "hardware" / "metrics.json").is_file()
     assert "<h2>Verdict</h2>" in (again / "cpu-colocated" / "parity.html").read_text()
     # a scenario the runtime would run otherwise is refused, naming what differs

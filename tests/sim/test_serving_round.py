@@ -184,3 +184,52 @@ def test_the_stage_audit_of_a_simulated_run_prices_every_span_as_it_ran(tmp_path
     for r in rows:  # (a round's draft steps are priced at its first step's context)
         assert r["error_pct"] == pytest.approx(0.0, abs=0.1), r
     assert sum(t["spans"] for t in totals(rows)) == sum(r["spans"] for r in rows)
+
+
+def test_a_kept_audit_is_priced_again_at_its_groups_mean_shapes(tmp_path):
+    import numpy as np
+
+    from kestrel_sim.costs.build import build_costs
+    from kestrel_sim.stage_audit import reprice, stage_audit
+
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile().model_dump(mode="json", exclude_none=True)))
+    sc = scenario(0.9, costs={"profile": str(path)})
+    costs = build_costs(sc, np.random.default_rng(0))
+    rows = stage_audit(simulate(sc, trace="full"), costs)
+    again = reprice(rows, costs)
+    assert len(again) == len(rows)
+    for r, a in zip(rows, again):  # the mean shape's price: the mean price, nearly
+        assert a["priced_ms"] == pytest.approx(r["priced_ms"], rel=0.01)
+        assert a["measured_ms"] == r["measured_ms"]
+    slow = tmp_path / "slow.json"  # two-token draft steps 0.5 ms dearer
+    slow.write_text(json.dumps(profile(catch_up_ms=0.5).model_dump(mode="json",
+                                                                   exclude_none=True)))
+    dear = reprice(rows, build_costs(scenario(0.9, costs={"profile": str(slow)}),
+                                     np.random.default_rng(0)))
+    for r, a in zip(rows, dear):
+        if r["stage"] == "draft" and r["tokens_per_seq"] == 2:
+            assert a["priced_ms"] == pytest.approx(r["priced_ms"] + 0.5, rel=0.02)
+        else:
+            assert a["priced_ms"] == pytest.approx(r["priced_ms"], rel=0.01)
+
+
+def test_the_suite_summary_names_the_stages_furthest_off(tmp_path):
+    from kestrel_cli.suite_summary import entry_of, markdown, summarize
+
+    folder = tmp_path / "s"
+    folder.mkdir()
+    audit = [{"worker": "draft", "stage": "prefill", "batch": 1, "tokens_per_seq": 512,
+              "context": 0, "spans": 100, "measured_ms": 5.0, "priced_ms": 1.4,
+              "error_pct": -72.0},
+             {"worker": "target", "stage": "verify", "batch": 4, "tokens_per_seq": 5,
+              "context": 600, "spans": 1000, "measured_ms": 10.0, "priced_ms": 9.5,
+              "error_pct": -5.0}]
+    (folder / "comparison.json").write_text(json.dumps({
+        "rows": [{"metric": "median_tpot_ms", "measured": 8.0, "predicted": 6.0,
+                  "error_pct": -25.0}], "failed": ["median_tpot_ms"], "stage_audit": audit}))
+    e = entry_of(scenario(), folder)
+    assert e.gaps[0].startswith("verify on the target: -5.0% (10 s measured)")
+    assert e.gaps[1].startswith("prefill on the draft: -72.0%")
+    text = markdown(summarize([e]), "t")
+    assert "- round: verify on the target: -5.0%" in text
