@@ -6,10 +6,11 @@
 #
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
-# STEPS: a comma list of calib_tests, tests, spec, serve, decode, calibrate, calibrate_moe,
-# validate1..4, beforeafter, predict_k, gemv, probe, ablation (default tests,spec,serve,decode,calibrate; a 10-minute call fits
-# tests,spec, then serve,decode, then calibrate; each validateN is one of docs/validation.md's
-# four chunks, about 9 minutes).
+# STEPS: a comma list of calib_tests, tests, spec, serve, decode, calibrate, calibrate_int4,
+# calibrate_moe, validate1..4, beforeafter, predict_k, gemv, probe, ablation (default
+# tests,spec,serve,decode,calibrate). A 10-minute call fits tests,spec, or serve,decode, or
+# calib_tests,calibrate, or calibrate_int4,calibrate_moe; each validateN (one of
+# docs/validation.md's four chunks) and predict_k take about 9 minutes alone.
 # Only OUT/session.tgz and OUT/summary.txt come back (the device tool returns a limited number
 # of files: a profile written beside many logs was once left behind).
 # The tests step compiles every kernel module first, in parallel (tests/conftest.py,
@@ -42,7 +43,8 @@ step spec 240 python3 bench/spec_bench.py --out "$LOG" --commit "$COMMIT"
 step serve 200 python3 bench/serve_bench.py --out "$LOG" --commit "$COMMIT"
 step gemv 120 python3 bench/gemv_bench.py --out "$LOG" --ms 1 --kinds bf16,int4 --paths table,tuned
 step decode 330 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
-step calibrate 540 bash -c "python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --commit $COMMIT --out $LOG/qwen3-8b_h200.json && python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --quant int4 --commit $COMMIT --max-minutes 4 --out $LOG/qwen3-8b-int4_h200.json"
+step calibrate 540 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --commit "$COMMIT" --max-minutes 8 --out "$LOG/qwen3-8b_h200.json"
+step calibrate_int4 330 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --draft-device gpu --quant int4 --commit "$COMMIT" --max-minutes 4.5 --out "$LOG/qwen3-8b-int4_h200.json"
 step calibrate_moe 540 python3 -m kestrel_cli.app calibrate --model qwen3-30b-a3b --draft qwen3-0.6b --draft-device gpu --grid moe --commit "$COMMIT" --max-minutes 7 --out "$LOG/qwen3-30b-a3b_h200.json"
 V="python3 -m kestrel_cli.app validate scenarios/validation --out $LOG/validation --only"
 step validate1 570 $V spec-off,spec-k1-fused,spec-k2-separate,spec-k4-fused,spec-k4-separate,spec-k6-per-position,spec-k8-fused
