@@ -44,13 +44,27 @@ def runtime_info(fingerprint: dict) -> RuntimeInfo | None:
     """How the measuring runtime pads its steps, from a fingerprint's options (per bench:
     calibration/driver.py `fingerprint`): the batch buckets and largest M of the step graphs
     (kestrel_rt/cuda/graphs.py) where a bench runs CUDA graphs (the GPU benches of a GPU with
-    the graphs option on, all alike), else None (each step runs at its own batch)."""
+    the graphs option on, all alike), with the prefill graphs' lengths for a dense target,
+    else None (each step runs at its own batch)."""
     options = fingerprint.get("options") or {}
     if not any(bench.get("graphs") for bench in options.values()):
         return None
-    from kestrel_rt.cuda.graphs import BUCKETS, MAX_M
+    from kestrel_rt.cuda.graphs import BUCKETS, MAX_M, PREFILL_BUCKETS
 
-    return RuntimeInfo(batch_buckets=list(BUCKETS), max_m=MAX_M)
+    # a MoE model's prefill runs eagerly (CupyBackend.graph_safe): no prefill graphs
+    moe = _is_moe(fingerprint.get("model"))
+    return RuntimeInfo(batch_buckets=list(BUCKETS), max_m=MAX_M,
+                       prefill_buckets=None if moe else list(PREFILL_BUCKETS))
+
+
+def _is_moe(model: str | None) -> bool:
+    from kestrel_sim.costs.shape import model_shape
+    from kestrel_sim.errors import KestrelError
+
+    try:
+        return bool(model) and model_shape(model).is_moe
+    except (KestrelError, KeyError, OSError):
+        return False
 
 
 def to_profile(records, fingerprint: dict) -> Profile:

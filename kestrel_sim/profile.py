@@ -48,7 +48,8 @@ Overlap rows were added to version 2 without changing it (optional fields, a new
 batch sizes its CUDA graphs are captured at (a decode, verify, draft or correction step of
 b <= the largest and M <= `max_m` tokens per sequence replays the graph of the smallest
 bucket >= b, its padding rows computed and thrown away), so the simulator prices such a
-step at its bucket; absent: each step at its own batch.
+step at its bucket; `prefill_buckets` likewise pads a prompt chunk's length (its prefill
+graph's); absent: each step at its own batch and length.
 
 Version 1 files (no `schema_version`; bench/h200_decode.py wrote them) load as version 2:
 the new fields take their defaults and a preset model's shape hash is derived from the
@@ -223,13 +224,27 @@ class RuntimeInfo(BaseModel):
         min_length=1, description="batch sizes of the runtime's step graphs, ascending")
     max_m: int = Field(default=16, ge=1,
                        description="most tokens per sequence a step graph takes")
+    prefill_buckets: list[int] | None = Field(
+        default=None, description="prompt-chunk lengths the runtime's prefill graphs are "
+        "captured at (a chunk of more than max_m tokens runs at the smallest >= its length); "
+        "absent: prefill runs eagerly, at its own length")
 
     @model_validator(mode="after")
     def _ascending(self):
-        b = self.batch_buckets
-        if any(x < 1 for x in b) or any(x >= y for x, y in pairwise(b)):
-            raise ValueError(f"batch_buckets must be ascending positive sizes (got {b})")
+        for name in ("batch_buckets", "prefill_buckets"):
+            b = getattr(self, name) or []
+            if any(x < 1 for x in b) or any(x >= y for x, y in pairwise(b)):
+                raise ValueError(f"{name} must be ascending positive sizes (got {b})")
         return self
+
+    def prefill_tokens(self, m: float) -> float:
+        """The tokens a prompt chunk of `m` runs at: its prefill graph's length, or itself
+        (a chunk of at most max_m tokens replays a step graph of its own length; a longer
+        one than the largest bucket, or no prefill graphs, runs eagerly)."""
+        b = self.prefill_buckets
+        if not b or m <= self.max_m or m > b[-1]:
+            return m
+        return next(x for x in b if x >= m)
 
     def bucket(self, batch: int, m: float) -> int:
         """The batch a step of `batch` x `m` runs at: its bucket, or itself (eager)."""

@@ -163,6 +163,12 @@ def test_the_runtime_is_the_graphs_buckets_where_the_benches_run_graphs():
     assert info.batch_buckets == list(BUCKETS) and BUCKETS[0] == 1 and BUCKETS[-1] == 64
     assert info.max_m == 16 and info.bucket(5, 17) == 5  # past max_m: eager, unpadded
     assert info.bucket(5, 3) == next(b for b in BUCKETS if b >= 5)
+    from kestrel_rt.cuda.graphs import PREFILL_BUCKETS
+
+    dense = runtime_info({**FINGERPRINT, "model": "qwen3-8b", "options": options(True)})
+    assert dense.prefill_buckets == list(PREFILL_BUCKETS)
+    moe = runtime_info({**FINGERPRINT, "model": "qwen3-30b-a3b", "options": options(True)})
+    assert moe.prefill_buckets is None  # a MoE prefill runs eagerly
     assert runtime_info({**FINGERPRINT, "options": options(False)}) is None
     assert runtime_info(FINGERPRINT) is None  # no options recorded
 

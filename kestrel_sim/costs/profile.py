@@ -251,6 +251,10 @@ class FittedCost:
             return batch
         return self.runtime.bucket(batch, m)
 
+    def chunk_tokens(self, m: float) -> float:
+        """The tokens a prompt chunk of `m` runs at (its prefill graph's length)."""
+        return m if self.runtime is None else self.runtime.prefill_tokens(m)
+
     def seconds(self, stage: str, batch: int, m: float, context: float) -> float:
         if stage == "mixed":
             raise ValueError("a mixed step is priced by mixed_seconds: it needs its chunk")
@@ -259,6 +263,8 @@ class FittedCost:
             if self._fallback is not None:
                 return self._fallback.seconds(stage, batch, m, context)
             self.require([stage])
+        if stage == "prefill":
+            m = self.chunk_tokens(m)
         return model.ms(self.padded(stage, batch, m), m, context) * 1e-3
 
     def mixed_seconds(self, stage: str, batch: int, m: float, context: float,
@@ -267,6 +273,7 @@ class FittedCost:
         step, pre = self._models.get(stage), self._models.get("prefill")
         if step is None or pre is None:
             self.require([stage, "prefill"])
+        chunk = Chunk(chunk.batch, self.chunk_tokens(chunk.m), chunk.context)
         return mixed_step_ms(step, pre, self._models.get("mixed"),
                              self.padded(stage, batch, m), m, context, chunk) * 1e-3
 
@@ -278,7 +285,10 @@ class FittedCost:
         their times; a stage priced by the fallback from the fallback."""
         if stage in self._models:
             batch = self.padded(stage, batch, m)
+            if stage == "prefill":
+                m = self.chunk_tokens(m)
         if chunk is not None:
+            chunk = Chunk(chunk.batch, self.chunk_tokens(chunk.m), chunk.context)
             mixed = self._models.get("mixed")
             if mixed is not None:
                 return mixed.shares(batch, m, context, chunk)

@@ -233,3 +233,20 @@ def test_the_suite_summary_names_the_stages_furthest_off(tmp_path):
     assert e.gaps[1].startswith("prefill on the draft: -72.0%")
     text = markdown(summarize([e]), "t")
     assert "- round: verify on the target: -5.0%" in text
+
+
+def test_prompt_chunks_are_priced_at_their_prefill_graphs_length():
+    info = RuntimeInfo(batch_buckets=BUCKETS, prefill_buckets=[32, 64, 128, 384, 512])
+    assert [info.prefill_tokens(m) for m in (5, 16, 17, 100, 300, 512, 600)] == [
+        5, 16, 32, 128, 384, 512, 600]  # a step graph's own length, a bucket, eager
+    with pytest.raises(ValueError, match="prefill_buckets"):
+        RuntimeInfo(batch_buckets=BUCKETS, prefill_buckets=[64, 32])
+    p = profile()
+    graphs = p.model_copy(update={"runtime": info})
+    padded, plain = ProfileCost(graphs), ProfileCost(p)
+    assert padded.seconds("prefill", 1, 300, 0) == pytest.approx(plain.seconds("prefill", 1, 384, 0))
+    assert padded.seconds("prefill", 1, 600, 0) == pytest.approx(plain.seconds("prefill", 1, 600, 0))
+    from kestrel_sim.costs.base import Chunk
+
+    assert padded.mixed_seconds("verify", 5, 5, 500, Chunk(1, 300, 0)) == pytest.approx(
+        plain.mixed_seconds("verify", 8, 5, 500, Chunk(1, 384, 0)))
