@@ -175,12 +175,13 @@ def audit_html(audit: list[dict] | None) -> str | None:
                       f"{t['priced_s']:.3f}", err(t["error_pct"])) for t in totals(audit)])
     each = table(("worker", "stage", "batch", "tokens / seq", "spans", "measured ms",
                   "priced ms", "error %"),
-                 [(r["worker"], html.escape(r["stage"]), r["batch"], r.get("tokens_per_seq", ""),
+                 [(r["worker"], html.escape(r["stage"]), r["batch"], f"{r['tokens_per_seq']:g}",
                    r["spans"], f"{r['measured_ms']:.3f}", f"{r['priced_ms']:.3f}",
                    err(r["error_pct"])) for r in audit])
     return ("<p>Each measured step priced by the simulator's costs at the shape it ran "
             "(negative: priced too fast). Time between steps (the host's) is not in it.</p>"
-            + overall + each)
+            "<p>Per stage, in all:</p>" + overall + "<p>Per batch and tokens per sequence "
+            "(a mean context each):</p>" + each)
 
 
 def parity_report(name: str, rows: list[Row], measured: Metrics, predicted: Metrics,
