@@ -120,12 +120,9 @@ def _build(sc: Scenario, rng: np.random.Generator) -> SimCosts:
             draft = _profile_draft(sc, fits, profile_path, draft_shape, draft_hw)
         # the profile's KV link where the scenario hands KV over and names no link
         hands_over = sc.serving.mode == "disaggregated" and sc.serving.link is None
-        # measured with the draft on the GPU: the loop a CPU draft runs is another one
-        overhead = fits.round_overhead() if sc.draft is not None and sc.draft.device == "gpu" \
-            else None
         return SimCosts(target, draft, hw, draft_hw, "profile",
                         fits.link() if hands_over else None, mixed, fits.contention(),
-                        round_overhead=overhead)
+                        round_overhead=round_overhead(sc, fits))
 
     ro = sc.costs.roofline if sc.costs is not None and sc.costs.roofline else None
     if ro is not None and ro.calibrated_from is not None:
@@ -215,7 +212,15 @@ def _calibrated(sc: Scenario, ro, hw: Hardware | None, target_shape: ModelShape,
         draft = (CalibratedRoofline(fits, measured_on, draft_hw, draft_shape, path, role="draft")
                  if sc.draft.device == "gpu" else RooflineCost(draft_hw, draft_shape))
     return SimCosts(target, draft, hw, draft_hw, "calibrated-roofline", mixed=mixed,
-                    contention=fits.contention())
+                    contention=fits.contention(), round_overhead=round_overhead(sc, fits))
+
+
+def round_overhead(sc: Scenario, fits: ProfileFits) -> RoundOverhead | None:
+    """The profile's host time per speculative round, where the scenario speculates with
+    the draft on the GPU (as the rounds were measured: a CPU draft's loop is another)."""
+    if sc.draft is None or sc.draft.device != "gpu":
+        return None
+    return fits.round_overhead()
 
 
 def describe_costs(costs: SimCosts) -> str:

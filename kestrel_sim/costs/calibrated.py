@@ -15,7 +15,8 @@ a hardware YAML) gives its own rates:
                                                               scaled by the device)
 
 and B's step times are priced with the physical terms alone (the measured correction
-belongs to A's kernels). On A itself this is the profile's physical fit, whose held-out
+belongs to A's kernels), each step at the runtime's graph bucket as on A (Profile.runtime);
+the serving loop's host time per round (ProfileFits.round_overhead) is carried as measured. On A itself this is the profile's physical fit, whose held-out
 error report.py gives. The model priced may differ from the one measured (the same
 efficiencies over another shape, overhead scaled by its layers); its dtype and quant are
 the profile's. A draft whose model the profile did not measure is priced with the
@@ -80,7 +81,8 @@ class CalibratedRoofline(FittedCost):
             ratio = shape.num_hidden_layers / fitted.work.shape.num_hidden_layers
             terms = move_terms(fitted.terms, measured_on, on, ratio)
             models[stage] = StageModel(stage, "gpu", work, terms, None, fitted.rows)
-        super().__init__(models, path, fallback)
+        # the same runtime runs on B: its steps padded to the same graph buckets
+        super().__init__(models, path, fallback, fits.profile.runtime)
 
     def efficiencies(self) -> dict[str, dict[str, float]]:
         """Per stage: the fraction of each stated rate achieved (the same on both devices)."""
