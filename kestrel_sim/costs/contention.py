@@ -20,6 +20,11 @@ time that cannot run beside the other stream's kernels (SMs held by the other's 
 blocks, caches, the memory controller's queues). Alone every X is 1 and f = 1; f_i grows
 with lam_i and with the other steps' shares, and never passes its lam = 1 bound.
 
+This is the `shares` law. The H200's overlap rows slowed past its lam = 1 bound (a decode
+step's many small kernels each waiting behind a prefill's large ones): the `interleave`
+law (interleave.py) prices that, and fit_contention keeps whichever predicts the rows
+better, each left out of its fit.
+
 lam is per side, `decode` (decode and speculative rounds, mixed steps: many small
 kernels) and `prefill` (prefill chunks: large GEMMs), since the two suffer differently.
 Each is fitted from a profile's overlap rows (a step timed while a step of the other side
@@ -31,11 +36,13 @@ bounds, and the cost description says the contention is uncalibrated.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from kestrel_sim.costs.base import Shares
+from kestrel_sim.costs.interleave import Ratio, fit_ratio, ratio_slowdowns
 
 SIDES = ("decode", "prefill")
 DEFAULT_SERIAL = 0.5  # halfway between ideal sharing (0) and kernels one at a time (1)
@@ -82,12 +89,18 @@ def slowdowns(shares: list[Shares], serial: list[float]) -> list[float]:
 @dataclass
 class OverlapRow:
     """One measured overlap: the timed step's and the other step's Shares (from the cost
-    model's terms), the timed step's side, and its observed slowdown ms / alone_ms."""
+    model's terms), the timed step's side, its observed slowdown ms / alone_ms, and both
+    steps' times alone as the cost model prices them (ms; 0: unknown)."""
 
     timed: Shares
     other: Shares
     side: str
     observed: float
+    timed_ms: float = 0.0
+    other_ms: float = 0.0
+
+    def pair(self) -> tuple[float, float, float]:
+        return self.timed_ms, self.other_ms, self.observed
 
     def bounds(self) -> tuple[float, float]:
         return bounds([self.timed, self.other], 0)
@@ -95,24 +108,44 @@ class OverlapRow:
 
 @dataclass
 class Contention:
-    """lam per side, where it came from, and (fitted) the held-out error of its rows."""
+    """The law steps on one device slow each other by: `shares` (lam per side, this
+    module) or `interleave` (a, b per side: interleave.py), where it came from, and
+    (fitted) the held-out error of its rows."""
 
     serial: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SIDES, DEFAULT_SERIAL))
     rows: int = 0  # overlap rows fitted (0: the default)
     how: dict[str, str] = field(default_factory=lambda: dict.fromkeys(SIDES, "default"))
     held_out_pct: list[float] = field(default_factory=list)  # |error| % of each row, left out
+    law: str = "shares"
+    ratio: dict[str, Ratio] = field(default_factory=dict)  # the interleave law's, per side
+    # the median held-out error of each law the rows were fitted with (the kept one lowest)
+    law_held_out: dict[str, float] = field(default_factory=dict)
 
     @property
     def fitted(self) -> bool:
         return self.rows > 0
 
+    def slowdowns(self, seconds: list[float], shares: list[Shares], sides: list[str]
+                  ) -> list[float]:
+        """f of every active step: its time alone, Shares and side."""
+        if self.law == "interleave":
+            return ratio_slowdowns(seconds, sides, self.ratio)
+        return slowdowns(shares, [self.serial[s] for s in sides])
+
     def describe(self) -> str:
-        lam = ", ".join(f"{s} {self.serial[s]:.2f}" for s in SIDES)
-        if not self.fitted:
-            return (f"steps overlapping on one device: uncalibrated contention, lam {lam} "
-                    "(halfway between sharing bandwidth and compute and running kernels one "
-                    "at a time; the profile has no overlap rows)")
-        text = f"steps overlapping on one device: lam {lam} fitted from {self.rows} overlap rows"
+        if self.law == "interleave":
+            law = ", ".join(f"{s} {self.ratio[s].a:.2f} x (T_other / T)^{self.ratio[s].b:.2f}"
+                            for s in SIDES)
+            text = (f"steps overlapping on one device: each slowed by the other's kernels "
+                    f"({law}), fitted from {self.rows} overlap rows")
+        else:
+            lam = ", ".join(f"{s} {self.serial[s]:.2f}" for s in SIDES)
+            if not self.fitted:
+                return (f"steps overlapping on one device: uncalibrated contention, lam {lam} "
+                        "(halfway between sharing bandwidth and compute and running kernels "
+                        "one at a time; the profile has no overlap rows)")
+            text = (f"steps overlapping on one device: lam {lam} fitted from {self.rows} "
+                    "overlap rows")
         if self.held_out_pct:
             text += f" (held-out error median {np.median(self.held_out_pct):.1f}%)"
         return text
@@ -139,7 +172,45 @@ def predict(row: OverlapRow, lam: float) -> float:
 
 def fit_contention(rows: list[OverlapRow]) -> Contention:
     """lam per side from overlap rows (see the module docstring), with the leave-one-out
-    error of each row; the default where there are none."""
+    error of each row; the default where there are none. Where the rows also price both
+    steps' times, the interleaving law (interleave.py) is fitted too, and kept when its
+    held-out median error is lower."""
+    out = fit_shares(rows)
+    if not out.fitted:
+        return out
+    out.law_held_out["shares"] = float(np.median(out.held_out_pct)) if out.held_out_pct \
+        else math.inf
+    ratio, held = fit_interleave(rows)
+    if ratio is not None and held:
+        out.law_held_out["interleave"] = float(np.median(held))
+        if out.law_held_out["interleave"] < out.law_held_out["shares"]:
+            out.law, out.ratio, out.held_out_pct = "interleave", ratio, held
+    return out
+
+
+def fit_interleave(rows: list[OverlapRow]) -> tuple[dict[str, Ratio] | None, list[float]]:
+    """The interleaving law per side (a side without rows of its own takes all rows'),
+    and each row's error when left out of its fit; (None, []) where the rows cannot tell."""
+    if not rows or any(r.timed_ms <= 0 or r.other_ms <= 0 for r in rows):
+        return None, []
+
+    def per_side(some: list[OverlapRow], side: str) -> Ratio | None:
+        return fit_ratio([r.pair() for r in some if r.side == side]) or fit_ratio(
+            [r.pair() for r in some])
+
+    laws = {side: per_side(rows, side) for side in SIDES}
+    if any(law is None for law in laws.values()):
+        return None, []
+    held = []
+    for i, r in enumerate(rows):
+        law = per_side([q for j, q in enumerate(rows) if j != i], r.side)
+        if law is not None:
+            held.append(abs((1.0 + law.excess(r.timed_ms, r.other_ms)) / r.observed - 1) * 100)
+    return laws, held
+
+
+def fit_shares(rows: list[OverlapRow]) -> Contention:
+    """The shares law's lam per side, with each row's leave-one-out error."""
     out = Contention()
     pooled = fit_serial(rows) if rows else None
     if pooled is None:

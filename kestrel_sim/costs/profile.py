@@ -168,12 +168,27 @@ class ProfileFits:
         the GPU (a correction by decode's); rows of a stage without a fit are left out."""
         out = []
         for mm in self.profile.rows("overlap", "gpu"):
-            timed = self.step_shares(mm.step_stage, mm.batch, mm.tokens_per_seq, mm.context)
-            other = self.step_shares(mm.other_stage, mm.other_batch, mm.other_tokens_per_seq,
-                                     mm.other_context or 0)
-            if timed is not None and other is not None:
-                out.append(OverlapRow(timed, other, side_of(mm.step_stage), mm.slowdown))
+            steps = [(mm.step_stage, mm.batch, mm.tokens_per_seq, mm.context),
+                     (mm.other_stage, mm.other_batch, mm.other_tokens_per_seq,
+                      mm.other_context or 0)]
+            shares = [self.step_shares(*st) for st in steps]
+            if None not in shares:
+                timed_ms, other_ms = (self.step_ms(*st) for st in steps)
+                out.append(OverlapRow(shares[0], shares[1], side_of(mm.step_stage),
+                                      mm.slowdown, timed_ms, other_ms))
         return out
+
+    def step_ms(self, stage: str, b: int, m: int, c: int) -> float:
+        """A GPU step's time alone as its stage's fit prices it (a correction by decode's)."""
+        model = self.models.get((stage, "gpu"))
+        if model is None and stage == "correction":
+            model = self.models.get(("decode", "gpu"))
+        pad = self.profile.runtime
+        if pad is not None and stage in GRAPH_STAGES:
+            b = pad.bucket(b, m)
+        elif pad is not None and stage == "prefill":
+            m = pad.prefill_tokens(m)
+        return model.ms(b, m, c)
 
     def step_shares(self, stage: str, b: int, m: int, c: int) -> Shares | None:
         model = self.models.get((stage, "gpu"))

@@ -87,9 +87,15 @@ class FitReport:
                          f"out med/max {_pair(r['median_pct'], r['max_pct'])} %")
         if self.overlap:
             o = self.overlap
-            lam = ", ".join(f"{side} {v:.2f}" for side, v in o["serial"].items())
-            lines.append(f"overlap: lam {lam} from {o['rows']} rows; slowdown held out "
-                         f"med/max {_pair(o['median_pct'], o['max_pct'])} %")
+            if o.get("law") == "interleave":
+                law = "interleave, " + ", ".join(
+                    f"{side} {a:.2f} x (T_other / T)^{b:.2f}" for side, (a, b) in o["ratio"].items())
+            else:
+                law = "shares, lam " + ", ".join(f"{side} {v:.2f}" for side, v in o["serial"].items())
+            others = ", ".join(f"{k} {v:.1f}%" for k, v in o.get("law_held_out_pct", {}).items())
+            lines.append(f"overlap: {law} from {o['rows']} rows; slowdown held out "
+                         f"med/max {_pair(o['median_pct'], o['max_pct'])} %"
+                         + (f" (median per law: {others})" if others else ""))
         return "\n".join(lines)
 
 
@@ -184,7 +190,9 @@ def _overlap(fits: ProfileFits) -> dict | None:
     if not fitted.fitted:
         return None
     med, mx = _stats(fitted.held_out_pct)
-    return {"serial": dict(fitted.serial), "how": dict(fitted.how), "rows": fitted.rows,
+    return {"law": fitted.law, "serial": dict(fitted.serial), "how": dict(fitted.how),
+            "ratio": {s: [r.a, r.b] for s, r in fitted.ratio.items()},
+            "law_held_out_pct": dict(fitted.law_held_out), "rows": fitted.rows,
             "median_pct": med, "max_pct": mx}
 
 

@@ -2,10 +2,10 @@
 that overlap in time slow each other (kestrel_sim/costs/contention.py).
 
 Each step is a Job: its time alone (`seconds`, as the cost model priced it), its Shares of
-the device and its side's lam. The device keeps the active jobs and advances them as a
+the device and its side. The device keeps the active jobs and advances them as a
 fluid: while the set is unchanged, job i runs at 1 / f_i of its speed alone (f from
 contention.slowdowns over the whole set). When a job starts or ends, every job's progress
-is brought up to now, the factors are computed again, and one timeout is scheduled for
+is brought up to now, the factors are computed again (Contention.slowdowns: its law), and one timeout is scheduled for
 the first job to finish; an older timeout still pending finds the device re-planned (its
 plan number passed) and does nothing. So a step costs one or two SimPy events, not one
 per token or per change of rate, and a step that never overlaps ends exactly `seconds`
@@ -20,18 +20,18 @@ from __future__ import annotations
 import simpy
 
 from kestrel_sim.costs.base import Shares
-from kestrel_sim.costs.contention import Contention, slowdowns
+from kestrel_sim.costs.contention import Contention
 
 
 class Job:
-    __slots__ = ("done", "factor", "left", "marks", "seconds", "serial", "shares", "start")
+    __slots__ = ("done", "factor", "left", "marks", "seconds", "shares", "side", "start")
 
-    def __init__(self, done: simpy.Event, seconds: float, shares: Shares, serial: float,
+    def __init__(self, done: simpy.Event, seconds: float, shares: Shares, side: str,
                  start: float):
         self.done = done  # succeeds when the job finishes
         self.seconds = seconds  # its time alone
         self.shares = shares
-        self.serial = serial  # its side's lam
+        self.side = side  # decode or prefill (contention.py)
         self.start = start
         self.left = seconds  # time alone still to run
         self.factor = 1.0  # f: wall seconds per second alone, now
@@ -71,7 +71,7 @@ class SharedDevice:
         env = self.env
         now = env.now
         self._advance(now)
-        job = Job(env.event(), seconds, shares, self.contention.serial[side], now)
+        job = Job(env.event(), seconds, shares, side, now)
         self.jobs.append(job)
         self._replan(now)
         return job
@@ -85,7 +85,8 @@ class SharedDevice:
 
     def _replan(self, now: float) -> None:
         jobs = self.jobs
-        factors = slowdowns([j.shares for j in jobs], [j.serial for j in jobs])
+        factors = self.contention.slowdowns([j.seconds for j in jobs], [j.shares for j in jobs],
+                                            [j.side for j in jobs])
         first, wait = None, float("inf")
         for j, f in zip(jobs, factors):
             if f != j.factor:

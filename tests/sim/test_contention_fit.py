@@ -169,5 +169,6 @@ def test_the_fit_report_gives_the_contention_and_its_held_out_error():
     report = fit_report(with_overlaps({"decode": 0.4, "prefill": 0.2}), "p.json")
     assert report.overlap["serial"] == pytest.approx({"decode": 0.4, "prefill": 0.2})
     assert report.overlap["rows"] == 16 and report.overlap["max_pct"] < 1e-6
-    assert "overlap: lam decode 0.40, prefill 0.20 from 16 rows" in report.table()
+    assert report.overlap["law"] == "shares"  # rows made by it: it predicts them exactly
+    assert "overlap: shares, lam decode 0.40, prefill 0.20 from 16 rows" in report.table()
     assert fit_report(Profile.load(BUNDLED)).overlap is None
