@@ -13,14 +13,16 @@ sequence), `context` the sequences' length in tokens. Its record becomes a Measu
 stage round (kestrel_sim/profile.py): the round's wall time, every proposal rejected, so
 what it costs beyond its draft steps and its verify is the serving loop's per-round host
 time (acceptance, the host's read of the round, the rollback, the gap before the next
-round's first draft step).
+round's first draft step). k = 0 is a plain decode round (the target alone): what serving's
+loop adds to a decode step where it cannot launch the next one ahead of the host
+(kestrel_rt/serve/ahead.py).
 """
 
 from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from calibration.values import MAX_K, Batches, Ks, at_most_max_k, sizes
+from calibration.values import MAX_K, Batches, KsOrZero, at_most_max_k, sizes
 from kestrel_sim.schema_base import StrictModel
 
 # The estimate's host time per round beyond its steps (H200, issue 23: a round cost about
@@ -34,7 +36,9 @@ class RoundGrid(StrictModel):
     `contexts` tokens long (target and draft caches holding all but the last)."""
 
     batches: Batches
-    k: Ks = Field(description=f"proposals per round, 1..{MAX_K} (the verify's M = k + 1)")
+    k: KsOrZero = Field(description=f"proposals per round, 0..{MAX_K} (the verify's M = k + "
+                        "1; 0: a plain decode round, timed as serving runs one it cannot "
+                        "launch ahead)")
     contexts: Lengths = Field(description="tokens per sequence before the round")
 
     @field_validator("k")

@@ -16,7 +16,8 @@ serving's are (their CUDA events are part of a served round's cost).
 A run is one `decoder.round(seqs)`, timed by the host clock from an idle device (synchronized
 before it) to its return: round() reads its result on the host, so it ends synchronized.
 Before each run the sequences are made again (tokens back to `context`, both caches to
-context - 1, the rows on the next window of each model's slots). Warm-up runs come first;
+context - 1, the rows on the next window of each model's slots). A point of M = 1 (k = 0)
+is a plain decode round of the target alone (measure_decode_round). Warm-up runs come first;
 prepare() has captured the graphs the rounds replay (the draft's one-token steps, the
 target's verify of each k), so nothing is captured in a timed run. Works on any device (the
 plan measures it on a GPU only).
@@ -96,6 +97,8 @@ def synchronize(spec: SpecBench) -> None:
 
 def measure_round(spec: SpecBench, point) -> Record:
     """Time one round point; see the module docstring."""
+    if point.m == 1:
+        return measure_decode_round(spec, point)
     target, draft = spec.target, spec.draft
     b, c, k = point.batch, point.context, point.m - 1
     decoder = decoder_for(spec, k)
@@ -128,4 +131,34 @@ def measure_round(spec: SpecBench, point) -> Record:
         spec.tracer.collect()
         set_lengths(target.model.kv, target.slots, 0)
         set_lengths(draft.model.kv, draft.slots, 0)
+    return record_of(point, times)
+
+
+def measure_decode_round(spec: SpecBench, point) -> Record:
+    """A plain decode round (k = 0) as serving runs one it cannot launch ahead: the target's
+    greedy step over b sequences of `context` - 1 cached tokens, then the host's read of its
+    ids (kestrel_rt/serve/forward.py decode_forward and run_step), timed by the host clock
+    from an idle device."""
+    target = spec.target
+    b, c = point.batch, point.context
+    model = target.model
+    tokens = torch.randint(0, model.shape.vocab_size, (b, 1))  # [b, 1] on the host
+
+    def setup() -> list[int]:
+        slots = target.take(b)
+        set_lengths(model.kv, slots, c - 1)
+        return slots
+
+    times = []
+    try:
+        for i in range(target.warmup + target.repeats):
+            slots = setup()
+            synchronize(spec)
+            t0 = time.perf_counter()
+            model.forward(tokens, slots, greedy=True)[:, 0].tolist()
+            elapsed = (time.perf_counter() - t0) * 1e3
+            if i >= target.warmup:
+                times.append(elapsed)
+    finally:
+        set_lengths(model.kv, target.slots, 0)
     return record_of(point, times)

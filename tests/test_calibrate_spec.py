@@ -115,6 +115,13 @@ def test_a_round_rejects_every_proposal_and_starts_alike_each_run(folders, monke
     target.clear()
     measure_round(spec, points[1])  # k = 1
     assert target == [((1, 2), [2], False, [7])] * runs
+    # k = 0: a plain decode round of the target alone, its ids read by the host
+    target.clear()
+    draft.clear()
+    record = measure_round(spec, Point("spec", "cpu", "round", 2, 1, 30))
+    assert record.samples == grid.timing.cpu_repeats and draft == []
+    assert target == [((2, 1), None, False, [29, 29])] * runs
+    assert all(spec.target.model.kv.length(s) == 0 for s in spec.target.slots)
 
 
 # -- the plan -----------------------------------------------------------------------------
@@ -125,7 +132,7 @@ def test_the_round_bench_builds_the_target_and_its_draft():
     spec = next(b for b in plan.benches if b.name == "spec@gpu")
     assert (spec.model, spec.draft.model, spec.draft.name) == ("qwen3-8b", "qwen3-0.6b",
                                                                "draft@gpu")
-    assert len(spec.points) == 24 and not spec.draft.points
+    assert len(spec.points) == 30 and not spec.draft.points  # 6 batches x k 0, 1, 2, 4, 8
     est = plan.estimate
     from calibration.estimate import GPU, build_seconds
 

@@ -59,6 +59,8 @@ class SimCosts:
     shared: bool = False  # serving.devices places two workers or more on one device
     # the serving loop's host time per speculative round (a profile's round rows), or None
     round_overhead: RoundOverhead | None = None
+    # ... and per plain decode round it cannot launch ahead (round rows of k = 0), or None
+    decode_overhead: RoundOverhead | None = None
 
 
 def needed_stages(sc: Scenario) -> list[str]:
@@ -122,7 +124,8 @@ def _build(sc: Scenario, rng: np.random.Generator) -> SimCosts:
         hands_over = sc.serving.mode == "disaggregated" and sc.serving.link is None
         return SimCosts(target, draft, hw, draft_hw, "profile",
                         fits.link() if hands_over else None, mixed, fits.contention(),
-                        round_overhead=round_overhead(sc, fits))
+                        round_overhead=round_overhead(sc, fits),
+                        decode_overhead=fits.round_overhead(decode=True))
 
     ro = sc.costs.roofline if sc.costs is not None and sc.costs.roofline else None
     if ro is not None and ro.calibrated_from is not None:
@@ -212,7 +215,8 @@ def _calibrated(sc: Scenario, ro, hw: Hardware | None, target_shape: ModelShape,
         draft = (CalibratedRoofline(fits, measured_on, draft_hw, draft_shape, path, role="draft")
                  if sc.draft.device == "gpu" else RooflineCost(draft_hw, draft_shape))
     return SimCosts(target, draft, hw, draft_hw, "calibrated-roofline", mixed=mixed,
-                    contention=fits.contention(), round_overhead=round_overhead(sc, fits))
+                    contention=fits.contention(), round_overhead=round_overhead(sc, fits),
+                    decode_overhead=fits.round_overhead(decode=True))
 
 
 def round_overhead(sc: Scenario, fits: ProfileFits) -> RoundOverhead | None:
@@ -258,6 +262,8 @@ def _describe(costs: SimCosts) -> str:
                  f"{', '.join(map(str, runtime.batch_buckets))})")
     if costs.round_overhead is not None:
         text += f"; {costs.round_overhead.describe()}"
+    if costs.decode_overhead is not None:
+        text += f"; decode {costs.decode_overhead.describe()} (where not launched ahead)"
     if costs.link is not None:
         text += (f"; KV link fitted: {costs.link.bandwidth_gb_s:.3g} GB/s, "
                  f"{costs.link.latency_us:.3g} us")

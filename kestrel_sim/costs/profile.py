@@ -137,22 +137,33 @@ class ProfileFits:
 
     def round_stages_ms(self, mm: Measurement, device: str = "gpu") -> float | None:
         """A `round` row's stages priced by their fits: k one-token draft steps and the
-        verify of k + 1, each at its batch bucket (None without those fits)."""
-        draft, verify = self.models.get(("draft", device)), self.models.get(("verify", device))
-        if draft is None or verify is None:
+        verify of k + 1, each at its batch bucket; a plain decode round's (k = 0) decode
+        step (None without those fits)."""
+        k = mm.tokens_per_seq - 1
+        stages = ("decode",) if k == 0 else ("draft", "verify")
+        models = [self.models.get((st, device)) for st in stages]
+        if None in models:
             return None
         pad = self.profile.runtime if device == "gpu" else None
-        k = mm.tokens_per_seq - 1
         b = pad.bucket(mm.batch, mm.tokens_per_seq) if pad else mm.batch
+        if k == 0:
+            return models[0].ms(b, 1, mm.context)
+        draft, verify = models
         return k * draft.ms(b, 1, mm.context) + verify.ms(b, k + 1, mm.context)
 
-    def round_overhead(self, device: str = "gpu", rows: list[Measurement] | None = None
-                       ) -> RoundOverhead | None:
-        """What a whole speculative round (`round` rows, or `rows`) costs beyond its stages
-        (round_stages_ms): the serving loop's host time per round, fitted as fixed ms + ms
-        per sequence (non-negative least squares); None without round rows or the fits
-        to price their stages."""
-        rows = self.profile.rows("round", device) if rows is None else rows
+    def round_rows(self, decode: bool = False, device: str = "gpu") -> list[Measurement]:
+        """The profile's speculative round rows, or (decode) its plain decode rounds'."""
+        return [mm for mm in self.profile.rows("round", device)
+                if (mm.tokens_per_seq == 1) == decode]
+
+    def round_overhead(self, device: str = "gpu", rows: list[Measurement] | None = None,
+                       decode: bool = False) -> RoundOverhead | None:
+        """What a whole speculative round (`round` rows of k >= 1, or `rows`; with decode,
+        the plain decode rounds of k = 0) costs beyond its stages (round_stages_ms): the
+        serving loop's host time per round, fitted as fixed ms + ms per sequence
+        (non-negative least squares); None without such rows or the fits to price their
+        stages."""
+        rows = self.round_rows(decode, device) if rows is None else rows
         stages = [self.round_stages_ms(mm, device) for mm in rows]
         if not rows or None in stages:
             return None

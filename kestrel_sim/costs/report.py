@@ -80,11 +80,10 @@ class FitReport:
         if self.link:
             lines.append(f"kv_transfer link: {self.link['bandwidth_gb_s']:.3g} GB/s, "
                          f"{self.link['latency_us']:.3g} us latency")
-        if self.rounds:
-            r = self.rounds
-            lines.append(f"round overhead: {r['fixed_ms']:.3g} ms + {r['per_seq_ms']:.3g} ms per "
-                         f"sequence from {r['rows']} rounds; a round (stages + overhead) held "
-                         f"out med/max {_pair(r['median_pct'], r['max_pct'])} %")
+        for kind, r in (self.rounds or {}).items():
+            lines.append(f"{kind} round overhead: {r['fixed_ms']:.3g} ms + {r['per_seq_ms']:.3g} "
+                         f"ms per sequence from {r['rows']} rounds; a round (stages + "
+                         f"overhead) held out med/max {_pair(r['median_pct'], r['max_pct'])} %")
         if self.overlap:
             o = self.overlap
             if o.get("law") == "interleave":
@@ -168,20 +167,24 @@ def fit_report(profile: Profile, name: str = "<profile>", every: int | None = No
 
 
 def _rounds(fits: ProfileFits) -> dict | None:
-    """The round overhead and each round row's error when the overhead is fitted without
-    it (leave-one-out), its stages priced by their fits."""
-    fitted = fits.round_overhead()
-    if fitted is None:
-        return None
-    rows, errs = fits.profile.rows("round"), []
-    for i, mm in enumerate(rows):
-        rest = fits.round_overhead(rows=rows[:i] + rows[i + 1:]) if len(rows) > 1 else None
-        if rest is not None:
-            ms = fits.round_stages_ms(mm) + rest.seconds(mm.batch) * 1e3
-            errs.append(abs(ms / mm.ms - 1) * 100)
-    med, mx = _stats(errs)
-    return {"fixed_ms": fitted.fixed_ms, "per_seq_ms": fitted.per_seq_ms, "rows": fitted.rows,
-            "median_pct": med, "max_pct": mx}
+    """Per kind (speculative, decode): the round overhead and each round row's error when
+    the overhead is fitted without it (leave-one-out), its stages priced by their fits."""
+    out = {}
+    for kind, decode in (("speculative", False), ("decode", True)):
+        fitted = fits.round_overhead(decode=decode)
+        if fitted is None:
+            continue
+        rows, errs = fits.round_rows(decode), []
+        for i, mm in enumerate(rows):
+            rest = (fits.round_overhead(rows=rows[:i] + rows[i + 1:]) if len(rows) > 1
+                    else None)
+            if rest is not None:
+                ms = fits.round_stages_ms(mm) + rest.seconds(mm.batch) * 1e3
+                errs.append(abs(ms / mm.ms - 1) * 100)
+        med, mx = _stats(errs)
+        out[kind] = {"fixed_ms": fitted.fixed_ms, "per_seq_ms": fitted.per_seq_ms,
+                     "rows": fitted.rows, "median_pct": med, "max_pct": mx}
+    return out or None
 
 
 def _overlap(fits: ProfileFits) -> dict | None:

@@ -129,6 +129,7 @@ def simulate(
         mixed=sc.serving.mode == "colocated" and sc.serving.prefill_schedule == "mixed",
         draft_on_device=bool(sc.draft and sc.draft.device == "gpu"),
         round_overhead=costs.round_overhead, catch_up=costs.source != "table",
+        decode_overhead=costs.decode_overhead,
     )
     devices = shared_devices(sc, env, costs.contention)
 

@@ -40,13 +40,14 @@ class StepConfig:
     """Constants the steps need, resolved once from the Scenario (no pydantic in the loop)."""
 
     __slots__ = (
-        "acceptance", "catch_up", "chunk", "draft", "draft_on_device", "max_batch",
-        "max_tokens", "mixed", "preempt", "round_overhead", "separate", "target",
+        "acceptance", "catch_up", "chunk", "decode_overhead", "draft", "draft_on_device",
+        "max_batch", "max_tokens", "mixed", "preempt", "round_overhead", "separate", "target",
     )
 
     def __init__(self, target, draft, acceptance, separate: bool, max_batch: int,
                  max_tokens: int, chunk: int, preempt: bool, mixed: bool = False,
-                 draft_on_device: bool = True, round_overhead=None, catch_up: bool = True):
+                 draft_on_device: bool = True, round_overhead=None, catch_up: bool = True,
+                 decode_overhead=None):
         self.target = target  # StageCost of the target model
         self.draft = draft  # StageCost of the draft model, or None
         self.acceptance = acceptance  # AcceptanceModel, or None
@@ -62,6 +63,8 @@ class StepConfig:
         # a lagging draft's first step is priced at M = 2 (not with a cost table: its ms per
         # draft step holds whatever the step feeds)
         self.catch_up = catch_up
+        # the host's time per plain decode round it cannot launch ahead, or None
+        self.decode_overhead = decode_overhead
 
     def draft_shares(self, stage: str, b: int, m: float, c: float) -> Shares:
         """The draft's Shares of the target's device (none when it runs on the CPU)."""
@@ -140,6 +143,7 @@ def prefill_step(st: SimState, cfg: StepConfig, w: Worker, on_prefilled):
     """One chunked prefill step over `w.prefilling`; completed jobs emit their first
     token (a disaggregated prefill worker's on arrival of the KV at the decode side) and go
     to `on_prefilled(rid, ctx, rem, kv_charge)` (or finish)."""
+    w.last_rows = -1  # the next decode round follows another step: not launched ahead
     env = st.env
     now = env.now
     chunks, tokens, ctx_sum = _take_chunks(cfg, w, cfg.max_tokens)
@@ -189,6 +193,22 @@ def _complete_chunks(st: SimState, w: Worker, chunks, on_prefilled) -> None:
             on_prefilled(job.rid, ctx, rem, held)
     if finished:
         st.finish(finished)
+
+
+def round_host(st: SimState, cfg: StepConfig, w: Worker, b: int, k: int, changed: bool
+               ) -> float:
+    """The serving loop's own time in a round (seconds; no stage runs in it): a speculative
+    round's overhead; a plain decode round's where it cannot have been launched ahead of the
+    host, as kestrel_rt/serve/ahead.py launches a round of the same rows as the last when
+    nothing waits to join (`changed`: rows joined, or a prompt chunk rides in it)."""
+    if k:
+        return cfg.round_overhead.seconds(b) if cfg.round_overhead is not None else 0.0
+    steady = (not changed and w.last_rows == b and not w.prefilling
+              and not (st.decode_queue if w.role == "decode" else st.prefill_queue))
+    w.last_rows = b
+    if steady or cfg.decode_overhead is None:
+        return 0.0
+    return cfg.decode_overhead.seconds(b)
 
 
 def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
@@ -260,10 +280,11 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
     if chunk is not None:
         td_prefill = _draft_prefill(spans, cfg, w, t, pids, ptok, pctx)
         t += td_prefill
-    host = cfg.round_overhead.seconds(b) if k and cfg.round_overhead is not None else 0.0
+    host = round_host(st, cfg, w, b, k, bool(joined) or chunk is not None)
     t += host  # the loop's own time before the next round: no stage runs (no span)
+    alone = t - now if k or host else tf  # a plain round without host time: tf keeps the bits
     if w.device is None:
-        yield env.timeout(t - now if k else tf)  # without k, t == now + tf: tf keeps the bits
+        yield env.timeout(alone)
     else:
         parts = [(tf, cfg.target.shares(stage, b, k + 1, c, chunk))]
         if k:
@@ -275,7 +296,7 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
         if td_prefill:
             parts.append((td_prefill, cfg.draft_shares("prefill", chunk.batch, chunk.m,
                                                        chunk.context)))
-        yield from occupy(st, w, t - now if k else tf, blend(parts), "decode", spans)
+        yield from occupy(st, w, alone, blend(parts), "decode", spans)
 
     total = int(emit.sum())
     batch.grow(emit, total)

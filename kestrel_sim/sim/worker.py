@@ -14,7 +14,7 @@ from kestrel_sim.sim.state import PrefillJob
 
 class Worker:
     __slots__ = (
-        "batch", "device", "draft_name", "kv", "last_was_prefill", "link", "name",
+        "batch", "device", "draft_name", "kv", "last_rows", "last_was_prefill", "link", "name",
         "prefilling", "role", "wake",
     )
 
@@ -26,6 +26,9 @@ class Worker:
         self.batch = RunningBatch()
         self.prefilling: list[PrefillJob] = []  # admitted, prompt not fully prefilled yet
         self.last_was_prefill = False
+        # rows of the last plain decode round, or -1 after any other step (a round of the
+        # same rows with nothing waiting runs ahead of the host: kestrel_rt/serve/ahead.py)
+        self.last_rows = -1
         self.wake = None  # a simpy event while idle, else None
         self.link = None  # prefill workers (disaggregated): their KV transfer link
         self.device = None  # the SharedDevice it shares with other workers (serving.devices), or None

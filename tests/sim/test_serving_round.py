@@ -6,6 +6,7 @@ draft_prefill rows, and the loop's host time per round fitted to whole-round row
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import pytest
 
@@ -21,6 +22,7 @@ from kestrel_sim.scenario import Scenario
 H200 = load_hardware("h200")
 BUCKETS = [1, 2, 4, 8, 16, 32, 64]
 OVERHEAD = (0.4, 0.05)  # ms per round, ms per sequence: what the round rows add
+DECODE_OVERHEAD = (0.3, 0.01)  # ... and the plain decode rounds' (k = 0)
 
 
 def rows_of(cost, stage, batches, ms_, contexts, name=None):
@@ -46,6 +48,9 @@ def profile(runtime: bool = True, rounds: bool = True, draft_prefill: bool = Tru
                  for r in rows_of(draft, "prefill", [1], [512, 2048], [0], "draft_prefill")]
     if rounds:
         for b in (1, 2, 4, 8, 16):
+            rows.append({"stage": "round", "batch": b, "tokens_per_seq": 1, "context": 512,
+                         "ms": target.seconds("decode", b, 1, 511) * 1e3
+                         + DECODE_OVERHEAD[0] + DECODE_OVERHEAD[1] * b})
             for k in (2, 4):
                 stages = k * draft.seconds("draft", b, 1, 512) + target.seconds("verify", b, k + 1, 512)
                 rows.append({"stage": "round", "batch": b, "tokens_per_seq": k + 1,
@@ -156,10 +161,13 @@ def test_the_fit_report_gives_the_round_overhead_and_its_held_out_error(tmp_path
     from kestrel_sim.costs.report import fit_report
 
     report = fit_report(profile(), "p.json", fits=fits_of(profile()))
-    r = report.rounds
+    r = report.rounds["speculative"]
     assert r["rows"] == 10 and r["fixed_ms"] == pytest.approx(OVERHEAD[0], abs=0.02)
     assert r["median_pct"] < 1.0  # the rows are their stages + an exact line
-    assert "round overhead: 0.4" in report.table()
+    assert "speculative round overhead: 0.4" in report.table()
+    d = report.rounds["decode"]  # the plain decode rounds: their own overhead
+    assert d["rows"] == 5 and d["fixed_ms"] == pytest.approx(DECODE_OVERHEAD[0], abs=0.02)
+    assert d["per_seq_ms"] == pytest.approx(DECODE_OVERHEAD[1], abs=0.003)
     assert fit_report(profile(rounds=False), "p.json").rounds is None
 
 
@@ -250,3 +258,26 @@ def test_prompt_chunks_are_priced_at_their_prefill_graphs_length():
 
     assert padded.mixed_seconds("verify", 5, 5, 500, Chunk(1, 300, 0)) == pytest.approx(
         plain.mixed_seconds("verify", 8, 5, 500, Chunk(1, 384, 0)))
+
+
+def test_a_plain_decode_round_pays_the_host_only_where_it_cannot_run_ahead(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile().model_dump(mode="json", exclude_none=True)))
+
+    def decode_gaps(requests: int, rate: float) -> list[float]:
+        sc = Scenario.load_from_dict({
+            "name": "plain", "model": "qwen3-8b", "serving": {"max_batch": 16},
+            "costs": {"profile": str(path)},
+            "workload": {"arrivals": {"process": "poisson", "rate": rate}, "requests": requests,
+                         "prompt_tokens": {"dist": "fixed", "value": 64},
+                         "output_tokens": {"dist": "fixed", "value": 30}, "seed": 1}})
+        spans = sorted((s for s in simulate(sc, trace="full").spans if s.kind == "decode"),
+                       key=lambda s: s.start)
+        return [(b.start - a.end) * 1e3 for a, b in pairwise(spans)]
+
+    host = DECODE_OVERHEAD[0] + DECODE_OVERHEAD[1]  # ms, one sequence
+    gaps = decode_gaps(1, 1.0)  # one request alone: 29 rounds of the same row
+    assert gaps[0] == pytest.approx(host, rel=1e-3)  # after the prefill step: not ahead
+    assert all(g == pytest.approx(0.0, abs=1e-9) for g in gaps[1:])  # then run ahead
+    busy = decode_gaps(40, 200.0)  # arrivals queued behind: rounds change, none ahead
+    assert sum(g > 0.9 * DECODE_OVERHEAD[0] for g in busy) > len(busy) / 2
