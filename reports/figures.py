@@ -17,7 +17,7 @@ KIND_COLORS = {
 CDF_POINTS = 500  # quantiles drawn per CDF (keeps the HTML small at any request count)
 
 
-def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
+def styled(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     fig.update_layout(title=title, height=height, template="plotly_white",
                       margin={"l": 60, "r": 30, "t": 60, "b": 50})
     return fig
@@ -79,11 +79,11 @@ def timeline_figure(trace: Trace, window: tuple[float, float] | None = None,
         ))
     fig.update_layout(barmode="overlay", bargap=0.3, xaxis_title="time (s)",
                       yaxis={"categoryorder": "array", "categoryarray": workers[::-1]})
-    return _layout(fig, f"Stage timeline, {lo:.3f}-{hi:.3f} s ({len(spans)} spans)",
+    return styled(fig, f"Stage timeline, {lo:.3f}-{hi:.3f} s ({len(spans)} spans)",
                    height=max(300, 120 + 50 * len(workers)))
 
 
-def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def cdf_points(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     q = np.linspace(0.0, 1.0, min(CDF_POINTS, max(values.size, 2)))
     return np.quantile(values, q), q
 
@@ -101,12 +101,12 @@ def latency_cdf_figure(metrics: Metrics) -> go.Figure:
     fig = make_subplots(rows=1, cols=3, subplot_titles=[n for n, _ in names])
     for col, (name, values) in enumerate(names, start=1):
         if values.size:
-            x, y = _cdf(values)
+            x, y = cdf_points(values)
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, showlegend=False),
                           row=1, col=col)
         fig.update_xaxes(title_text="ms", row=1, col=col)
     fig.update_yaxes(title_text="fraction of requests", row=1, col=1)
-    return _layout(fig, "Latency CDFs", height=380)
+    return styled(fig, "Latency CDFs", height=380)
 
 
 def timeseries_figure(ts: TimeSeries) -> go.Figure:
@@ -123,7 +123,7 @@ def timeseries_figure(ts: TimeSeries) -> go.Figure:
     fig.update_yaxes(title_text="tokens/s", row=1, col=1)
     fig.update_yaxes(title_text="requests (bin mean)", row=2, col=1)
     fig.update_xaxes(title_text="time (s)", row=2, col=1)
-    return _layout(fig, "Throughput and requests over time", height=560)
+    return styled(fig, "Throughput and requests over time", height=560)
 
 
 def acceptance_figure(metrics: Metrics) -> go.Figure | None:
@@ -139,7 +139,7 @@ def acceptance_figure(metrics: Metrics) -> go.Figure | None:
                            hovertemplate="%{x} tokens: %{y:.3f}<extra></extra>"))
     fig.update_layout(xaxis_title="tokens per round (accepted drafts kept + 1)",
                       yaxis_title="fraction of rounds", xaxis={"dtick": 1})
-    return _layout(fig, f"Acceptance length (k = {k}, mean "
+    return styled(fig, f"Acceptance length (k = {k}, mean "
                         f"{metrics.spec_decode_acceptance_length:.3f})", height=360)
 
 
@@ -158,7 +158,7 @@ def stage_time_figure(metrics: Metrics) -> go.Figure | None:
                                  marker_color=color,
                                  hovertemplate=f"{kind}: %{{x:.3f}} s<extra></extra>"))
     fig.update_layout(barmode="stack", xaxis_title="busy seconds")
-    return _layout(fig, "Where the time goes (busy seconds per worker and stage)",
+    return styled(fig, "Where the time goes (busy seconds per worker and stage)",
                    height=max(260, 120 + 45 * len(workers)))
 
 
@@ -201,7 +201,7 @@ def sweep_curves_figure(rows: list[dict], axes: list[str],
             ), row=i // cols + 1, col=i % cols + 1)
     for i in range(len(metrics)):
         fig.update_xaxes(title_text=x_axis, row=i // cols + 1, col=i % cols + 1)
-    return _layout(fig, f"Metrics against {x_axis}", height=320 * nrows + 80)
+    return styled(fig, f"Metrics against {x_axis}", height=320 * nrows + 80)
 
 
 def sweep_heatmap_figure(rows: list[dict], y_axis: str, x_axis: str, metric: str) -> go.Figure:
@@ -220,4 +220,4 @@ def sweep_heatmap_figure(rows: list[dict], y_axis: str, x_axis: str, metric: str
     ))
     fig.update_layout(xaxis_title=x_axis, yaxis_title=y_axis,
                       xaxis_type="category", yaxis_type="category")
-    return _layout(fig, f"{metric} over {y_axis} x {x_axis}", height=420)
+    return styled(fig, f"{metric} over {y_axis} x {x_axis}", height=420)

@@ -22,7 +22,7 @@ pre { background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: 0.85em; }
 """
 
 
-def _fmt(value) -> str:
+def fmt(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -32,7 +32,7 @@ def _fmt(value) -> str:
 
 def table_html(rows: list[tuple[str, object]]) -> str:
     body = "".join(
-        f"<tr><td>{html.escape(str(k))}</td><td class='num'>{html.escape(_fmt(v))}</td></tr>"
+        f"<tr><td>{html.escape(str(k))}</td><td class='num'>{html.escape(fmt(v))}</td></tr>"
         for k, v in rows
     )
     return f"<table>{body}</table>"
@@ -136,8 +136,8 @@ def sweep_report(name: str, rows: list[dict], axes: list[str]) -> str:
               "mean_tpot_ms", "request_goodput"]
     body = "".join(
         "<tr>" + f"<td>{i}</td>"
-        + "".join(f"<td class='num'>{html.escape(_fmt(r['params'][a]))}</td>" for a in axes)
-        + "".join(f"<td class='num'>{_fmt(r['metrics'].get(m))}</td>" for m in header[1 + len(axes):])
+        + "".join(f"<td class='num'>{html.escape(fmt(r['params'][a]))}</td>" for a in axes)
+        + "".join(f"<td class='num'>{fmt(r['metrics'].get(m))}</td>" for m in header[1 + len(axes):])
         + "</tr>"
         for i, r in enumerate(rows)
     )

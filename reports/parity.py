@@ -21,7 +21,7 @@ from kestrel_sim.metrics import Metrics
 from kestrel_sim.trace import Trace
 from kestrel_sim.validate_spec import CHECKABLE
 from reports import figures
-from reports.html import _fmt, page
+from reports.html import fmt, page
 
 SIDES = (("measured", "#4c78a8", "solid"), ("predicted", "#f58518", "dash"))
 STATUS_COLORS = {"pass": "#54a24b", "fail": "#e45756", "info": "#9d9d9d"}
@@ -58,7 +58,7 @@ def parity_figure(rows: list[Row]) -> go.Figure | None:
             hovertemplate="%{text}<br>measured %{x:.4g}<br>predicted %{y:.4g}<extra></extra>"))
     fig.update_layout(xaxis={"type": "log", "title": "measured"},
                       yaxis={"type": "log", "title": "predicted", "scaleanchor": "x"})
-    return figures._layout(fig, "Predicted against measured (each metric in its own unit)",
+    return figures.styled(fig, "Predicted against measured (each metric in its own unit)",
                            height=560)
 
 
@@ -82,7 +82,7 @@ def error_figure(rows: list[Row]) -> go.Figure | None:
             hovertemplate="tolerance %{x:+.1f}%<extra></extra>"))
     fig.update_layout(xaxis_title="(predicted - measured) / measured, %",
                       yaxis={"autorange": "reversed"})
-    return figures._layout(fig, "Error per metric", height=max(320, 90 + 22 * len(shown)))
+    return figures.styled(fig, "Error per metric", height=max(320, 90 + 22 * len(shown)))
 
 
 def cdf_figure(measured: Metrics, predicted: Metrics) -> go.Figure:
@@ -94,13 +94,13 @@ def cdf_figure(measured: Metrics, predicted: Metrics) -> go.Figure:
         for col, (key, _) in enumerate(names, start=1):
             values = arrays[key]
             if values.size:
-                x, y = figures._cdf(values)
+                x, y = figures.cdf_points(values)
                 fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=side, legendgroup=side,
                                          showlegend=col == 1,
                                          line={"color": color, "dash": dash}), row=1, col=col)
             fig.update_xaxes(title_text="ms", row=1, col=col)
     fig.update_yaxes(title_text="fraction of requests", row=1, col=1)
-    return figures._layout(fig, "Per-request latency CDFs", height=400)
+    return figures.styled(fig, "Per-request latency CDFs", height=400)
 
 
 def stage_share_figure(measured: Metrics, predicted: Metrics) -> go.Figure | None:
@@ -115,7 +115,7 @@ def stage_share_figure(measured: Metrics, predicted: Metrics) -> go.Figure | Non
                              y=[100 * m.stage_share.get(k, 0.0) for k in kinds],
                              hovertemplate=f"{side} %{{x}}: %{{y:.1f}}%<extra></extra>"))
     fig.update_layout(barmode="group", yaxis_title="% of busy time")
-    return figures._layout(fig, "Where the time goes", height=380)
+    return figures.styled(fig, "Where the time goes", height=380)
 
 
 def rows_html(rows: list[Row]) -> str:
@@ -126,8 +126,8 @@ def rows_html(rows: list[Row]) -> str:
         err = "-" if r.error_pct is None else (
             f"{r.error_pct:+.1f}" if np.isfinite(r.error_pct) else "inf")
         color = {"fail": " style='color:#c00;font-weight:bold'"}.get(r.status, "")
-        cells = [html.escape(r.metric), html.escape(r.unit), _fmt(r.measured),
-                 _fmt(r.predicted), err, _fmt(r.tolerance_pct)]
+        cells = [html.escape(r.metric), html.escape(r.unit), fmt(r.measured),
+                 fmt(r.predicted), err, fmt(r.tolerance_pct)]
         body.append("<tr>" + "".join(f"<td class='num'>{c}</td>" if i > 1 else f"<td>{c}</td>"
                                      for i, c in enumerate(cells))
                     + f"<td{color}>{r.status}</td><td>{html.escape(r.note)}</td></tr>")
