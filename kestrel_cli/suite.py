@@ -156,6 +156,9 @@ def validate(
             console.print(f"{sc.name}: pending, not run ({sc.validate_.pending.strip()})",
                           highlight=False)
             continue
+        if measured is not None and only is None and not (measured / sc.name).is_dir():
+            console.print(f"{sc.name}: not measured in {measured}, not run", highlight=False)
+            continue  # (one named with --only must have been: an error below)
         console.print(f"{sc.name}: running ({on.value})", highlight=False)
         try:
             run_one(sc, path, out, on, console, measured)

@@ -265,6 +265,14 @@ def test_validate_predicts_again_against_kept_measurements(folder, tmp_path, mon
     assert code == 1 and "holds no measurement" in err
     doc = json.loads((tmp_path / "y" / "summary.json").read_text())
     assert {e["name"]: e["status"] for e in doc["scenarios"]}["cpu-disaggregated"] == "error"
+    # without --only, the scenarios KEPT holds no measurement of are passed over
+    code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", tmp_path / "w",
+                           "--measured", out)
+    assert code == 0, err
+    assert "cpu-disaggregated: not measured in" in " ".join(err.split())
+    doc = json.loads((tmp_path / "w" / "summary.json").read_text())
+    status = {e["name"]: e["status"] for e in doc["scenarios"]}
+    assert status["cpu-colocated"] == "pass" and status["cpu-disaggregated"] == "not run"
     code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", tmp_path / "z",
                            "--measured", out, "--on", "sim")
     assert code == 2 and "--measured" in err
