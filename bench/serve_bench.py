@@ -11,7 +11,7 @@ benchmark, and a loaded scenario colocated against disaggregated (issue 24's tab
    arrivals for about --seconds of load) colocated (mixed schedule) and disaggregated on two
    CUDA streams, each with its metrics;
 3. for every run, the share of each worker's wall time its traced stages cover, and of the
-   time it had requests to serve (bench/traced.py).
+   time it had requests to serve (kestrel_sim/traced.py).
 Writes DIR/serve_bench.md and .json and prints the table last.
 """
 
@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import measure
-from traced import traced_share
 
 from kestrel_rt.runner import build_model
 from kestrel_rt.serve import serve
 from kestrel_sim.metrics import compute_metrics
 from kestrel_sim.scenario import Scenario
+from kestrel_sim.traced import traced_share
 
 MODEL = "qwen3-8b"
 # loaded runs: both modes at one max_batch; disaggregated on one GPU holds two copies of the

@@ -35,13 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import measure
-from traced import length
 
 from kestrel_rt.engine import generate
 from kestrel_rt.runner import build_model, prepare
 from kestrel_rt.spec import SpecConfig, speculative_generate
 from kestrel_rt.trace import Tracer
 from kestrel_sim.scenario import Acceptance
+from kestrel_sim.traced import length
 
 TARGET, DRAFT = "qwen3-8b", "qwen3-0.6b"
 CONTEXT = 128  # prompt tokens: the context the stages are timed at

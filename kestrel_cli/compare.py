@@ -176,6 +176,20 @@ def audit_of(sc: Scenario, measured_trace) -> list[dict]:
     return stage_audit(measured_trace, build_costs(sc, np.random.default_rng(sc.workload.seed)))
 
 
+def traced_doc(measured_trace, predicted_trace) -> dict:
+    """Per worker, the share of its working time its steps cover, measured and predicted
+    (kestrel_sim/traced.py; the rest is time between steps: the host's, or the simulator's
+    round overheads); predicted None where the simulator's trace kept a sample only."""
+    from kestrel_sim.traced import traced_share
+
+    measured = traced_share(measured_trace)
+    complete = (predicted_trace.meta.get("trace") or {}).get("complete", True)
+    predicted = traced_share(predicted_trace) if complete else {}
+    return {w: {"measured": measured[w]["working"],
+                "predicted": predicted[w]["working"] if w in predicted else None}
+            for w in measured}
+
+
 def run_both(sc: Scenario, console: Console, trace: str = "sample",
              include_raw: bool = False) -> Both:
     """Predict `sc` on the simulator, measure it on this machine, compare; the files of
@@ -197,9 +211,11 @@ def run_both(sc: Scenario, console: Console, trace: str = "sample",
     doc = comparison_doc(sc, rows, measured_trace.meta, costs)
     audit = audit_of(sc, measured_trace)
     doc["stage_audit"] = audit
+    doc["traced"] = traced_doc(measured_trace, predicted_trace)
     files = {f"hardware/{name}": text for name, text in hw_files.items()}
     files |= {f"sim/{name}": text for name, text in sim_files.items()}
     files["parity.html"] = parity_report(sc.name, rows, measured, predicted, measured_trace,
-                                         predicted_trace, sc.model_dump(mode="json"), audit)
+                                         predicted_trace, sc.model_dump(mode="json"), audit,
+                                         doc["traced"])
     files["comparison.json"] = json.dumps(doc, indent=2)
     return Both(measured, predicted, rows, files, str(measured_trace.meta.get("device")), costs)

@@ -184,9 +184,27 @@ def audit_html(audit: list[dict] | None) -> str | None:
             "(a mean context each):</p>" + each)
 
 
+def traced_html(traced: dict | None) -> str | None:
+    """Each worker's share of its working time its steps cover, both sides."""
+    if not traced:
+        return None
+
+    def pct(v):
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    th = "".join(f"<th>{h}</th>" for h in ("worker", "measured", "predicted"))
+    body = "".join(f"<tr><td>{html.escape(w)}</td><td class='num'>{pct(t['measured'])}</td>"
+                   f"<td class='num'>{pct(t['predicted'])}</td></tr>" for w, t in traced.items())
+    return ("<p>The share of each worker's working time (from a request's prefill, or decode, "
+            "to its finish) its steps cover; the rest is time between steps: the host's, "
+            "which the simulator prices as each round's overhead.</p>"
+            f"<table><tr>{th}</tr>{body}</table>")
+
+
 def parity_report(name: str, rows: list[Row], measured: Metrics, predicted: Metrics,
                   measured_trace: Trace, predicted_trace: Trace,
-                  scenario: dict | None = None, audit: list[dict] | None = None) -> str:
+                  scenario: dict | None = None, audit: list[dict] | None = None,
+                  traced: dict | None = None) -> str:
     """The whole page as one HTML string."""
     timelines = []
     for side, trace in (("measured", measured_trace), ("predicted", predicted_trace)):
@@ -201,6 +219,7 @@ def parity_report(name: str, rows: list[Row], measured: Metrics, predicted: Metr
         ("Latency CDFs", cdf_figure(measured, predicted)),
         ("Stage shares", stage_share_figure(measured, predicted)),
         ("Measured stages, priced at their shapes", audit_html(audit)),
+        ("Time between steps", traced_html(traced)),
         *timelines,
         ("Metrics", rows_html(rows)),
     ]

@@ -96,6 +96,13 @@ def test_on_both_past_a_tolerance_exits_1_and_writes_everything(folder, tmp_path
     rounds = sum(a["spans"] for a in audit if a["stage"].startswith("verify"))
     assert 0 < rounds <= hw.spec_decode_num_drafts  # one verify per round of >= 1 sequence
     assert all(a["measured_ms"] > 0 and a["priced_ms"] > 0 for a in audit)
+    # each worker's traced share of its working time, both sides
+    traced = doc["traced"]
+    assert set(traced) == {"gpu0", "gpu0/target", "gpu0/cpu-draft"}  # the loop, its workers
+    assert traced["gpu0"]["measured"] >= traced["gpu0/target"]["measured"]
+    for t in traced.values():
+        assert 0.0 < t["measured"] <= 1.0 and (t["predicted"] is None
+                                               or 0.0 < t["predicted"] <= 1.0)
     check_parity_html((out / "parity.html").read_text(), "cpu-spec")
     assert "<h2>Measured stages, priced at their shapes</h2>" in (out / "parity.html").read_text()
     table = " ".join(stdout.split())

@@ -1,4 +1,6 @@
-"""How much of a run its traced stages cover, per worker (issue 24: at least 95%).
+"""How much of a run its traced stages cover, per worker (issue 24: at least 95%), on
+either side: the rest of a worker's working time is its host's (or, simulated, the serving
+loop's overhead the simulator adds between steps).
 
     traced_share(trace)        # worker -> {"run": share of the run, "working": share of
                                #            the time the worker had requests to serve}
@@ -6,7 +8,8 @@
 "run" is over the run's wall time, first arrival to last finish; "working" only over the
 periods the worker had work: a colocated worker from a request's prefill to its finish, a
 disaggregated prefill worker from a prefill's start to the request's first token, a decode
-worker from its decode start to its finish (a draft worker as its target). A worker idle for
+worker from its decode start to its finish (a draft worker as its target); a loop whose
+target and draft are two workers (gpu0/target, gpu0/draft) also as one (gpu0). A worker idle for
 want of requests lowers "run" but not "working", which is what says whether the engine's
 own time between stages is traced. Queue waits and KV transfers are not stages.
 """
@@ -72,10 +75,15 @@ def traced_share(trace) -> dict[str, dict[str, float]]:
     if not done:
         return {}
     run = [(min(r.arrival for r in trace.requests), max(r.finish for r in done))]
+    workers = sorted({s.worker for s in spans})
+    loops = {}  # a worker's prefix (gpu0, decode0): its target and draft, one serving loop
+    for w in workers:
+        loops.setdefault(w.split("/")[0], []).append(w)
+    groups = {w: [w] for w in workers} | {p: ws for p, ws in loops.items() if len(ws) > 1}
     out = {}
-    for worker in sorted({s.worker for s in spans}):
-        mine = [(s.start, s.end) for s in spans if s.worker == worker]
-        working = work_periods(trace, worker)
-        out[worker] = {"run": overlap(mine, run) / length(run),
-                       "working": overlap(mine, working) / length(working) if working else 0.0}
+    for name, members in sorted(groups.items()):
+        mine = [(s.start, s.end) for s in spans if s.worker in members]
+        working = work_periods(trace, members[0])
+        out[name] = {"run": overlap(mine, run) / length(run),
+                     "working": overlap(mine, working) / length(working) if working else 0.0}
     return out

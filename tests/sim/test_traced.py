@@ -1,17 +1,12 @@
-"""bench/traced.py: the share of a run (and of a worker's working time) its spans cover."""
+"""kestrel_sim/traced.py: the share of a run (and of a worker's working time) its spans
+cover."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-from traced import length, merged, overlap, traced_share
-
 from kestrel_sim.trace import RequestRecord, Span, Trace
+from kestrel_sim.traced import length, merged, overlap, traced_share
 
 
 def test_intervals_merge_and_intersect():
@@ -52,4 +47,5 @@ def test_a_colocated_worker_works_from_prefill_to_finish():
     got = traced_share(Trace(spans, reqs, {}))
     assert got["gpu0/target"] == pytest.approx({"run": 0.5, "working": 1 / 1.5})
     assert got["gpu0/draft"]["working"] == pytest.approx(0.5 / 1.5)
+    assert got["gpu0"] == pytest.approx({"run": 0.75, "working": 1.0})  # the loop as one
     assert traced_share(Trace([], [], {})) == {}
