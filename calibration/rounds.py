@@ -114,24 +114,35 @@ def measure_round(spec: SpecBench, point) -> Record:
                              accept_rng=accept_rng(SEED, i))
                 for i, (ts, ds) in enumerate(zip(tslots, dslots))]
 
-    times = []
+    def run(seqs: list[SpecSequence]) -> None:
+        emitted = decoder.round(seqs)
+        if any(len(tokens) != 1 for tokens in emitted):
+            raise RuntimeError(f"{point.id}: a round accepted a proposal (emitted "
+                               f"{[len(t) for t in emitted]} tokens per sequence)")
+
     try:
-        for i in range(target.warmup + target.repeats):
-            seqs = setup()
-            synchronize(spec)
-            t0 = time.perf_counter()
-            emitted = decoder.round(seqs)
-            elapsed = (time.perf_counter() - t0) * 1e3
-            if any(len(tokens) != 1 for tokens in emitted):
-                raise RuntimeError(f"{point.id}: a round accepted a proposal (emitted "
-                                   f"{[len(t) for t in emitted]} tokens per sequence)")
-            if i >= target.warmup:
-                times.append(elapsed)
+        times = host_timed(spec, setup, run)
     finally:
         spec.tracer.collect()
         set_lengths(target.model.kv, target.slots, 0)
         set_lengths(draft.model.kv, draft.slots, 0)
     return record_of(point, times)
+
+
+def host_timed(spec: SpecBench, setup, run) -> list[float]:
+    """setup() -> state, untimed; run(state) timed by the host clock from an idle device
+    (ms); the target bench's warm-up runs first, its timed runs returned."""
+    target = spec.target
+    times = []
+    for i in range(target.warmup + target.repeats):
+        state = setup()
+        synchronize(spec)
+        t0 = time.perf_counter()
+        run(state)
+        elapsed = (time.perf_counter() - t0) * 1e3
+        if i >= target.warmup:
+            times.append(elapsed)
+    return times
 
 
 def measure_decode_round(spec: SpecBench, point) -> Record:
@@ -149,16 +160,9 @@ def measure_decode_round(spec: SpecBench, point) -> Record:
         set_lengths(model.kv, slots, c - 1)
         return slots
 
-    times = []
     try:
-        for i in range(target.warmup + target.repeats):
-            slots = setup()
-            synchronize(spec)
-            t0 = time.perf_counter()
-            model.forward(tokens, slots, greedy=True)[:, 0].tolist()
-            elapsed = (time.perf_counter() - t0) * 1e3
-            if i >= target.warmup:
-                times.append(elapsed)
+        times = host_timed(spec, setup,
+                           lambda slots: model.forward(tokens, slots, greedy=True)[:, 0].tolist())
     finally:
         set_lengths(model.kv, target.slots, 0)
     return record_of(point, times)
