@@ -32,7 +32,8 @@ def test_every_scenario_validates_and_is_named_after_its_file(suite):
 def test_the_prediction_scenarios_validate():
     """docs/validation.md's predictions name these files (not part of the suite)."""
     names = {load_scenario(p).name for p in sorted((SUITE / "predictions").glob("*.yaml"))}
-    assert names == {"k-goodput", "disagg-2gpu", "colocated-2gpu"}
+    assert names == {"k-goodput", "disagg-2gpu", "colocated-2gpu", "disagg-1gpu",
+                     "colocated-1gpu"}
 
 
 def test_the_suite_covers_issue_23(suite):
