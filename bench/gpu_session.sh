@@ -7,7 +7,8 @@
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
 # STEPS: a comma list of calib_tests, tests, spec, serve, decode, calibrate, calibrate_int4,
-# calibrate_moe, validate1..4, beforeafter, predict_k, gemv, probe, ablation (default
+# calibrate_moe, validate1..4, beforeafter, predict_k, predict_d1, predict_d2, gemv, probe,
+# ablation (default
 # tests,spec,serve,decode,calibrate). A 10-minute call fits tests,spec, or serve,decode, or
 # calib_tests,calibrate, or calibrate_int4,calibrate_moe; each validateN (one of
 # docs/validation.md's four chunks) and predict_k take about 9 minutes alone.
@@ -57,6 +58,11 @@ Q="--no-transformers --quants int8,int4 --models qwen3-0.6b,qwen3-8b,qwen3-30b-a
 step beforeafter 300 bash -c "rm -rf /tmp/before && mkdir -p /tmp/before && git archive d5cb851 | tar -x -C /tmp/before && (cd /tmp/before && python3 bench/h200_decode.py --out $LOG/before $Q --commit d5cb851) && python3 bench/h200_decode.py --out $LOG/after $Q --commit $COMMIT"
 # issue 23 item 6: the committed k-goodput prediction against the runtime (docs/validation.md)
 step predict_k 570 bash -c 'for k in 0 2 1 3 4 6; do if [ $k = 0 ]; then S="--set spec=null --set draft=null"; else S="--set spec.k=$k"; fi; python3 -m kestrel_cli.app run scenarios/validation/predictions/k-goodput.yaml --on both $S --out '"$LOG"'/k-goodput/k$k --trace none; done'
+# prediction 3: disaggregation on one GPU against colocation (docs/validation.md), two rates a step
+P="scenarios/validation/predictions"
+for pair in "predict_d1:4 5" "predict_d2:3 6"; do
+  step "${pair%%:*}" 570 bash -c 'for r in '"${pair#*:}"'; do for f in disagg-1gpu colocated-1gpu; do python3 -m kestrel_cli.app run '"$P"'/$f.yaml --on both --set workload.arrivals.rate=$r --out '"$LOG"'/one-gpu/$f-r$r --trace none; done; done'
+done
 step probe 120 python3 bench/probes/attention_probe.py
 step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-0.6b:bf16 --set pdl=true,false --set fold_norms=true,false
 pack
