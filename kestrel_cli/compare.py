@@ -4,17 +4,16 @@ simulator, held against each other.
     both = run_both(scenario, console)     # predicts, then measures
     both.files                             # hardware/*, sim/*, parity.html, comparison.json
     failures(both.rows)                    # checked metrics past validate.tolerance_pct
-    again = kept_both(scenario, KEPT, console)  # predicts again, against a kept measurement
+    again = kept_both(scenario, kept, SOURCE, console)  # again, against a kept measurement
 
 The simulator runs first (seconds: a scenario it refuses is refused before the runtime
 spends any time); each side's files are the ones `kestrel run --on sim|hardware`
 writes, in OUT/hardware/ and OUT/sim/. comparison.json holds every row of the comparison
 with the date and the fingerprint of the machine that measured (for committed results).
 
-`kept_both` re-predicts a scenario measured before (`kestrel validate --measured KEPT`): the
-measurement is read from KEPT (an earlier `--on both` output: hardware/metrics.json and
-comparison.json), so a changed simulator or profile is checked against the hardware without
-measuring again. It refuses a scenario that differs from the one measured in anything the
+`kept_both` re-predicts a scenario measured before (`kestrel validate --measured SOURCE`: an
+earlier output, or its measured.json; kestrel_cli/kept.py), so a changed simulator or profile
+is checked against the hardware without measuring again. It refuses a scenario that differs from the one measured in anything the
 runtime ran (all but `costs` and `validate`).
 """
 
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from kestrel_cli.kept import Kept
 from kestrel_sim.comparison import Row, compare, failures
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.metrics import Metrics
@@ -112,35 +112,30 @@ def comparison_doc(sc: Scenario, rows: list[Row], measured_meta: dict, costs: st
     }
 
 
-KEPT_FILES = ("hardware/metrics.json", "hardware/scenario.json", "comparison.json")
 NOT_RUN = ("costs", "validate")  # scenario keys the runtime does not read
 
 
-def kept_both(sc: Scenario, kept: Path, console: Console, trace: str = "sample") -> Both:
-    """Predict `sc` and compare it with its measurement kept in `kept` (see the module
+def kept_both(sc: Scenario, kept: Kept | None, source: Path, console: Console,
+              trace: str = "sample") -> Both:
+    """Predict `sc` and compare it with its measurement `kept` (from `source`: see the module
     docstring): the files of `run_both`, with the kept measurement's metrics, scenario and
     fingerprint (comparison.json's `measured_at`: where and when it was measured)."""
-    import numpy as np
-
     from kestrel_cli.render import costs_label, render_run, simulate_with_progress
-    from kestrel_sim.costs.build import build_costs
     from kestrel_sim.stage_audit import reprice
     from kestrel_sim.trace import Trace
     from reports.parity import parity_report
 
-    missing = [f for f in KEPT_FILES if not (kept / f).is_file()]
-    if missing:
-        raise KestrelError(f"--measured: {kept} holds no measurement of {sc.name} "
-                           f"({', '.join(missing)} missing): run it with --on both first")
-    ran = json.loads((kept / "hardware/scenario.json").read_text())
-    now = sc.model_dump(mode="json")
+    if kept is None:
+        raise KestrelError(f"--measured holds no measurement of {sc.name} (in {source}): "
+                           "run it with --on both first")
+    ran, now = kept.scenario, sc.model_dump(mode="json")
     differ = sorted(k for k in set(ran) | set(now) if k not in NOT_RUN and ran.get(k) != now.get(k))
     if differ:
-        raise KestrelError(f"--measured: {kept / 'hardware/scenario.json'} was measured with "
-                           f"other values of {', '.join(differ)} than scenario {sc.name} now "
-                           "has: measure it again (--on both)")
-    measured = Metrics.model_validate_json((kept / "hardware/metrics.json").read_text())
-    before = json.loads((kept / "comparison.json").read_text())
+        raise KestrelError(f"--measured: {sc.name} in {source} was measured with other values "
+                           f"of {', '.join(differ)} than the scenario now has: measure it "
+                           "again (--on both)")
+    measured = Metrics.model_validate(kept.metrics)
+    before = kept.comparison
     meta = {**before.get("fingerprint", {}), "source": "hardware",
             "acceptance_controlled": before.get("acceptance_controlled", False)}
     costs = costs_label(sc)
@@ -150,8 +145,7 @@ def kept_both(sc: Scenario, kept: Path, console: Console, trace: str = "sample")
     doc = comparison_doc(sc, rows, meta, costs)
     audit = None
     if before.get("stage_audit"):  # the kept stages, priced by today's costs
-        audit = reprice(before["stage_audit"], build_costs(sc, np.random.default_rng(0)))
-        doc["stage_audit"] = audit
+        audit = doc["stage_audit"] = reprice(before["stage_audit"], scenario_costs(sc))
     doc["fingerprint"] = before.get("fingerprint", {})  # the machine that measured
     doc["measured_at"] = before.get("measured_at") or before.get("date")
     doc["predicted_at"] = git_commit()
@@ -165,15 +159,21 @@ def kept_both(sc: Scenario, kept: Path, console: Console, trace: str = "sample")
     return Both(measured, predicted, rows, files, str(meta.get("device")), costs)
 
 
-def audit_of(sc: Scenario, measured_trace) -> list[dict]:
-    """The measured run's stages priced by the scenario's costs (kestrel_sim.stage_audit),
-    from every span the runtime recorded (the measured Trace is kept whole)."""
+def scenario_costs(sc: Scenario):
+    """The SimCosts the simulator prices `sc`'s steps with (kestrel_sim.costs.build)."""
     import numpy as np
 
     from kestrel_sim.costs.build import build_costs
+
+    return build_costs(sc, np.random.default_rng(sc.workload.seed))
+
+
+def audit_of(sc: Scenario, measured_trace) -> list[dict]:
+    """The measured run's stages priced by the scenario's costs (kestrel_sim.stage_audit),
+    from every span the runtime recorded (the measured Trace is kept whole)."""
     from kestrel_sim.stage_audit import stage_audit
 
-    return stage_audit(measured_trace, build_costs(sc, np.random.default_rng(sc.workload.seed)))
+    return stage_audit(measured_trace, scenario_costs(sc))
 
 
 def traced_doc(measured_trace, predicted_trace) -> dict:

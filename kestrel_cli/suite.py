@@ -6,11 +6,14 @@ run on both sides and compared, or only predicted (`--on sim`), then one summary
     kestrel validate scenarios/validation --out runs/validation --only a,b # a chunk
     kestrel validate scenarios/validation --out runs/again --measured runs/validation
                                           # predict again, against the kept measurements
+                                          # (the folder, or its measured.json)
 
 Each scenario's files go to OUT/NAME/ (those of `kestrel run --on both`, or of `--on sim`);
 a later run replaces a scenario's folder and keeps the others, and the summary
 (OUT/summary.md, OUT/summary.json; kestrel_cli.suite_summary) is rebuilt from every folder
-present, so a suite run in chunks adds up. A scenario that cannot run (validate.pending, a
+present, so a suite run in chunks adds up; on both sides OUT/measured.json gathers every
+measurement of OUT (kestrel_cli/kept.py: what to keep, and what --measured reads back). A
+scenario that cannot run (validate.pending, a
 refusal, a crash) is recorded and the others go on. Exit status 1 when a compared scenario
 is past its tolerance or a run failed; 2 for a bad folder or scenario file.
 """
@@ -27,13 +30,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from kestrel_cli.kept import BUNDLE, Kept, load_kept, write_bundle
 from kestrel_cli.outdir import output_folder
 from kestrel_cli.simulate import BOTH_FILES, RUN_FILES, SET_HELP
 from kestrel_cli.suite_summary import entry_of, markdown, summarize
 from kestrel_sim.errors import ConfigError, KestrelError, OutputError
 from kestrel_sim.scenario import Scenario, load_scenario
 
-SUMMARY_FILES = ("summary.md", "summary.json")
+SUMMARY_FILES = ("summary.md", "summary.json", BUNDLE)
 
 
 class SuiteOn(str, Enum):
@@ -71,14 +75,16 @@ def check_out(out: Path, names: set[str]) -> None:
 
 
 def run_one(sc: Scenario, path: Path, out: Path, on: SuiteOn, console: Console,
-            measured: Path | None = None) -> None:
+            measured: tuple[Path, dict[str, Kept]] | None = None) -> None:
     """Run one scenario and write OUT/NAME (raises on a refusal or a crash); with
-    `measured`, predict it against its measurement kept in measured/NAME."""
+    `measured` (its source and what it keeps), predict it against its kept measurement."""
     from kestrel_cli.compare import kept_both, run_both
     from kestrel_cli.render import render_run, simulate_with_progress
 
-    # a kept measurement is read before OUT/NAME is replaced (OUT may be `measured`)
-    kept = None if measured is None else kept_both(sc, measured / sc.name, console).files
+    kept = None
+    if measured is not None:  # (read before OUT/NAME is replaced: OUT may be the source)
+        source, runs = measured
+        kept = kept_both(sc, runs.get(sc.name), source, console).files
     with output_folder(out / sc.name, False, RUN_FILES | BOTH_FILES, inputs=(path,)) as f:
         if kept is not None:
             files = kept
@@ -126,16 +132,14 @@ def validate(
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help=SET_HELP)] = None,
     measured: Annotated[Path | None, typer.Option(
         "--measured", help="predict against the measurements kept in this earlier --on "
-        "both output (MEASURED/NAME) instead of measuring again")] = None,
+        "both output (a folder, or its measured.json) instead of measuring again")] = None,
 ) -> None:
     """Run a folder of scenarios on both sides (or predict only) and sum up the errors."""
     console = Console(stderr=True)
     if measured is not None and on is not SuiteOn.both:
         raise ConfigError("--measured compares predictions with kept measurements: it "
                           "cannot go with --on sim")
-    if measured is not None and not measured.is_dir():
-        raise ConfigError(f"--measured {measured}: not a folder (an earlier --on both "
-                          "output of this suite)")
+    kept = None if measured is None else (measured, load_kept(measured))
     suite = load_suite(folder, list(set_ or ()))
     names = {sc.name for _, sc in suite}
     chosen = names if only is None else {n.strip() for n in only.split(",") if n.strip()}
@@ -156,12 +160,12 @@ def validate(
             console.print(f"{sc.name}: pending, not run ({sc.validate_.pending.strip()})",
                           highlight=False)
             continue
-        if measured is not None and only is None and not (measured / sc.name).is_dir():
+        if kept is not None and only is None and sc.name not in kept[1]:
             console.print(f"{sc.name}: not measured in {measured}, not run", highlight=False)
             continue  # (one named with --only must have been: an error below)
         console.print(f"{sc.name}: running ({on.value})", highlight=False)
         try:
-            run_one(sc, path, out, on, console, measured)
+            run_one(sc, path, out, on, console, kept)
         except KestrelError as err:
             problems[sc.name] = str(err)
         except Exception as err:  # noqa: BLE001  (a crash, e.g. out of GPU memory: record it, run the others)
@@ -170,6 +174,8 @@ def validate(
         if sc.name in problems:
             console.print(f"[red]{sc.name}: {problems[sc.name]}[/]", highlight=False)
         write_summary(out, suite, problems, title)  # after each: a stopped run keeps it
+        if on is SuiteOn.both:
+            write_bundle(out, sorted(names))
     doc = write_summary(out, suite, problems, title)
     print(markdown(doc, title))  # plain: a markdown table wraps badly in a rich console
     console.print(f"wrote {out / 'summary.md'} and {out / 'summary.json'}", highlight=False)

@@ -283,3 +283,32 @@ def test_validate_predicts_again_against_kept_measurements(folder, tmp_path, mon
     code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", tmp_path / "z",
                            "--measured", out, "--on", "sim")
     assert code == 2 and "--measured" in err
+
+
+def test_a_suite_keeps_its_measurements_in_one_file_that_predicts_again(folder, tmp_path,
+                                                                        monkeypatch, capsys):
+    from kestrel_cli.kept import load_kept
+
+    suite, out = write_suite(tmp_path, folder), tmp_path / "out"
+    code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", out,
+                           "--only", "cpu-colocated")
+    assert code == 0, err
+    bundle = out / "measured.json"
+    kept = load_kept(bundle)
+    assert set(kept) == {"cpu-colocated"} and kept == load_kept(out)  # file and folder agree
+    assert kept["cpu-colocated"].metrics["completed"] > 0
+    only = tmp_path / "kept" / "measured.json"  # the file alone, as a repository keeps it
+    only.parent.mkdir()
+    only.write_text(bundle.read_text())
+    code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", tmp_path / "again",
+                           "--measured", only)
+    assert code == 0, err
+    doc = json.loads((tmp_path / "again" / "cpu-colocated" / "comparison.json").read_text())
+    was = json.loads((out / "cpu-colocated" / "comparison.json").read_text())
+    assert doc["measured_at"] == was["date"] and doc["fingerprint"] == was["fingerprint"]
+    assert load_kept(tmp_path / "again" / "measured.json").keys() == {"cpu-colocated"}
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", tmp_path / "b",
+                           "--measured", bad)
+    assert code == 2 and "not a bundle" in err
