@@ -71,6 +71,7 @@ from kestrel_sim.yamlio import count_problems, describe_errors, key_name, read_y
 ProfileStage = Literal["prefill", "decode", "verify", "draft", "correction", "mixed",
                        "kv_transfer", "overlap", "draft_prefill", "round"]
 STEP_STAGES = ("prefill", "decode", "verify", "draft", "correction")
+GRAPH_STAGES = ("decode", "verify", "correction", "draft")  # replayed at a batch bucket
 StepStage = Literal["prefill", "decode", "verify", "draft", "correction"]
 OVERLAP_FIELDS = ("step_stage", "other_stage", "other_batch", "other_tokens_per_seq",
                   "other_context", "alone_ms")
@@ -237,6 +238,16 @@ class RuntimeInfo(BaseModel):
                 raise ValueError(f"{name} must be ascending positive sizes (got {b})")
         return self
 
+    def run_shape(self, stage: str, batch: int, m: float) -> tuple[int, float]:
+        """(batch, tokens per sequence) a `stage` step of batch x m runs at: a decode,
+        verify, correction or draft step at its batch bucket, a prompt chunk at its prefill
+        graph's length."""
+        if stage in GRAPH_STAGES:
+            return self.bucket(batch, m), m
+        if stage == "prefill":
+            return batch, self.prefill_tokens(m)
+        return batch, m
+
     def prefill_tokens(self, m: float) -> float:
         """The tokens a prompt chunk of `m` runs at: its prefill graph's length, or itself
         (a chunk of at most max_m tokens replays a step graph of its own length; a longer
@@ -251,6 +262,12 @@ class RuntimeInfo(BaseModel):
         if m > self.max_m or batch > self.batch_buckets[-1]:
             return batch
         return next(x for x in self.batch_buckets if x >= batch)
+
+
+def run_shape(runtime: RuntimeInfo | None, stage: str, batch: int, m: float
+              ) -> tuple[int, float]:
+    """RuntimeInfo.run_shape, or (batch, m) where no runtime pads steps."""
+    return (batch, m) if runtime is None else runtime.run_shape(stage, batch, m)
 
 
 class Profile(BaseModel):

@@ -39,3 +39,11 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
             free &= x > tol
             x[~free] = 0.0
     return x
+
+
+def nnls_scaled(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """nnls with a's columns scaled to unit norm for the solve (terms of very different
+    sizes, as ms and bytes), the result in a's own units."""
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    return nnls(a / scale, b) / scale

@@ -43,17 +43,16 @@ import numpy as np
 from kestrel_sim.costs.base import BUSY, Chunk, Shares, blend
 from kestrel_sim.costs.contention import Contention, OverlapRow, fit_contention, side_of
 from kestrel_sim.costs.fit import stated_rates
-from kestrel_sim.costs.nnls import nnls
+from kestrel_sim.costs.nnls import nnls_scaled
 from kestrel_sim.costs.shape import model_shape
 from kestrel_sim.costs.stage_model import StageModel, fit_stage
 from kestrel_sim.costs.work import DTYPE_BYTES, StepWork, bytes_per_param
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec, hardware_for_device
 from kestrel_sim.models import ModelShape
-from kestrel_sim.profile import Measurement, Profile, RuntimeInfo
+from kestrel_sim.profile import Measurement, Profile, RuntimeInfo, run_shape
 
 FIT_ORDER = ("decode", "prefill", "verify", "correction", "draft", "mixed")
-GRAPH_STAGES = ("decode", "verify", "correction", "draft")  # replayed at a batch bucket
 
 
 class ProfileFits:
@@ -128,8 +127,7 @@ class ProfileFits:
         nbytes = np.array([mm.bytes for mm in rows], float)
         ms = np.array([mm.ms for mm in rows])
         a = np.column_stack([np.ones_like(ms), nbytes]) / ms[:, None]
-        scale = np.linalg.norm(a, axis=0)
-        latency, per_byte = nnls(a / scale, np.ones_like(ms)) / scale
+        latency, per_byte = nnls_scaled(a, np.ones_like(ms))
         if per_byte <= 0:
             return None
         return LinkSpec(bandwidth_gb_s=1e-6 / per_byte, latency_us=latency * 1e3)
@@ -145,7 +143,7 @@ class ProfileFits:
         if None in models:
             return None
         pad = self.profile.runtime if device == "gpu" else None
-        b = pad.bucket(mm.batch, mm.tokens_per_seq) if pad else mm.batch
+        b, _ = run_shape(pad, stages[-1], mm.batch, mm.tokens_per_seq)
         if k == 0:
             return models[0].ms(b, 1, mm.context)
         draft, verify = models
@@ -169,9 +167,7 @@ class ProfileFits:
             return None
         b = np.array([mm.batch for mm in rows], float)
         left = [mm.ms - st for mm, st in zip(rows, stages)]
-        a = np.column_stack([np.ones_like(b), b])
-        scale = np.linalg.norm(a, axis=0)
-        fixed, per_seq = nnls(a / scale, np.array(left)) / scale
+        fixed, per_seq = nnls_scaled(np.column_stack([np.ones_like(b), b]), np.array(left))
         return RoundOverhead(float(fixed), float(per_seq), len(rows))
 
     def overlap_rows(self) -> list[OverlapRow]:
@@ -194,12 +190,7 @@ class ProfileFits:
         model = self.models.get((stage, "gpu"))
         if model is None and stage == "correction":
             model = self.models.get(("decode", "gpu"))
-        pad = self.profile.runtime
-        if pad is not None and stage in GRAPH_STAGES:
-            b = pad.bucket(b, m)
-        elif pad is not None and stage == "prefill":
-            m = pad.prefill_tokens(m)
-        return model.ms(b, m, c)
+        return model.ms(*run_shape(self.profile.runtime, stage, b, m), c)
 
     def step_shares(self, stage: str, b: int, m: int, c: int) -> Shares | None:
         model = self.models.get((stage, "gpu"))
@@ -270,16 +261,14 @@ class FittedCost:
                 f"which this scenario needs (it has: {', '.join(sorted(self._models))})"
             )
 
-    def padded(self, stage: str, batch: int, m: float) -> int:
-        """The batch a `stage` step of `batch` x `m` runs at: a graph's bucket where the
-        measuring runtime replays one (Profile.runtime), else `batch`."""
-        if self.runtime is None or stage not in GRAPH_STAGES:
-            return batch
-        return self.runtime.bucket(batch, m)
+    def run_shape(self, stage: str, batch: int, m: float) -> tuple[int, float]:
+        """(batch, m) a step runs at, as the measuring runtime pads it (Profile.runtime)."""
+        return run_shape(self.runtime, stage, batch, m)
 
-    def chunk_tokens(self, m: float) -> float:
-        """The tokens a prompt chunk of `m` runs at (its prefill graph's length)."""
-        return m if self.runtime is None else self.runtime.prefill_tokens(m)
+    def chunk(self, chunk: Chunk) -> Chunk:
+        """A prompt chunk as it runs (its prefill graph's length)."""
+        return Chunk(chunk.batch, self.run_shape("prefill", chunk.batch, chunk.m)[1],
+                     chunk.context)
 
     def seconds(self, stage: str, batch: int, m: float, context: float) -> float:
         if stage == "mixed":
@@ -289,9 +278,7 @@ class FittedCost:
             if self._fallback is not None:
                 return self._fallback.seconds(stage, batch, m, context)
             self.require([stage])
-        if stage == "prefill":
-            m = self.chunk_tokens(m)
-        return model.ms(self.padded(stage, batch, m), m, context) * 1e-3
+        return model.ms(*self.run_shape(stage, batch, m), context) * 1e-3
 
     def mixed_seconds(self, stage: str, batch: int, m: float, context: float,
                       chunk: Chunk) -> float:
@@ -299,9 +286,9 @@ class FittedCost:
         step, pre = self._models.get(stage), self._models.get("prefill")
         if step is None or pre is None:
             self.require([stage, "prefill"])
-        chunk = Chunk(chunk.batch, self.chunk_tokens(chunk.m), chunk.context)
-        return mixed_step_ms(step, pre, self._models.get("mixed"),
-                             self.padded(stage, batch, m), m, context, chunk) * 1e-3
+        batch, m = self.run_shape(stage, batch, m)
+        return mixed_step_ms(step, pre, self._models.get("mixed"), batch, m, context,
+                             self.chunk(chunk)) * 1e-3
 
 
     def shares(self, stage: str, batch: int, m: float, context: float,
@@ -310,11 +297,9 @@ class FittedCost:
         mixed forward from the mixed fit, or without one its step and chunk blended by
         their times; a stage priced by the fallback from the fallback."""
         if stage in self._models:
-            batch = self.padded(stage, batch, m)
-            if stage == "prefill":
-                m = self.chunk_tokens(m)
+            batch, m = self.run_shape(stage, batch, m)
         if chunk is not None:
-            chunk = Chunk(chunk.batch, self.chunk_tokens(chunk.m), chunk.context)
+            chunk = self.chunk(chunk)
             mixed = self._models.get("mixed")
             if mixed is not None:
                 return mixed.shares(batch, m, context, chunk)
