@@ -76,3 +76,22 @@ def test_plain_serving_gives_greedy_tokens(serving):
     assert served.trace.meta["graph_captures_in_run"]["count"] == 0
     if serving.get("mode") == "disaggregated":
         assert sum(s.kind == "kv_transfer" for s in served.trace.spans) == 8
+
+
+def test_a_finished_run_hands_its_gpu_memory_back():
+    """`kestrel validate` serves scenario after scenario in one process: once a run is over,
+    its models, caches and graphs are freed, and reclaim hands the cached blocks back (this
+    process's reserved memory returns to where it was; device-wide free memory would count
+    the other test workers')."""
+    from kestrel_rt.memory import reclaim
+
+    device = torch.device("cuda")
+    reclaim(device)
+    before = torch.cuda.memory_reserved(device)
+    sc = scenario("qwen3-0.6b", {"mode": "disaggregated", "devices": ["cuda:0"],
+                                 "max_batch": 4, "prefill_chunk": 64})
+    served = serve(sc, "cuda")
+    assert all(r.finish is not None for r in served.trace.requests)
+    assert torch.cuda.memory_reserved(device) > before  # the run's blocks, still cached
+    reclaim(device)
+    assert torch.cuda.memory_reserved(device) - before < 64 << 20  # less than 64 MiB left

@@ -1,0 +1,49 @@
+"""Every scenario meant for one H200 (the validation suite and the predictions to be tested on
+it) fits one: its workers' weights and KV caches (one row of the longest request per slot)
+within what an idle H200 reports free. The runtime refuses a run that does not fit only once
+it is on the GPU; this finds it on the CPU, before device time is spent (three validation
+scenarios were once refused on the H200)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kestrel_rt.serve import build  # noqa: E402
+from kestrel_rt.serve.placement import placement  # noqa: E402
+from kestrel_sim.scenario import load_scenario  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1] / "scenarios" / "validation"
+H200_FREE = 149.6e9  # bytes torch.cuda.mem_get_info reported free on an idle H200 (2026-12-02)
+ONE_GPU = [p for p in sorted(ROOT.glob("*.yaml")) + sorted(ROOT.glob("predictions/*1gpu.yaml"))
+           + [ROOT / "predictions" / "k-goodput.yaml"]]
+
+
+def on_h200(monkeypatch) -> None:
+    """plan_run as on an idle H200, from a CPU-only torch: its free memory, and a preset's
+    dtype on CUDA (bfloat16)."""
+    monkeypatch.setattr(build, "free_bytes", lambda device: int(H200_FREE))
+    monkeypatch.setattr(build, "default_dtype", lambda folder, device: "bfloat16")
+
+
+@pytest.mark.parametrize("path", ONE_GPU, ids=lambda p: p.stem)
+def test_the_scenario_fits_one_h200(path, monkeypatch):
+    sc = load_scenario(path, [])
+    if sc.hardware != "h200":
+        pytest.skip(f"{path.name} is for {sc.hardware}")
+    on_h200(monkeypatch)
+    where = placement(sc.serving, torch.device("cuda"), 1)
+    run = build.plan_run(sc, where, None, None)  # raises KestrelError when it does not fit
+    assert run.slots >= min(sc.serving.max_batch, len(run.seqs))
+
+
+def test_the_check_refuses_what_does_not_fit(monkeypatch):
+    from kestrel_sim.errors import KestrelError
+
+    sc = load_scenario(ROOT / "disaggregated-saturated.yaml", ["serving.max_batch=64"])
+    on_h200(monkeypatch)
+    with pytest.raises(KestrelError, match="serving.max_batch = 64"):
+        build.plan_run(sc, placement(sc.serving, torch.device("cuda"), 1), None, None)
