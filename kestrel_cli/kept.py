@@ -55,6 +55,16 @@ def load_kept(source: Path) -> dict[str, Kept]:
                       f"nor a {BUNDLE} file")
 
 
+def kept_run(source: Path, name: str) -> Kept | None:
+    """Scenario `name`'s kept measurement in `source`: an OUT folder of one run on both
+    sides (OUT/hardware, OUT/comparison.json), a suite's OUT folder, or a bundle file."""
+    if source.is_dir():
+        own = from_folder(source)
+        if own is not None:
+            return own
+    return load_kept(source).get(name)
+
+
 def write_bundle(out: Path, names: list[str]) -> bool:
     """OUT/measured.json: every scenario of `names` whose folder holds a measurement
     (compact JSON, written whole); False where none does (no file)."""

@@ -34,7 +34,7 @@ from kestrel_cli.table import (
     metrics_table,
     run_title,
 )
-from kestrel_sim.errors import OutputError
+from kestrel_sim.errors import ConfigError, OutputError
 from kestrel_sim.scenario import Scenario, load_scenario
 from kestrel_sim.sim.keep import SAMPLE_SPANS
 
@@ -78,6 +78,10 @@ def run(
         f"sample (all up to {SAMPLE_SPANS:,} spans, then evenly spread 1 s windows) or none; "
         "metrics are the same whichever (a run on hardware keeps every span)")
     ] = TraceChoice.sample,
+    measured: Annotated[Path | None, typer.Option(
+        "--measured", help="with --on both: predict against the measurement kept in this "
+        "earlier --on both output folder (or a kestrel validate measured.json) instead of "
+        "measuring again")] = None,
 ) -> None:
     """Run a scenario on the simulator (or, with --on, on this machine's runtime, or both):
     print metrics, write metrics.json, trace.json (open in ui.perfetto.dev) and
@@ -88,8 +92,12 @@ def run(
     overrides = list(set_ or ())
     sc = load_scenario(scenario, overrides)
     out = out or Path("runs") / sc.name
+    if measured is not None and on is not OnChoice.both:
+        raise ConfigError("--measured compares a prediction with a kept measurement: it "
+                          "needs --on both")
     if on is OnChoice.both:
-        return run_both_command(sc, out, overrides, scenario, overwrite, trace, raw_trace)
+        return run_both_command(sc, out, overrides, scenario, overwrite, trace, raw_trace,
+                                measured)
     with output_folder(out, overwrite, RUN_FILES, inputs=(scenario,)) as folder:
         started = time.perf_counter()
         if on is OnChoice.hardware:
@@ -118,13 +126,19 @@ def run(
 
 
 def run_both_command(sc: Scenario, out: Path, overrides: list[str], scenario: Path,
-                     overwrite: bool, trace: TraceChoice, raw_trace: bool) -> None:
-    """`kestrel run --on both`: write both runs and the comparison; exit 1 on a failure."""
-    from kestrel_cli.compare import run_both
+                     overwrite: bool, trace: TraceChoice, raw_trace: bool,
+                     measured: Path | None = None) -> None:
+    """`kestrel run --on both`: write both runs and the comparison; exit 1 on a failure.
+    With `measured`, the hardware side is the measurement kept there (kestrel_cli/kept.py)."""
+    from kestrel_cli.compare import kept_both, run_both
+    from kestrel_cli.kept import kept_run
 
     console = Console(stderr=True)
+    kept = None
+    if measured is not None:  # predicted before OUT is replaced: OUT may be the source
+        kept = kept_both(sc, kept_run(measured, sc.name), measured, console, trace.value)
     with output_folder(out, overwrite, RUN_FILES | BOTH_FILES, inputs=(scenario,)) as folder:
-        both = run_both(sc, console, trace.value, raw_trace)
+        both = kept or run_both(sc, console, trace.value, raw_trace)
         files = both.files
         if trace is TraceChoice.none:
             files = {k: v for k, v in files.items() if not k.endswith("/trace.json")}

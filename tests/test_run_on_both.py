@@ -312,3 +312,29 @@ def test_a_suite_keeps_its_measurements_in_one_file_that_predicts_again(folder, 
     code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", tmp_path / "b",
                            "--measured", bad)
     assert code == 2 and "not a bundle" in err
+
+
+def test_run_predicts_again_against_a_kept_run(folder, tmp_path, monkeypatch, capsys):
+    """`kestrel run --on both --measured OUT`: the hardware side is the run kept in OUT (a
+    --set variant of a scenario, as the k-goodput prediction's runs are), the prediction is
+    today's; OUT itself may be rewritten; other keys than were measured are refused."""
+    out = tmp_path / "k2"
+    base = [CPU / "cpu-colocated.yaml", "--on", "both", *sets(f"model={folder}", *GENEROUS)]
+    code, _, err = kestrel(monkeypatch, capsys, "run", *base, "--out", out)
+    assert code == 0, err
+    was = json.loads((out / "comparison.json").read_text())
+    measured = (out / "hardware" / "metrics.json").read_text()
+    table = "costs={table: {prefill_per_token: 0.05, decode: {1: 2.0, 4: 3.0}}}"
+    code, _, err = kestrel(monkeypatch, capsys, "run", *base, *sets(table), "--out", out,
+                           "--measured", out)
+    assert code == 0, err
+    doc = json.loads((out / "comparison.json").read_text())
+    assert doc["predicted_with"] == "fixed cost table" != was["predicted_with"]
+    assert doc["measured_at"] == was["date"] and doc["fingerprint"] == was["fingerprint"]
+    assert (out / "hardware" / "metrics.json").read_text() == measured  # kept, not re-run
+    code, _, err = kestrel(monkeypatch, capsys, "run", *base, *sets("workload.seed=5"),
+                           "--out", tmp_path / "other", "--measured", out)
+    assert code == 2 and "workload" in err
+    code, _, err = kestrel(monkeypatch, capsys, "run", CPU / "cpu-colocated.yaml",
+                           "--measured", out, "--out", tmp_path / "x")
+    assert code == 2 and "--on both" in " ".join(err.split())

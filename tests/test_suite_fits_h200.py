@@ -12,9 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kestrel_rt.serve import build  # noqa: E402
-from kestrel_rt.serve.placement import placement  # noqa: E402
-from kestrel_sim.scenario import load_scenario  # noqa: E402
+from kestrel_rt.serve import build
+from kestrel_rt.serve.placement import placement
+from kestrel_sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1] / "scenarios" / "validation"
 H200_FREE = 149.6e9  # bytes torch.cuda.mem_get_info reported free on an idle H200 (2026-12-02)
