@@ -61,11 +61,19 @@ from __future__ import annotations
 import json
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from kestrel_sim.errors import ConfigError
+from kestrel_sim.quant_spec import check_quant
 from kestrel_sim.yamlio import count_problems, describe_errors, key_name, read_yaml
 
 ProfileStage = Literal["prefill", "decode", "verify", "draft", "correction", "mixed",
@@ -77,7 +85,7 @@ OVERLAP_FIELDS = ("step_stage", "other_stage", "other_batch", "other_tokens_per_
                   "other_context", "alone_ms")
 # fingerprint fields two profiles must share to be merged, and those a flag lets differ
 SAME_SETUP = ("device", "model", "model_shape_hash", "dtype", "quant", "draft_model",
-              "draft_shape_hash", "draft_device", "backend", "options")
+              "draft_shape_hash", "draft_quant", "draft_device", "backend", "options")
 VERSIONS = ("git_commit", "driver", "cuda", "torch", "cupy")
 
 
@@ -110,6 +118,10 @@ class Fingerprint(BaseModel):
     quant: Literal["none", "int8", "int4"] = "none"
     draft_model: str | None = Field(default=None, description="model the draft stage ran")
     draft_shape_hash: str | None = None
+    draft_quant: Annotated[str, AfterValidator(check_quant)] = Field(
+        default="none", description="the draft's weights as measured: none, int8, int4 or "
+        "int4-last-N (kestrel calibrate --draft-quant; a scenario's draft.quant); files "
+        "without the key: none")
     draft_device: Literal["gpu", "cpu"] | None = None
     backend: str | None = Field(default=None, description="torch | cupy | ...")
     options: dict[str, Any] = Field(default_factory=dict,
