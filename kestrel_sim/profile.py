@@ -49,7 +49,11 @@ batch sizes its CUDA graphs are captured at (a decode, verify, draft or correcti
 b <= the largest and M <= `max_m` tokens per sequence replays the graph of the smallest
 bucket >= b, its padding rows computed and thrown away), so the simulator prices such a
 step at its bucket; `prefill_buckets` likewise pads a prompt chunk's length (its prefill
-graph's); absent: each step at its own batch and length.
+graph's); `chunks` says how a step's prompt chunks run: "per_chunk", one forward per chunk
+([1, n] each, as kestrel_rt/serve/forward.py and calibration run them), so b chunks of n
+tokens cost b times one chunk of n, or "batched" (the default, what a file without the
+key means), one [b, n] forward; absent: each step at its own batch and length, its chunks
+batched.
 
 Version 1 files (no `schema_version`; bench/h200_decode.py wrote them) load as version 2:
 the new fields take their defaults and a preset model's shape hash is derived from the
@@ -241,6 +245,10 @@ class RuntimeInfo(BaseModel):
         default=None, description="prompt-chunk lengths the runtime's prefill graphs are "
         "captured at (a chunk of more than max_m tokens runs at the smallest >= its length); "
         "absent: prefill runs eagerly, at its own length")
+    chunks: Literal["batched", "per_chunk"] = Field(
+        default="batched", description="how a step's prompt chunks run: per_chunk, one "
+        "forward per chunk ([1, n] each: b chunks cost b x one); batched (older profiles), "
+        "one [b, n] forward")
 
     @model_validator(mode="after")
     def _ascending(self):
@@ -274,6 +282,11 @@ class RuntimeInfo(BaseModel):
         if m > self.max_m or batch > self.batch_buckets[-1]:
             return batch
         return next(x for x in self.batch_buckets if x >= batch)
+
+    @property
+    def per_chunk(self) -> bool:
+        """True where a step's prompt chunks run one forward per chunk."""
+        return self.chunks == "per_chunk"
 
 
 def run_shape(runtime: RuntimeInfo | None, stage: str, batch: int, m: float

@@ -15,7 +15,8 @@ a hardware YAML) gives its own rates:
                                                               scaled by the device)
 
 and B's step times are priced with the physical terms alone (the measured correction
-belongs to A's kernels), each step at the runtime's graph bucket as on A (Profile.runtime);
+belongs to A's kernels), each step at the runtime's graph bucket as on A (Profile.runtime),
+a step's prompt chunks one forward each where that runtime runs them so (RuntimeInfo.chunks);
 the serving loop's host time per round (ProfileFits.round_overhead) is carried as measured. On A itself this is the profile's physical fit, whose held-out
 error report.py gives. The model priced may differ from the one measured (the same
 efficiencies over another shape, overhead scaled by its layers); its dtype and quant are
@@ -81,7 +82,8 @@ class CalibratedRoofline(FittedCost):
             ratio = shape.num_hidden_layers / fitted.work.shape.num_hidden_layers
             terms = move_terms(fitted.terms, measured_on, on, ratio)
             models[stage] = StageModel(stage, "gpu", work, terms, None, fitted.rows)
-        # the same runtime runs on B: its steps padded to the same graph buckets
+        # the same runtime runs on B: its steps padded to the same graph buckets, its
+        # prompt chunks run as on A (one forward each, or batched)
         super().__init__(models, path, fallback, fits.profile.runtime)
 
     def efficiencies(self) -> dict[str, dict[str, float]]:

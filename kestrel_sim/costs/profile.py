@@ -28,6 +28,14 @@ Mixed steps (one forward carrying a decode or verify step and a prefill chunk):
     + marginal chunk on the prefill fit"). describe_costs names which.
 Either way the result is kept between max(step alone, chunk alone) and their sum.
 
+Prompt chunks run one forward per chunk where the measuring runtime says so
+(RuntimeInfo.chunks "per_chunk", as kestrel_rt/serve/forward.py runs them): b chunks of m
+tokens are priced as b times the prefill (or draft_prefill) fit at (1, m), and a mixed
+step as the step's forward and its chunks' forwards one after the other: the mixed fit
+where there is one prices the step with one chunk (the shape its rows were measured at),
+the other chunks each at (1, m) on the prefill fit; without it, the step alone plus each
+chunk alone. Profiles without the key price a step's chunks as one [b, m] forward.
+
 kv_transfer rows fit a link: ms = latency + bytes / bandwidth (`link()`).
 
 overlap rows fit the contention of steps that share a device (`contention()`,
@@ -43,6 +51,7 @@ import numpy as np
 from kestrel_sim.costs.base import BUSY, Chunk, Shares, blend
 from kestrel_sim.costs.contention import Contention, OverlapRow, fit_contention, side_of
 from kestrel_sim.costs.fit import stated_rates
+from kestrel_sim.costs.mixed_step import mixed_step_ms, per_chunk_parts
 from kestrel_sim.costs.nnls import nnls_scaled
 from kestrel_sim.costs.shape import model_shape
 from kestrel_sim.costs.stage_model import StageModel, fit_stage
@@ -186,16 +195,23 @@ class ProfileFits:
         return out
 
     def step_ms(self, stage: str, b: int, m: int, c: int) -> float:
-        """A GPU step's time alone as its stage's fit prices it (a correction by decode's)."""
+        """A GPU step's time alone as its stage's fit prices it (a correction by decode's;
+        b prompt chunks as b forwards of one where the runtime runs them so)."""
         model = self.models.get((stage, "gpu"))
         if model is None and stage == "correction":
             model = self.models.get(("decode", "gpu"))
-        return model.ms(*run_shape(self.profile.runtime, stage, b, m), c)
+        runtime = self.profile.runtime
+        if stage == "prefill" and runtime is not None and runtime.per_chunk:
+            return b * model.ms(*run_shape(runtime, stage, 1, m), c)
+        return model.ms(*run_shape(runtime, stage, b, m), c)
 
     def step_shares(self, stage: str, b: int, m: int, c: int) -> Shares | None:
         model = self.models.get((stage, "gpu"))
         if model is None and stage == "correction":
             model = self.models.get(("decode", "gpu"))
+        runtime = self.profile.runtime
+        if stage == "prefill" and runtime is not None and runtime.per_chunk:
+            b = 1  # forwards of one chunk each: each uses the device as one does
         return None if model is None else model.shares(b, m, c)
 
     def contention(self) -> Contention:
@@ -233,12 +249,16 @@ class FittedCost:
     """A StageCost over fitted StageModels, one per stage (see the module docstring for
     correction and mixed steps); `fallback` prices stages it lacks, if given."""
 
-    __slots__ = ("_fallback", "_models", "mixed_source", "path", "runtime")
+    __slots__ = ("_fallback", "_models", "mixed_source", "path", "per_chunk", "runtime")
 
     def __init__(self, models: dict[str, StageModel], path: str, fallback=None,
-                 runtime: RuntimeInfo | None = None):
+                 runtime: RuntimeInfo | None = None, per_chunk: bool | None = None):
         self.path = path
         self.runtime = runtime  # the graph buckets steps are priced at (None: none)
+        # prompt chunks priced one forward each (RuntimeInfo.chunks); by default as
+        # `runtime` says
+        self.per_chunk = (runtime is not None and runtime.per_chunk if per_chunk is None
+                          else per_chunk)
         self._fallback = fallback
         self._models = dict(models)
         if "correction" not in self._models and "decode" in self._models:
@@ -270,6 +290,12 @@ class FittedCost:
         return Chunk(chunk.batch, self.run_shape("prefill", chunk.batch, chunk.m)[1],
                      chunk.context)
 
+    def prefill_ms(self, model: StageModel, batch: float, m: float, context: float) -> float:
+        """`batch` prompt chunks of `m` tokens on the prefill fit `model`, ms: `batch`
+        forwards of [1, m] where the runtime runs one per chunk, else one of [batch, m]."""
+        b, m = self.run_shape("prefill", batch, m)
+        return batch * model.ms(1, m, context) if self.per_chunk else model.ms(b, m, context)
+
     def seconds(self, stage: str, batch: int, m: float, context: float) -> float:
         if stage == "mixed":
             raise ValueError("a mixed step is priced by mixed_seconds: it needs its chunk")
@@ -278,6 +304,8 @@ class FittedCost:
             if self._fallback is not None:
                 return self._fallback.seconds(stage, batch, m, context)
             self.require([stage])
+        if stage == "prefill":
+            return self.prefill_ms(model, batch, m, context) * 1e-3
         return model.ms(*self.run_shape(stage, batch, m), context) * 1e-3
 
     def mixed_seconds(self, stage: str, batch: int, m: float, context: float,
@@ -288,7 +316,7 @@ class FittedCost:
             self.require([stage, "prefill"])
         batch, m = self.run_shape(stage, batch, m)
         return mixed_step_ms(step, pre, self._models.get("mixed"), batch, m, context,
-                             self.chunk(chunk)) * 1e-3
+                             self.chunk(chunk), self.per_chunk) * 1e-3
 
 
     def shares(self, stage: str, batch: int, m: float, context: float,
@@ -298,12 +326,16 @@ class FittedCost:
         their times; a stage priced by the fallback from the fallback."""
         if stage in self._models:
             batch, m = self.run_shape(stage, batch, m)
+            if stage == "prefill" and self.per_chunk:  # forwards of one chunk each
+                batch = 1
         if chunk is not None:
             chunk = self.chunk(chunk)
             mixed = self._models.get("mixed")
+            step, pre = self._models.get(stage), self._models.get("prefill")
+            if self.per_chunk and pre is not None and (mixed is not None or step is not None):
+                return blend(per_chunk_parts(step, pre, mixed, batch, m, context, chunk))
             if mixed is not None:
                 return mixed.shares(batch, m, context, chunk)
-            step, pre = self._models.get(stage), self._models.get("prefill")
             if step is None or pre is None:
                 return BUSY
             return blend([(step.ms(batch, m, context), step.shares(batch, m, context)),
@@ -339,22 +371,10 @@ class ProfileCost(FittedCost):
         draft_prefill = models.pop("draft_prefill", None)
         if stages is not None and "draft_prefill" in stages and draft_prefill is not None:
             models["prefill"] = draft_prefill  # the draft's cost: its prompt pass
-        super().__init__(models, path, fallback,
-                         self.fits.profile.runtime if self.device == "gpu" else None)
-
-
-def mixed_step_ms(step: StageModel, pre: StageModel, mixed: StageModel | None, batch: int,
-                  m: float, context: float, chunk: Chunk) -> float:
-    """A step (`step`'s stage) carrying a prefill chunk, ms: the mixed fit where there is
-    one (`mixed`), else the step plus the chunk's marginal cost on the prefill terms; kept
-    between the longer of the two alone and their sum."""
-    alone = step.ms(batch, m, context)
-    chunk_alone = pre.ms(chunk.batch, chunk.m, chunk.context)
-    if mixed is not None:
-        ms = mixed.mixed_ms(batch, m, context, chunk)
-    else:
-        ms = alone + pre.marginal_ms(step.stage, batch, m, chunk)
-    return min(alone + chunk_alone, max(ms, alone, chunk_alone))
+        runtime = self.fits.profile.runtime
+        # a CPU's steps pad to no graph, but its chunks run as the runtime runs them
+        super().__init__(models, path, fallback, runtime if self.device == "gpu" else None,
+                         runtime is not None and runtime.per_chunk)
 
 
 def target_device(profile: Profile) -> str:
