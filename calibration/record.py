@@ -45,7 +45,8 @@ def runtime_info(fingerprint: dict) -> RuntimeInfo | None:
     calibration/driver.py `fingerprint`): the batch buckets and largest M of the step graphs
     (kestrel_rt/cuda/graphs.py) where a bench runs CUDA graphs (the GPU benches of a GPU with
     the graphs option on, all alike), with the prefill graphs' lengths for a dense target,
-    else None (each step runs at its own batch)."""
+    and its prompt chunks one forward per chunk (kestrel_rt/serve/forward.py), else None
+    (each step runs at its own batch)."""
     options = fingerprint.get("options") or {}
     if not any(bench.get("graphs") for bench in options.values()):
         return None
@@ -54,7 +55,8 @@ def runtime_info(fingerprint: dict) -> RuntimeInfo | None:
     # a MoE model's prefill runs eagerly (CupyBackend.graph_safe): no prefill graphs
     moe = _is_moe(fingerprint.get("model"))
     return RuntimeInfo(batch_buckets=list(BUCKETS), max_m=MAX_M,
-                       prefill_buckets=None if moe else list(PREFILL_BUCKETS))
+                       prefill_buckets=None if moe else list(PREFILL_BUCKETS),
+                       chunks="per_chunk")  # serving and measure.py: a forward per chunk
 
 
 def _is_moe(model: str | None) -> bool:
