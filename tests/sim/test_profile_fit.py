@@ -91,7 +91,14 @@ def test_bundled_profile_fit_reproduces_its_measurements():
             continue  # the link's and overlap rows, the draft on the CPU
         # with the correction, each measured point exactly; the terms alone, roughly
         got = fit.seconds(mm.stage, mm.batch, mm.tokens_per_seq, mm.context) * 1e3
-        assert got == pytest.approx(mm.ms, rel=1e-9), mm
+        if mm.stage == "prefill" and mm.batch > 1 and profile.runtime.per_chunk:
+            # b chunks priced as b forwards of one (RuntimeInfo.chunks): b x the batch-1
+            # row; measured so, b chunks take 1-4% more than that on the H200
+            one = fit.seconds("prefill", 1, mm.tokens_per_seq, mm.context) * 1e3
+            assert got == pytest.approx(mm.batch * one, rel=1e-9), mm
+            assert got == pytest.approx(mm.ms, rel=0.06), mm
+        else:
+            assert got == pytest.approx(mm.ms, rel=1e-9), mm
         alone = physical.seconds(mm.stage, mm.batch, mm.tokens_per_seq, mm.context) * 1e3
         errors.append(abs(alone / mm.ms - 1))
     # the terms alone are off by up to 81% where a kernel changes (verify at M = 9 and at
