@@ -222,8 +222,9 @@ def model_name(model: str) -> str:
 def fingerprint(plan: Plan) -> dict:
     """The Profile fingerprint's fields for this run, from the plan alone (so that parts of
     one plan measured apart fingerprint alike and merge). `options`: per bench, its dtype,
-    quant and RuntimeOptions. With the draft on both devices draft_device says gpu; each
-    Measurement names its own device."""
+    quant and RuntimeOptions; draft_quant: the draft's (--draft-quant), the same on every
+    draft bench. With the draft on both devices draft_device says gpu; each Measurement
+    names its own device."""
     import torch
 
     from calibration.fingerprint import environment, git_commit
@@ -245,6 +246,7 @@ def fingerprint(plan: Plan) -> dict:
         "quant": req.quant or "none",
         "draft_model": model_name(req.draft) if req.draft else None,
         "draft_shape_hash": shape_hash(drafts[0].shape) if drafts else None,
+        "draft_quant": req.draft_quant or "none",
         "draft_device": drafts[0].name.split("@")[1] if drafts else None,
         "backend": backend,
         "options": options,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calibration.grid import Point
+from kestrel_sim.quant_spec import int4_last
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,21 @@ def param_counts(shape) -> tuple[float, float]:
     return layers * (attn + mlp), embed
 
 
+def projection_bytes(quant: str | None, layers: int) -> float | None:
+    """Bytes per projection param under `quant` (int4-last-N: int4 in the last N of
+    `layers`, int8 in the others, averaged), None unquantized."""
+    n = int4_last(quant)
+    if n is None:
+        return QUANT_BYTES.get(quant)
+    n = min(n, layers)
+    return (n * QUANT_BYTES["int4"] + (layers - n) * QUANT_BYTES["int8"]) / layers
+
+
 def weight_bytes(shape, itemsize: int, quant: str | None, read: bool = True) -> float:
     """Weight bytes a step reads (read: the projections and lm_head; the embedding only a
     row per token), or the model holds (read=False)."""
     proj, embed = param_counts(shape)
-    per_param = QUANT_BYTES.get(quant) or itemsize
+    per_param = projection_bytes(quant, shape.num_hidden_layers) or itemsize
     if read:
         embed = shape.vocab_size * shape.hidden_size
     return proj * per_param + embed * itemsize
@@ -124,14 +135,15 @@ def point_seconds(p: Point, shape, speed: DeviceSpeed, itemsize: int, quant: str
 
 
 def spec_round_seconds(p: Point, shape, draft_shape, speed: DeviceSpeed, itemsize: int,
-                       draft_itemsize: int, quant: str | None, runs: int) -> float:
+                       draft_itemsize: int, quant: str | None, runs: int,
+                       draft_quant: str | None = None) -> float:
     """A round point (calibration/rounds.py): `runs` rounds of k = M - 1 one-token draft
     steps and a verify of M tokens per sequence, and the host's time per round."""
     from calibration.round_grid import round_seconds
 
     graphed = p.batch <= 64
-    draft = step_seconds(draft_shape, speed, draft_itemsize, None, p.batch, 1, p.context,
-                         graphed)
+    draft = step_seconds(draft_shape, speed, draft_itemsize, draft_quant, p.batch, 1,
+                         p.context, graphed)
     verify = step_seconds(shape, speed, itemsize, quant, p.batch, p.m, p.context, graphed)
     return round_seconds(draft, verify, p.m - 1, runs) + speed.point_s
 

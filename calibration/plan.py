@@ -50,6 +50,7 @@ class Request:
     dtype: str | None = None
     commit: str | None = None
     peer: str | None = None  # a second GPU: kv_transfer also measured to it (peer_gpu)
+    draft_quant: str | None = None  # the draft's projections (int8, int4, int4-last-N)
 
 
 @dataclass
@@ -128,11 +129,12 @@ def make_plan(request: Request) -> Plan:
             torch_device = request.device if device == "gpu" else "cpu"
             mine = [p for p in points if p.bench == f"draft@{device}"]
             check_reach(mine, dshape, f"draft {request.draft}", request.grid_file)
-            # the draft is not quantized; on the CPU it takes the CPU's default dtype
+            # the draft quantized as --draft-quant says (a scenario's draft.quant), on both
+            # devices; on the CPU it takes the CPU's default dtype
             ddtype = (request.dtype if device == "gpu" else None) or plan_dtype(
                 dfolder, torch_device)
             benches.append(BenchPlan(f"draft@{device}", request.draft, torch_device, ddtype,
-                                     None, dshape, mine))
+                                     request.draft_quant, dshape, mine))
     pair = [p for p in points if p.model == "pair"]  # overlap: two instances of the target
     if pair:
         check_reach(pair, shape, f"model {request.model}", request.grid_file)
@@ -207,7 +209,8 @@ def estimate(benches: list[BenchPlan], grid: Grid) -> Estimate:
             if p.stage == "round":
                 d = b.draft
                 out.points[p.id] = spec_round_seconds(p, b.shape, d.shape, speed, size,
-                                                      itemsize(d.dtype), b.quant, runs)
+                                                      itemsize(d.dtype), b.quant, runs,
+                                                      d.quant)
             else:
                 out.points[p.id] = point_seconds(p, b.shape, speed, size, b.quant, runs)
     return out

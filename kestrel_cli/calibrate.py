@@ -2,6 +2,8 @@
 
     kestrel calibrate --model qwen3-8b --draft qwen3-0.6b --out profile.json
     kestrel calibrate --model qwen3-8b --quant int4 --grid quick --max-minutes 3 --out p.json
+    kestrel calibrate --model qwen3-0.6b --draft qwen3-0.6b --draft-quant int4-last-14 \
+        --draft-device gpu --out organic.json      # the organic pair: a quantized copy
     kestrel calibrate --model tiny/ --device cpu --grid tiny --out p.json
     kestrel calibrate --model qwen3-8b --draft qwen3-0.6b --ray ray://head:10001 --out p.json
 
@@ -128,6 +130,10 @@ def calibrate(
         "--device cuda, cpu with --device cpu).")] = None,
     quant: Annotated[str | None, typer.Option(
         help="none, int8 or int4: the target's projections quantized at load.")] = None,
+    draft_quant: Annotated[str | None, typer.Option(
+        help="none, int8, int4 or int4-last-N (int4 in the last N layers, int8 in the "
+        "others): the draft's projections quantized at load, as a scenario's draft.quant; "
+        "a draft of the target's own preset so quantized is its organic copy.")] = None,
     dtype: Annotated[str | None, typer.Option(
         help="bfloat16, float16 or float32 (default: bfloat16 on CUDA for presets, the "
         "folder's dtype, float32 on the CPU).")] = None,
@@ -172,14 +178,16 @@ def calibrate(
         check_device(device)
     request = Request(model, the_grid, name, grid, device, draft, draft_device,
                       check_quant_option(quant, model), dtype, commit,
-                      peer=None if ray is not None else peer_gpu(device))
+                      peer=None if ray is not None else peer_gpu(device),
+                      draft_quant=check_draft_quant_option(draft_quant, draft))
     plan = make_plan(request)
     for line in plan.notes:
         console.print(f"note: {line}", highlight=False)
     if max_minutes is not None:
         plan = fit_budget(plan, max_minutes)
     t = plan.request.grid.timing
-    console.print(f"calibrating {model}" + (f" + draft {draft}" if draft else "")
+    drafted = f" + draft {draft}" + (f" ({request.draft_quant})" if request.draft_quant else "")
+    console.print(f"calibrating {model}" + (drafted if draft else "")
                   + f" on {device}, grid {name}: {len(plan.points)} points on "
                   + ", ".join(b.name for b in plan.benches)
                   + f"; {t.warmup} warm-up + {t.repeats} timed runs per point (CPU "
@@ -207,6 +215,46 @@ def check_quant_option(quant: str | None, model: str) -> str | None:
     where = f"model folder {folder}" if folder is not None else f"preset '{model}'"
     chosen = check_quant(quant, shape, awq, where)
     return None if chosen == "none" else chosen
+
+
+def check_draft_quant_option(draft_quant: str | None, draft: str | None) -> str | None:
+    """The --draft-quant value the runtime takes (None: unquantized), checked as a
+    scenario's draft.quant is (kestrel_sim.quant_spec) and against the draft's shape."""
+    from kestrel_cli.generate import OptionError
+    from kestrel_rt.loading import is_awq_checkpoint, resolve
+    from kestrel_rt.quant import GROUP_SIZE, int4_fits
+    from kestrel_rt.quant_weights import is_projection, mode_of
+    from kestrel_rt.weights import expected_tensors
+    from kestrel_sim.quant_spec import check_quant, int4_last
+
+    if draft_quant is None:
+        return None
+    try:
+        check_quant(draft_quant)
+    except ValueError as err:
+        raise OptionError(f"--draft-quant {err}") from None
+    if draft is None and draft_quant != "none":
+        raise OptionError(f"--draft-quant {draft_quant} quantizes the draft, but no --draft "
+                          "was given: add --draft MODEL (e.g. the target's own preset, for "
+                          "its organic copy)")
+    if draft_quant == "none":
+        return None
+    shape, folder = resolve(draft)
+    where = f"draft folder {folder}" if folder is not None else f"draft preset '{draft}'"
+    if folder is not None and is_awq_checkpoint(folder) and draft_quant != "int4":
+        raise OptionError(f"--draft-quant {draft_quant} cannot apply to {where}: it is an "
+                          "AWQ checkpoint (int4) and loads as it is; leave --draft-quant out")
+    layers = shape.num_hidden_layers
+    if (int4_last(draft_quant) or 0) > layers:
+        raise OptionError(f"--draft-quant {draft_quant}: {where} has {layers} layers")
+    for name, dims in expected_tensors(shape).items():
+        if (is_projection(name) and mode_of(name, draft_quant, layers) == "int4"
+                and not int4_fits(dims[-2], dims[-1])):
+            raise OptionError(
+                f"--draft-quant {draft_quant} cannot apply to {where}: tensor '{name}' has "
+                f"shape {list(dims)}, and int4 needs in_features a multiple of {GROUP_SIZE} "
+                "and out_features a multiple of 8; use --draft-quant int8")
+    return draft_quant
 
 
 def measure_and_write(plan, out: Path, console: Console, max_minutes: float | None) -> None:

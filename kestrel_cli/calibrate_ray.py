@@ -59,6 +59,8 @@ def part_key(part: Part, code: str) -> str:
     what = {"kind": part.kind, "bench": bench.name, "model": bench.model, "dtype": bench.dtype,
             "quant": bench.quant, "device": bench.device, "points": [p.id for p in bench.points],
             "grid": req.grid.model_dump(mode="json"), "commit": req.commit}
+    if bench.draft is not None:  # spec@gpu: the draft beside the target, as built
+        what["draft"] = [bench.draft.model, bench.draft.dtype, bench.draft.quant]
     return content_key(json.dumps(what, sort_keys=True), code)
 
 
