@@ -114,6 +114,7 @@ def _build(sc: Scenario, rng: np.random.Generator) -> SimCosts:
 
     if profile is not None:
         check_quant(profile, profile_path, sc.quant)
+        check_draft_quant(profile, profile_path, sc, draft_shape)
         fits = _fits(profile, profile_path, target_shape, draft_shape, check_model=sc.model)
         target = ProfileCost(profile, profile_path, fits=fits)
         target.require(needed_stages(sc))
@@ -147,6 +148,26 @@ def check_quant(profile: Profile, path: str, quant: str) -> None:
             f"profile {path} was measured with quant '{measured}' but the scenario's quant is "
             f"'{quant}': measure that quantization (kestrel calibrate --quant {quant}), or use "
             "the roofline (costs: {roofline: {}})")
+
+
+def check_draft_quant(profile: Profile, path: str, sc: Scenario,
+                      shape: ModelShape | None) -> None:
+    """Refuse a profile whose draft rows would price the scenario's draft (the same draft
+    model, rows on the draft's device) but were measured with other weights than its
+    draft.quant. Rows of another draft model are not used (_profile_draft), so their
+    quantization does not matter."""
+    if sc.draft is None or shape is None:
+        return
+    fp = profile.fingerprint
+    rows = any(mm.stage in ("draft", "draft_prefill") and mm.device == sc.draft.device
+               for mm in profile.measurements)
+    if not rows or fp.draft_shape_hash != shape_hash(shape) or fp.draft_quant == sc.draft.quant:
+        return
+    raise ConfigError(
+        f"profile {path} measured its draft {fp.draft_model} with quant '{fp.draft_quant}' "
+        f"but the scenario's draft.quant is '{sc.draft.quant}': measure that draft (kestrel "
+        f"calibrate --draft {sc.draft.model} --draft-quant {sc.draft.quant}), or use the "
+        "roofline (costs: {roofline: {}})")
 
 
 def _fits(profile: Profile, path: str, target: ModelShape, draft: ModelShape | None,
@@ -199,6 +220,8 @@ def _calibrated(sc: Scenario, ro, hw: Hardware | None, target_shape: ModelShape,
     path = ro.calibrated_from
     profile = Profile.load(path)
     check_quant(profile, path, sc.quant)  # its efficiencies are those of its weights' kernels
+    if sc.draft is not None and sc.draft.device == "gpu":  # a GPU draft: its rows price it
+        check_draft_quant(profile, path, sc, draft_shape)
     fp = profile.fingerprint
     measured_on = (load_hardware(ro.measured_on) if ro.measured_on
                    else hardware_for_device(fp.device))
