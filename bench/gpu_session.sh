@@ -7,11 +7,12 @@
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
 # STEPS: a comma list of calib_tests, tests, spec, serve, decode, calibrate, calibrate_int4,
-# calibrate_moe, gates, validate1..4, beforeafter, predict_k, predict_d1, predict_d2, gemv, probe,
-# ablation (default
+# calibrate_moe, calibrate_organic, gates, validate1..4, beforeafter, predict_k, predict_d1,
+# predict_d2, gemv, probe, ablation (default
 # tests,spec,serve,decode,calibrate). A 10-minute call fits tests,spec, or serve,decode, or
-# calib_tests,calibrate, or calibrate_int4,calibrate_moe; each validateN (one of
-# docs/validation.md's four chunks) and predict_k take about 9 minutes alone.
+# calib_tests,calibrate, or calibrate_int4,calibrate_moe, or calib_tests,calibrate_organic;
+# each validateN (one of docs/validation.md's four chunks) and predict_k take about 9 minutes
+# alone.
 # Only OUT/session.tgz and OUT/summary.txt come back (the device tool returns a limited number
 # of files: a profile written beside many logs was once left behind).
 # The tests step compiles every kernel module first, in parallel (tests/conftest.py,
@@ -47,6 +48,9 @@ step decode 330 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --b
 step calibrate 540 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --commit "$COMMIT" --max-minutes 8 --out "$LOG/qwen3-8b_h200.json"
 step calibrate_int4 330 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --draft-device gpu --quant int4 --commit "$COMMIT" --max-minutes 4.5 --out "$LOG/qwen3-8b-int4_h200.json"
 step calibrate_moe 540 python3 -m kestrel_cli.app calibrate --model qwen3-30b-a3b --draft qwen3-0.6b --draft-device gpu --grid moe --commit "$COMMIT" --max-minutes 7 --out "$LOG/qwen3-30b-a3b_h200.json"
+# the organic pair (scenarios/validation/spec-organic-int4-copy.yaml): qwen3-0.6b and its
+# int4-last-14 copy as the draft; the default grid, estimated 2.3 min (--dry-run)
+step calibrate_organic 330 python3 -m kestrel_cli.app calibrate --model qwen3-0.6b --draft qwen3-0.6b --draft-quant int4-last-14 --draft-device gpu --commit "$COMMIT" --max-minutes 4 --out "$LOG/qwen3-0.6b-organic_h200.json"
 # issue 23 item 7: record the GPU regression gates' baselines (they come back in the archive)
 step gates 200 bash -c "KESTREL_UPDATE_BASELINES=1 python3 -m pytest -o addopts='' -q -p no:cacheprovider tests/bench -m gpu --benchmark-enable && cp bench/regression/baselines/gpu_h200.json $LOG/"
 V="python3 -m kestrel_cli.app validate scenarios/validation --out $LOG/validation --only"
