@@ -21,6 +21,10 @@ decode step's token ids come back in the graph's token input, ready for the next
 alternate replays), so an overlapped decode loop reads them with no copy on the stream (a
 device-to-host copy there cost ~10 us per step on the H200: docs/performance.md).
 Anything else (larger batches, a MoE prefill) runs eagerly: Qwen3Model.forward itself.
+
+`warm_steps` captures ahead of a run, on the scratch slot only, the graphs its forwards will
+replay (a capture inside a run stalls it: ~100 ms for a prefill graph of an 8B model on the
+H200); kestrel_rt/cuda/graph_shapes.py lists the prefill graphs chunks can reach.
 """
 
 from __future__ import annotations
@@ -29,23 +33,19 @@ import time
 
 import torch
 
+from kestrel_rt.cuda.graph_shapes import (
+    BUCKETS,
+    MAX_M,
+    PREFILL_BUCKETS,
+    PREFILL_MIN_KEYS,
+    prefill_keys,
+)
 from kestrel_rt.cuda.ops import Unsupported
 from kestrel_rt.kv_cache import KVCache, Step
 from kestrel_rt.model import Chosen, Qwen3Model
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-MAX_M = 16  # most tokens per sequence a decode / verify graph takes (more: a prefill)
-# Prompt lengths a one-sequence prefill is padded up to and replayed at (at most a third of
-# padding from 64 on); longer prompts, or chunks that would pad past the cache, run eagerly.
-PREFILL_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
-                   6144, 8192)
-# Keys a prefill graph's attention reads, at least (then the next power of two): one graph per
-# length bucket covers every chunk of a cache this long, so chunks at growing contexts do not
-# each capture their own mid-run.
-PREFILL_MIN_KEYS = 2048
 
-
-class _Captured:
+class Captured:
     """One captured forward: its graph, its static input buffer and output; a greedy graph
     also writes its token ids into `host` (pinned [2, rows], the half the parity in its
     input buffer names; None: copied back instead) and `parity` is the half its next replay
@@ -61,13 +61,15 @@ class GraphModel(Qwen3Model):
     """Qwen3Model whose decode / verify forwards replay CUDA graphs (backend: CupyBackend)."""
 
     def __init__(self, *args, buckets: tuple[int, ...] = BUCKETS, max_m: int = MAX_M,
-                 prefill_buckets: tuple[int, ...] = PREFILL_BUCKETS, **kwargs):
+                 prefill_buckets: tuple[int, ...] = PREFILL_BUCKETS,
+                 prefill_min_keys: int = PREFILL_MIN_KEYS, **kwargs):
         super().__init__(*args, **kwargs)
         self.buckets = tuple(sorted(buckets))
         self.max_m = max_m
         self.prefill_buckets = tuple(sorted(prefill_buckets))
+        self.prefill_min_keys = prefill_min_keys
         # (rows, new tokens, last_only, greedy, keys attention reads) -> its graph
-        self.graphs: dict[tuple[int, int, bool, bool, int], _Captured] = {}
+        self.graphs: dict[tuple[int, int, bool, bool, int], Captured] = {}
         self.scratch_slot: int | None = None
         self.replays = 0  # forwards served by a graph replay (for tests and reports)
         self.captures, self.capture_s = 0, 0.0  # graphs captured, and the host time it took
@@ -82,31 +84,37 @@ class GraphModel(Qwen3Model):
         self.graphs.clear()  # captured graphs point into the old cache
         return kv
 
-    @torch.inference_mode()
     def warm(self, batches: tuple[int, ...] = (1,), new_tokens: tuple[int, ...] = (1,),
-             prefill: tuple[int, ...] = (32,)) -> None:
-        """Compile and capture now what a run will need, on the scratch slot only: the
-        greedy prefill graph of each prompt length's bucket in `prefill` (eager where it has
-        none: the prefill path's kernels and cuBLAS warm up either way), then the greedy
-        graphs of each batch's bucket x M in new_tokens (decode: M = 1, verify: k + 1)."""
+             prefill: tuple[int, ...] = (32,)) -> int:
+        """warm_steps of the greedy prefill of each prompt length in `prefill`, then of each
+        batch x M in new_tokens (decode: M = 1, verify: k + 1); graphs captured."""
+        steps = [(1, min(n, self.kv.max_len), True, 0) for n in prefill]
+        return self.warm_steps(steps + [(b, m, False, 0) for b in batches for m in new_tokens])
+
+    @torch.inference_mode()
+    def warm_steps(self, steps) -> int:
+        """Compile and capture now what a run will need, on the scratch slot only: the greedy
+        graph of each step (rows, M, last_only, start), a forward of [rows, M] new tokens
+        after `start` cached ones, not yet captured (a one-sequence step with no graph runs
+        eagerly at start 0 instead: the prefill path's kernels and cuBLAS warm up either
+        way; others are passed over). Returns how many graphs it captured."""
         kv, scratch = self.kv, self.scratch_slot
-        for n in prefill:
-            n = min(n, kv.max_len)
-            self.forward(torch.zeros(1, n, dtype=torch.long), [scratch], last_only=True,
-                         greedy=True)
-            kv.rollback(scratch, 0)
-        safe = getattr(self.backend, "graph_safe", None)
-        for batch in batches:
-            bucket = self._bucket(batch)
-            for m in new_tokens:
-                key = (bucket, m, False, True, kv.max_len)
-                if (bucket is None or m > self.max_m or m > kv.max_len or key in self.graphs
-                        or safe is None or not safe(bucket, m)):
+        before = self.captures
+        for rows, m, last_only, start in steps:
+            if start + m > kv.max_len:
+                continue
+            shape = self._shape(rows, m, last_only, [start])
+            if shape is None:
+                if rows != 1 or not last_only or start:
                     continue
-                meta = torch.tensor([scratch] * bucket + [0] * bucket + [m] * bucket
-                                    + list(range(m)) * bucket + [0], dtype=torch.long,
-                                    pin_memory=True)
-                self._capture(key, torch.zeros(bucket, m, dtype=torch.long), meta)
+            elif _key(shape, last_only, True) in self.graphs:
+                continue
+            kv.rollback(scratch, 0)
+            kv.advance([scratch], [start])  # its cached tokens: whatever the scratch slot holds
+            self.forward(torch.zeros(rows, m, dtype=torch.long), [scratch] * rows,
+                         last_only=last_only, greedy=True)
+            kv.rollback(scratch, 0)
+        return self.captures - before
 
     def _bucket(self, batch: int) -> int | None:
         return next((b for b in self.buckets if b >= batch), None)
@@ -118,7 +126,7 @@ class GraphModel(Qwen3Model):
         reads each sequence's own length); a one-sequence prefill at its length's bucket,
         where the padded chunk still fits the cache (its last token's result only), its
         torch attention over the next power of two of keys that holds the chunk (at least
-        PREFILL_MIN_KEYS)."""
+        prefill_min_keys: prefill_keys)."""
         safe = getattr(self.backend, "graph_safe", None)
         if safe is None or self.scratch_slot is None:
             return None
@@ -131,8 +139,7 @@ class GraphModel(Qwen3Model):
         bucket = next((m for m in self.prefill_buckets if m >= M), None)
         if bucket is None or start[0] + bucket > max_len or not safe(1, bucket):
             return None
-        keys = max(PREFILL_MIN_KEYS, 1 << (start[0] + bucket - 1).bit_length())
-        return 1, bucket, min(max_len, keys)
+        return 1, bucket, prefill_keys(start[0], bucket, max_len, self.prefill_min_keys)
 
     @torch.inference_mode()
     def forward(self, tokens, slots, n_new=None, last_only=False, greedy=False):
@@ -167,10 +174,10 @@ class GraphModel(Qwen3Model):
         shape = self._shape(B, M, last_only, start)
         if shape is None:
             return super().forward(tokens, slots, n_new, last_only, greedy), None
-        bucket, Mb, keys = shape  # M real tokens per row at most, padded to Mb (fits: _shape)
+        bucket, Mb, _ = shape  # M real tokens per row at most, padded to Mb (fits: _shape)
         pad = bucket - B
         starts = start + [0] * pad
-        key = (bucket, Mb, bool(last_only), bool(greedy), keys)
+        key = _key(shape, last_only, greedy)
         cap = self.graphs.get(key)
         parity = 0 if cap is None else cap.parity
         # slots | start | n_new | positions | parity, one pinned host tensor: its copy to the
@@ -179,7 +186,7 @@ class GraphModel(Qwen3Model):
         meta = torch.tensor(
             slots + [self.scratch_slot] * pad + starts + n_new + [Mb] * pad
             + [st + i for st in starts for i in range(Mb)] + [parity], dtype=torch.long,
-            pin_memory=True)
+            pin_memory=self.device.type == "cuda")
         if cap is None:
             out, cap = self._capture(key, tokens, meta)
             out = out[:B]
@@ -202,7 +209,7 @@ class GraphModel(Qwen3Model):
         return (out[:, 0] if last_only else out), host
 
     def _capture(self, key: tuple[int, int, bool, bool, int], tokens: torch.Tensor,
-                 meta: torch.Tensor) -> tuple[torch.Tensor, _Captured]:
+                 meta: torch.Tensor) -> tuple[torch.Tensor, Captured]:
         """Run the forward eagerly on the capture stream (this call's result), then capture
         it. A greedy forward writes its ids to pinned host memory too where the backend's
         argmax can (else its caller copies them back)."""
@@ -212,7 +219,7 @@ class GraphModel(Qwen3Model):
         inputs = meta.to(self.device)
         static_tokens = torch.zeros(bucket, M, dtype=torch.long, device=self.device)
         static_tokens[: tokens.shape[0], : tokens.shape[1]] = tokens.to(self.device)
-        step = _step(inputs, bucket, M, keys)
+        step = static_step(inputs, bucket, M, keys)
         # greedy decode (one token in, one out per row) writes its choice over its own input;
         # every other greedy graph into a buffer of its own, made here, outside the capture:
         # the graphs of a backend share one memory pool, where an output allocated during
@@ -247,7 +254,7 @@ class GraphModel(Qwen3Model):
         with torch.cuda.graph(graph, pool=be.graph_pool, stream=stream,
                               capture_error_mode="thread_local"):
             out = self.compute(static_tokens, step, last_only, greedy, into, host)
-        cap = _Captured(graph, inputs, step, static_tokens, out,
+        cap = Captured(graph, inputs, step, static_tokens, out,
                         None if host is None else host[0])
         self.graphs[key] = cap
         self.captures += 1
@@ -255,7 +262,14 @@ class GraphModel(Qwen3Model):
         return eager, cap
 
 
-def _step(inputs: torch.Tensor, bucket: int, m: int, max_ctx: int) -> Step:
+def _key(shape: tuple[int, int, int], last_only: bool, greedy: bool
+         ) -> tuple[int, int, bool, bool, int]:
+    """A graph's key: (rows, new tokens, last_only, greedy, keys) of the _shape it runs at."""
+    rows, m, keys = shape
+    return rows, m, bool(last_only), bool(greedy), keys
+
+
+def static_step(inputs: torch.Tensor, bucket: int, m: int, max_ctx: int) -> Step:
     """A Step whose tensors are views into the static metadata buffer."""
     slots = inputs[:bucket]
     start = inputs[bucket: 2 * bucket]

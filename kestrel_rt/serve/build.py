@@ -25,7 +25,7 @@ from kestrel_rt.loading import default_dtype, resolve
 from kestrel_rt.memory import free_bytes, kv_bytes
 from kestrel_rt.serve.arrivals import Arrivals
 from kestrel_rt.serve.engine import ServingEngine
-from kestrel_rt.serve.forward import MIXED_FORWARD, warm_up
+from kestrel_rt.serve.forward import MIXED_FORWARD, chunk_limits, warm_up
 from kestrel_rt.serve.handover import Link
 from kestrel_rt.serve.kv import slots_per_worker
 from kestrel_rt.serve.models import build_model
@@ -139,9 +139,10 @@ def plan_run(sc: Scenario, where: dict[str, torch.device], dtype,
 
 
 def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: torch.device,
-                 dtype) -> Worker:
+                 dtype, status=None) -> Worker:
     """A worker's model instances (target, and the draft when speculating), their KV caches
-    and, for a worker that runs rounds, the speculative decoder; warmed up."""
+    and, for a worker that runs rounds, the speculative decoder; warmed up (status(text):
+    the CUDA graphs it captures)."""
     models = [build_model(sc.model, device, dtype, sc.quant)]
     draft_name = spec = None
     if sc.draft is not None:
@@ -156,8 +157,14 @@ def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: tor
                              f"{prefix}/target", draft_name)
     w = Worker(f"{prefix}/target", role, models, run.slots, run.settings.kv_capacity,
                draft_name, spec)
+    # the longest chunk, and whether one can start mid-sequence (its prefill graphs then
+    # read more keys: each level is captured now, not mid-run)
+    longest_chunk, mid = chunk_limits(
+        run.settings, max((q.prompt_len for q in run.seqs), default=0),
+        max((q.prompt_len + q.output_len for q in run.seqs), default=0))
     with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
-        warm_up(w, run.settings.max_batch, run.settings.k, min(run.settings.chunk, run.max_len))
+        warm_up(w, run.settings.max_batch, run.settings.k, min(longest_chunk, run.max_len), mid,
+                status)
     return w
 
 
@@ -178,10 +185,11 @@ def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, ob
     run = plan_run(sc, placement(sc.serving, device, gpus), dtype, controlled)
     if status is not None:
         status(f"building and warming {len(run.where)} worker(s): weights, kernels, graphs")
-    workers = [build_worker(sc, run, prefix, ROLES[prefix.rstrip("0123456789")], where, dtype)
+    workers = [build_worker(sc, run, prefix, ROLES[prefix.rstrip("0123456789")], where, dtype,
+                            status)
                for prefix, where in run.where.items()]
     if status is not None:
-        status(f"serving {len(run.seqs)} requests")
+        status(f"serving {len(run.seqs)} requests ({captures(workers)[0]} CUDA graphs warmed)")
     if threads is None:
         threads = any(d.type == "cuda" for d in run.where.values())
     engine = ServingEngine(run.settings, workers, run.seqs, Arrivals(run.drawn), observer,

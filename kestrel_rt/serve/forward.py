@@ -25,7 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
+from kestrel_rt.cuda.graph_shapes import prefill_warm_shapes
 from kestrel_rt.model import Qwen3Model
+from kestrel_rt.serve.settings import ServeSettings
 from kestrel_rt.trace import OpenSpan, Tracer
 
 MIXED_FORWARD = "separate: the decode or verify forward, then one forward per prompt chunk"
@@ -99,54 +101,106 @@ def prefill_forward(model: Qwen3Model, chunks) -> torch.Tensor:
     return torch.cat(out) if len(out) > 1 else out[0]  # [chunks]
 
 
-def warm_up(w, max_batch: int, k: int, longest_chunk: int = 0) -> None:
+# Prefill graphs a warm-up captures per model at most: past it, the shapes of the largest
+# keys (the longest contexts) are left to capture mid-run, and the warm-up status says so.
+# A 40960-token cache (qwen3's context) in 8192-token chunks needs 90 (tests/test_warm_shapes.py).
+WARM_PREFILL_LIMIT = 128
+
+
+def chunk_limits(s: ServeSettings, longest_prompt: int, longest_request: int) -> tuple[int, bool]:
+    """(the longest chunk a run prefills, whether a chunk can start past a sequence's first
+    token), from the serving rules: a sequence is prefilled from its first token in chunks
+    of at most prefill_chunk, cut shorter where max_batched_tokens runs out; a request is
+    preempted (and recomputed, prompt and tokens generated so far) only under `preempt`
+    when the KV budget cannot hold max_batch of the longest requests."""
+    recompute = s.preempt and s.max_batch * (longest_request + s.k + 1) > s.kv_capacity
+    longest = longest_request if recompute else longest_prompt
+    cut = s.max_batch * max(longest, s.k + 1) > s.max_tokens  # the budget can end a chunk
+    return min(s.chunk, s.max_tokens, longest), longest > s.chunk or cut
+
+
+def warm_up(w, max_batch: int, k: int, longest_chunk: int = 0, chunks_start_mid: bool = False,
+            status=None) -> int:
     """Run the step shapes once before the clock starts (on a GPU: kernels compile and a
-    GraphModel captures its graphs for every batch bucket up to max_batch: the target's
-    decode, or verify at M = k + 1; the draft's steps at M = 1 and 2; and both models'
-    one-sequence chunk graphs: each length up to max_m, then every prefill length bucket up
-    to longest_chunk's), then empty the slots used."""
+    GraphModel captures, on its scratch slot, every graph the worker's steps replay: round
+    steps (not on a prefill worker) for every batch bucket up to max_batch, the target's
+    decode, or verify at M = k + 1, the draft's steps at M = 1 and 2; chunk steps (not on a
+    decode worker) of each length up to max_m, then every prefill graph chunks of up to
+    longest_chunk tokens reach: at start 0, or with chunks_start_mid at every keys level
+    (kestrel_rt/cuda/graph_shapes.py), at most WARM_PREFILL_LIMIT per model), then empty
+    the slots used; status(text) says what it captures. Returns the graphs captured."""
     rows_max = min(max_batch, w.slots.num_slots)
+    captured = 0
     for model in w.models:
-        for n in [*small_chunk_lengths(model, longest_chunk),
-                  *prefill_lengths(model, longest_chunk)]:
-            model.forward(torch.zeros(1, n, dtype=torch.long), [0], last_only=True,
-                          greedy=True)
-            model.kv.rollback(0, 0)
-        if model is w.draft:
-            shapes = [(1, False), (2, True)]  # (M, last_only)
-        else:
-            shapes = [(1, False)] + ([(k + 1, False)] if k and w.spec is not None else [])
         sizes = []
         for bucket in getattr(model, "buckets", (1,)):
             sizes.append(min(bucket, rows_max))
             if bucket >= rows_max:
                 break
+        steps, left_out = [], 0
+        if w.role != "decode":
+            steps, left_out = chunk_steps(model, longest_chunk, chunks_start_mid)
+        if w.role != "prefill":
+            steps += round_steps(model, w, sorted(set(sizes)), k)
         slots = list(range(max(sizes)))
         zeros = torch.zeros(len(slots), 2, dtype=torch.long)  # [rows, 2]
-        Qwen3Model.forward(model, zeros, slots, last_only=True, greedy=True)
-        for b in sorted(set(sizes)):
-            for m, last_only in shapes:
-                model.forward(torch.zeros(b, m, dtype=torch.long), slots[:b],
-                              last_only=last_only, greedy=True)
-                for s in slots[:b]:
-                    model.kv.rollback(s, 2)
+        Qwen3Model.forward(model, zeros, slots, last_only=True, greedy=True)  # eager path
         for s in slots:
             model.kv.rollback(s, 0)
+        warm = getattr(model, "warm_steps", None)
+        if warm is None:  # no graphs: each shape once, eagerly, on the first slots
+            run_eagerly(model, steps)
+        else:
+            if status is not None:
+                name = w.draft_name if model is w.draft else w.name
+                status(f"warming {name}: up to {len(steps)} CUDA graphs" + (
+                    f" ({left_out} prefill shapes past {WARM_PREFILL_LIMIT} left to capture "
+                    "mid-run)" if left_out else ""))
+            captured += warm(steps)
         if model.device.type == "cuda":
             torch.cuda.synchronize(model.device)
+    return captured
+
+
+def chunk_steps(model: Qwen3Model, longest: int, start_mid: bool
+                ) -> tuple[list[tuple[int, int, bool, int]], int]:
+    """(the (rows, M, last_only, start) steps prompt chunks of up to `longest` tokens run,
+    one per graph, prefill shapes left out past WARM_PREFILL_LIMIT)."""
+    steps = [(1, n, True, 0) for n in small_chunk_lengths(model, longest)]
+    buckets = getattr(model, "prefill_buckets", ())
+    if not buckets:
+        return steps, 0
+    shapes = prefill_warm_shapes(buckets, model.kv.max_len, longest, start_mid,
+                                 model.prefill_min_keys)  # by keys: the longest contexts last
+    # each at the start that ends its padded chunk at its keys: a start that reaches them
+    steps += [(1, bucket, True, keys - bucket) for bucket, keys in shapes[:WARM_PREFILL_LIMIT]]
+    return steps, max(0, len(shapes) - WARM_PREFILL_LIMIT)
+
+
+def round_steps(model: Qwen3Model, w, sizes: list[int], k: int
+                ) -> list[tuple[int, int, bool, int]]:
+    """The (rows, M, last_only, start) steps of a worker's rounds on `model`, per batch size."""
+    if model is w.draft:
+        shapes = [(1, False), (2, True)]  # (M, last_only)
+    else:
+        shapes = [(1, False)] + ([(k + 1, False)] if k and w.spec is not None else [])
+    return [(b, m, last_only, 0) for b in sizes for m, last_only in shapes]
+
+
+def run_eagerly(model: Qwen3Model, steps) -> None:
+    """Each step at start 0 once, on the model's first slots, then empty them."""
+    for rows, m, last_only, start in steps:
+        if start == 0 and m <= model.kv.max_len:
+            slots = list(range(rows))
+            model.forward(torch.zeros(rows, m, dtype=torch.long), slots, last_only=last_only,
+                          greedy=True)
+            for s in slots:
+                model.kv.rollback(s, 0)
 
 
 def small_chunk_lengths(model: Qwen3Model, longest: int) -> list[int]:
     """Chunk lengths a GraphModel replays at their own length, not a prefill bucket: up to
-    its max_m (none for a model without graphs). A prompt's last chunk, or one cut by what
-    is left of max_batched_tokens, can be any of them; one first seen mid-run is captured
-    then, stalling the worker (trace meta `graph_captures_in_run`)."""
+    its max_m (none for a model without graphs), whatever their start. A prompt's last
+    chunk, or one cut by what is left of max_batched_tokens, can be any of them; one first
+    seen mid-run is captured then, stalling the worker (trace meta `graph_captures_in_run`)."""
     return list(range(1, min(getattr(model, "max_m", 0), longest) + 1))
-
-
-def prefill_lengths(model: Qwen3Model, longest: int) -> list[int]:
-    """The prefill graph lengths a model replays for chunks of up to `longest` tokens (none
-    for a model without prefill graphs)."""
-    buckets = getattr(model, "prefill_buckets", ())
-    top = next((b for b in buckets if b >= longest), None)
-    return [b for b in buckets if top is not None and b <= min(top, model.kv.max_len)]
