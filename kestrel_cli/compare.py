@@ -97,7 +97,9 @@ def fingerprint(meta: dict) -> dict:
 
 
 def comparison_doc(sc: Scenario, rows: list[Row], measured_meta: dict, costs: str) -> dict:
-    """comparison.json: the verdict, every row, and where and when it was measured."""
+    """comparison.json: the verdict, every row, and where and when it was measured; with
+    the CUDA graphs the measured run captured mid-run (each stalled a worker: the warm-up
+    did not foresee its shape), or None where the measurement does not say."""
     return {
         "scenario": sc.name,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -105,6 +107,7 @@ def comparison_doc(sc: Scenario, rows: list[Row], measured_meta: dict, costs: st
         "note": sc.validate_.note,
         "predicted_with": costs,
         "acceptance_controlled": bool(measured_meta.get("acceptance_controlled")),
+        "graph_captures_in_run": measured_meta.get("graph_captures_in_run"),
         "fingerprint": fingerprint(measured_meta),
         "checks": sc.validate_.checks(),
         "failed": [r.metric for r in failures(rows)],
@@ -137,7 +140,8 @@ def kept_both(sc: Scenario, kept: Kept | None, source: Path, console: Console,
     measured = Metrics.model_validate(kept.metrics)
     before = kept.comparison
     meta = {**before.get("fingerprint", {}), "source": "hardware",
-            "acceptance_controlled": before.get("acceptance_controlled", False)}
+            "acceptance_controlled": before.get("acceptance_controlled", False),
+            "graph_captures_in_run": before.get("graph_captures_in_run")}
     costs = costs_label(sc)
     predicted_trace = simulate_with_progress(sc, console, trace)
     predicted, sim_files = render_run(sc, predicted_trace)

@@ -42,6 +42,8 @@ class Entry:
     failed: list[str] = field(default_factory=list)
     # the measured stages the costs price furthest off (comparison.json's stage_audit)
     gaps: list[str] = field(default_factory=list)
+    # CUDA graphs the measured run captured mid-run: {"count", "seconds"} (None: not said)
+    graph_captures_in_run: dict | None = None
 
 
 def entry_of(sc: Scenario, folder: Path, problem: str | None = None) -> Entry:
@@ -60,6 +62,7 @@ def entry_of(sc: Scenario, folder: Path, problem: str | None = None) -> Entry:
         e.failed = doc["failed"]
         e.status = "fail" if e.failed else "pass"
         e.gaps = stage_gaps(doc.get("stage_audit") or [])
+        e.graph_captures_in_run = doc.get("graph_captures_in_run")
     elif (folder / "metrics.json").is_file():
         m = Metrics.model_validate_json((folder / "metrics.json").read_text())
         e.predicted = {metric: value_of(m, metric) for metric, _ in HEADLINE}
@@ -151,6 +154,11 @@ def markdown(doc: dict, title: str) -> str:
                      + " | ".join(cells) + " |")
     if compared:
         lines += ["", "Cells: measured / predicted (error)."]
+        stalled = [f"{e.name} ({c['count']}, {c['seconds']:.2f} s)" for e in entries
+                   if (c := e.graph_captures_in_run) and c.get("count")]
+        if stalled:
+            lines += ["", "CUDA graphs captured mid-run (each stalled a worker, inside the "
+                      "measured times): " + ", ".join(stalled) + "."]
     ladder = [e for e in entries if e.name.startswith(LADDER_PREFIX)]
     if ladder:
         lines += ["", "## The deployer's ladder", "",
