@@ -198,7 +198,7 @@ def test_bundled_scenarios_use_the_measured_profile_where_one_exists():
             uncalibrated.append(sc.name)
         else:
             assert sc.costs is not None and sc.costs.profile == str(profile), path.name
-    assert uncalibrated == ["qwen3-30b-a3b"]  # no profile of that model yet
+    assert uncalibrated == []  # every bundled scenario's model has an H200 profile
 
 
 def test_progress_bar_with_an_eta_on_a_terminal():
