@@ -21,8 +21,9 @@ the serving loop's host time per round (ProfileFits.round_overhead) is carried a
 error report.py gives. The model priced may differ from the one measured (the same
 efficiencies over another shape, overhead scaled by its layers); its dtype and quant are
 the profile's. A draft whose model the profile did not measure is priced with the
-target's decode terms (and its prompt pass with the prefill terms); one it measured, with
-its own draft and draft_prefill terms.
+target's decode terms (and its prompt pass with the prefill terms), its weights
+unquantized; one it measured, with its own draft and draft_prefill terms, its weights at
+the profile's draft_quant (as they were fitted: profile.py).
 """
 
 from __future__ import annotations
@@ -62,21 +63,24 @@ class CalibratedRoofline(FittedCost):
         self.measured_on, self.on = measured_on, on
         fp = fits.profile.fingerprint
         kv_bytes = DTYPE_BYTES.get(fp.dtype.lower(), 2.0)
-        quant = fp.quant if role == "target" else "none"
-        work = StepWork(shape, bytes_per_param(fp.dtype, quant), kv_bytes)
         gpu = {s: m for (s, d), m in fits.models.items() if d == "gpu"}
         if "decode" not in gpu:
             raise ConfigError(f"profile {path} has no decode measurements on a GPU, so it "
                               "cannot calibrate a roofline: measure decode")
+        quant = fp.quant
         if role == "draft":
-            # the draft's own rows if they measured this shape, else the target's decode
+            # the draft's own rows if they measured this shape (its weights as measured:
+            # draft_quant), else the target's decode over an unquantized draft
             same = "draft" in gpu and fits.works["draft"].shape == shape
+            quant = fp.draft_quant if same else "none"
             picked = {"draft": gpu["draft" if same else "decode"],
                       "prefill": gpu.get("draft_prefill" if same and "draft_prefill" in gpu
                                          else "prefill")}
         else:
             picked = {s: m for s, m in gpu.items() if s not in ("draft", "draft_prefill")}
         self.source_models = {s: m for s, m in picked.items() if m is not None}
+        work = StepWork(shape, bytes_per_param(fp.dtype, quant, shape.num_hidden_layers),
+                        kv_bytes)
         models = {}
         for stage, fitted in self.source_models.items():
             ratio = shape.num_hidden_layers / fitted.work.shape.num_hidden_layers

@@ -6,11 +6,12 @@ Per stage and device (fit.py):
        + correction(batch, M, context)
 
 W, F, K, A are the step's weight bytes, gemm flops, KV bytes and attention flops counted
-from the model shape (work.py); the coefficients are rates, fitted by non-negative least
-squares on relative error and never faster than the device's stated rates (fit.py). The
-correction (correction.py) returns each measured point's residual exactly and
-interpolates it between points; `correction=False` prices by the physical terms alone
-(report.py gives the held-out error of both).
+from the model shape (work.py), the weights at the fingerprint's quant (the target's) or
+draft_quant (the draft's: draft and draft_prefill rows); the coefficients are rates,
+fitted by non-negative least squares on relative error and never faster than the
+device's stated rates (fit.py). The correction (correction.py) returns each measured
+point's residual exactly and interpolates it between points; `correction=False` prices by
+the physical terms alone (report.py gives the held-out error of both).
 
 Fit order and borrowing: `decode` first (its context slope, ms per KV byte, is the one
 every stage measured at a single context borrows: verify at c = 128, prefill at c = 0, a
@@ -74,10 +75,11 @@ class ProfileFits:
         self.profile = profile
         self.target = target or _shape_of(fp.model, "model")
         kv_bytes = DTYPE_BYTES.get(fp.dtype.lower(), 2.0)
-        self.works = {"target": StepWork(self.target, bytes_per_param(fp.dtype, fp.quant), kv_bytes)}
+        self.works = {"target": _work(self.target, fp.dtype, fp.quant, kv_bytes)}
         if any(mm.stage == "draft" for mm in profile.measurements):
             self.draft = draft or _shape_of(fp.draft_model, "draft_model")
-            self.works["draft"] = StepWork(self.draft, bytes_per_param(fp.dtype), kv_bytes)
+            # the draft's weights as measured (kestrel calibrate --draft-quant)
+            self.works["draft"] = _work(self.draft, fp.dtype, fp.draft_quant, kv_bytes)
         self.correction = correction
         self.models: dict[tuple[str, str], StageModel] = {}
         devices = sorted({mm.device for mm in profile.measurements})
@@ -234,6 +236,12 @@ class RoundOverhead:
     def describe(self) -> str:
         return (f"round overhead {self.fixed_ms:.3g} ms + {self.per_seq_ms:.3g} ms per "
                 f"sequence (fitted to {self.rows} round measurements)")
+
+
+def _work(shape: ModelShape, dtype: str, quant: str, kv_bytes: float) -> StepWork:
+    """The StepWork of `shape` with weights of `quant` (none: `dtype`'s bytes; int4-last-N:
+    its layers' average) and KV elements of `kv_bytes`."""
+    return StepWork(shape, bytes_per_param(dtype, quant, shape.num_hidden_layers), kv_bytes)
 
 
 def _shape_of(name: str | None, key: str) -> ModelShape:
