@@ -12,9 +12,12 @@ A held-out point at the edge of a stage's grid is an extrapolation (the prefill 
 of the bundled profiles are three lengths, so each held-out one is): the maximum says how
 far a fit may be trusted beyond its grid, the median how well it interpolates.
 
-When a profile has mixed rows the report adds a row `mixed (marginal rule)`: the error of
-the rule used without mixed rows (step + marginal chunk on the prefill fit) on all of
-them, none of which it saw.
+When a profile has mixed rows the report adds a row per device: the error, on all of them
+(none of which it saw), of the pricing the simulator uses without mixed rows (ProfileCost
+without its mixed fit, profile.py): `mixed (step + chunks)` where the runtime runs a step's
+prompt chunks one forward each (RuntimeInfo.chunks "per_chunk": the step's forward, then
+each chunk's on the prefill fit), else `mixed (marginal rule)` (the step plus the chunk's
+marginal cost on the prefill fit); a GPU step at the runtime's graph bucket, as simulated.
 
 When it has overlap rows, a line gives the contention fitted to them (contention.py): lam
 per side and the error of each row's slowdown, predicted with lam fitted on the others.
@@ -29,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from kestrel_sim.costs.base import Chunk
-from kestrel_sim.costs.profile import ProfileFits, StageModel, mixed_step_ms
+from kestrel_sim.costs.profile import ProfileCost, ProfileFits, StageModel
 from kestrel_sim.profile import Measurement, Profile
 
 
@@ -47,6 +50,7 @@ class StageReport:
     how: dict[str, str] = field(default_factory=dict)
 
 
+WITHOUT_MIXED = ("decode", "verify", "correction", "prefill")  # the stages a mixed step uses
 RATE_UNITS = {"overhead": "ms", "weights": "TB/s", "gemm": "TFLOP/s", "serial": "TFLOP/s",
               "kv": "TB/s", "attention": "TFLOP/s"}
 
@@ -157,10 +161,9 @@ def fit_report(profile: Profile, name: str = "<profile>", every: int | None = No
             corr.append(abs(_predict(model, mm, False) / mm.ms - 1) * 100)
         out.append(StageReport(stage, device, len(rows), len(models), *_stats(phys),
                                *_stats(corr), _rates(full), dict(full.terms.how)))
-    mixed = profile.rows("mixed")
-    prefill = fits.models.get(("prefill", "gpu"))
-    if mixed and prefill is not None:
-        out.append(_marginal_rule(fits, mixed, prefill))
+    for device in sorted({mm.device for mm in profile.measurements if mm.stage == "mixed"}):
+        if ("prefill", device) in fits.models:
+            out.append(_without_mixed_fit(fits, device))
     link = fits.link()
     return FitReport(name, "leave-one-out" if every is None else f"every {_nth(every)} row",
                      out, link.model_dump() if link else None, _overlap(fits), _rounds(fits))
@@ -199,18 +202,20 @@ def _overlap(fits: ProfileFits) -> dict | None:
             "median_pct": med, "max_pct": mx}
 
 
-def _marginal_rule(fits: ProfileFits, rows: list[Measurement], prefill: StageModel) -> StageReport:
-    """The error of pricing mixed rows without a mixed fit (ProfileCost's fallback)."""
-    errs = []
+def _without_mixed_fit(fits: ProfileFits, device: str) -> StageReport:
+    """The error of pricing `device`'s mixed rows as the simulator does without a mixed fit
+    (ProfileCost's fallback: see the module docstring)."""
+    cost = ProfileCost(fits.profile, fits=fits, device=device, stages=WITHOUT_MIXED)
+    rows, errs = fits.profile.rows("mixed", device), []
     for mm in rows:
-        step = fits.models.get(("decode" if mm.tokens_per_seq == 1 else "verify", "gpu"))
-        if step is None:
-            continue
-        ms = mixed_step_ms(step, prefill, None, mm.batch, mm.tokens_per_seq, mm.context,
-                           Chunk(*mm.chunk))
-        errs.append(abs(ms / mm.ms - 1) * 100)
+        stage = "decode" if mm.tokens_per_seq == 1 else "verify"
+        if cost.has(stage):
+            ms = cost.mixed_seconds(stage, mm.batch, mm.tokens_per_seq, mm.context,
+                                    Chunk(*mm.chunk)) * 1e3
+            errs.append(abs(ms / mm.ms - 1) * 100)
     med, mx = _stats(errs)
-    return StageReport("mixed (marginal rule)", "gpu", len(rows), len(errs), None, None, med, mx)
+    rule = "step + chunks" if cost.per_chunk else "marginal rule"
+    return StageReport(f"mixed ({rule})", device, len(rows), len(errs), None, None, med, mx)
 
 
 def write_fit_report(profile: Profile, profile_path: str | Path,
