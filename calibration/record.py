@@ -6,8 +6,9 @@
 (calibration/driver.py `fingerprint`). Each Measurement carries the stage, the step's shape
 (batch, tokens per sequence, context; a mixed step's one prompt chunk; a transfer's bytes
 and device pair), the device it ran on ("gpu" or "cpu") and the median time with its p10 /
-p90. The Profile's `runtime` (the batch buckets of the runtime's step graphs) is read from
-the fingerprint's options, so every part of one plan, measured apart, says the same.
+p90. The Profile's `runtime` (how its prompt chunks run and the batch buckets of its step
+graphs, if any) is read from the fingerprint's options, so every part of one plan,
+measured apart, says the same.
 """
 
 from __future__ import annotations
@@ -40,16 +41,17 @@ def to_measurement(rec) -> Measurement:
     )
 
 
-def runtime_info(fingerprint: dict) -> RuntimeInfo | None:
-    """How the measuring runtime pads its steps, from a fingerprint's options (per bench:
-    calibration/driver.py `fingerprint`): the batch buckets and largest M of the step graphs
-    (kestrel_rt/cuda/graphs.py) where a bench runs CUDA graphs (the GPU benches of a GPU with
-    the graphs option on, all alike), with the prefill graphs' lengths for a dense target,
-    and its prompt chunks one forward per chunk (kestrel_rt/serve/forward.py), else None
-    (each step runs at its own batch)."""
+def runtime_info(fingerprint: dict) -> RuntimeInfo:
+    """How the measuring runtime runs its steps, from a fingerprint's options (per bench:
+    calibration/driver.py `fingerprint`): its prompt chunks one forward per chunk
+    (kestrel_rt/serve/forward.py prefill_forward, and measure.py), with graphs or without;
+    where a bench runs CUDA graphs (the GPU benches of a GPU with the graphs option on, all
+    alike), the batch buckets and largest M of the step graphs (kestrel_rt/cuda/graphs.py)
+    and, for a dense target, the prefill graphs' lengths; without graphs (the CPU, or
+    graphs off) no buckets: each step runs at its own batch."""
     options = fingerprint.get("options") or {}
     if not any(bench.get("graphs") for bench in options.values()):
-        return None
+        return RuntimeInfo(chunks="per_chunk")
     from kestrel_rt.cuda.graphs import BUCKETS, MAX_M, PREFILL_BUCKETS
 
     # a MoE model's prefill runs eagerly (CupyBackend.graph_safe): no prefill graphs

@@ -48,11 +48,13 @@ Overlap rows were added to version 2 without changing it (optional fields, a new
 batch sizes its CUDA graphs are captured at (a decode, verify, draft or correction step of
 b <= the largest and M <= `max_m` tokens per sequence replays the graph of the smallest
 bucket >= b, its padding rows computed and thrown away), so the simulator prices such a
-step at its bucket; `prefill_buckets` likewise pads a prompt chunk's length (its prefill
-graph's); `chunks` says how a step's prompt chunks run: "per_chunk", one forward per chunk
-([1, n] each, as kestrel_rt/serve/forward.py and calibration run them), so b chunks of n
-tokens cost b times one chunk of n, or "batched" (the default, what a file without the
-key means), one [b, n] forward; absent: each step at its own batch and length, its chunks
+step at its bucket; empty or absent, the runtime has no step graphs (the CPU, or graphs
+off) and each step runs at its own batch; `prefill_buckets` likewise pads a prompt chunk's
+length (its prefill graph's; only with step graphs); `chunks` says how a step's prompt
+chunks run: "per_chunk", one forward per chunk ([1, n] each, as kestrel_rt/serve/forward.py
+and calibration run them, with graphs or without), so b chunks of n tokens cost b times
+one chunk of n, or "batched" (the default, what a file without the key means), one [b, n]
+forward. No `runtime` (older files): each step at its own batch and length, its chunks
 batched.
 
 Version 1 files (no `schema_version`; bench/h200_decode.py wrote them) load as version 2:
@@ -238,7 +240,8 @@ class RuntimeInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     batch_buckets: list[int] = Field(
-        min_length=1, description="batch sizes of the runtime's step graphs, ascending")
+        default_factory=list, description="batch sizes of the runtime's step graphs, "
+        "ascending; empty: no step graphs (each step runs at its own batch)")
     max_m: int = Field(default=16, ge=1,
                        description="most tokens per sequence a step graph takes")
     prefill_buckets: list[int] | None = Field(
@@ -256,6 +259,10 @@ class RuntimeInfo(BaseModel):
             b = getattr(self, name) or []
             if any(x < 1 for x in b) or any(x >= y for x, y in pairwise(b)):
                 raise ValueError(f"{name} must be ascending positive sizes (got {b})")
+        if self.prefill_buckets and not self.batch_buckets:
+            raise ValueError("prefill_buckets need batch_buckets: a runtime without step "
+                             "graphs (batch_buckets empty or absent) captures no prefill "
+                             f"graphs (got prefill_buckets {self.prefill_buckets})")
         return self
 
     def run_shape(self, stage: str, batch: int, m: float) -> tuple[int, float]:
@@ -278,10 +285,16 @@ class RuntimeInfo(BaseModel):
         return next(x for x in b if x >= m)
 
     def bucket(self, batch: int, m: float) -> int:
-        """The batch a step of `batch` x `m` runs at: its bucket, or itself (eager)."""
-        if m > self.max_m or batch > self.batch_buckets[-1]:
+        """The batch a step of `batch` x `m` runs at: its bucket, or itself (eager: past
+        the graphs, or no step graphs)."""
+        if not self.graphs or m > self.max_m or batch > self.batch_buckets[-1]:
             return batch
         return next(x for x in self.batch_buckets if x >= batch)
+
+    @property
+    def graphs(self) -> bool:
+        """True where the runtime replays step graphs (steps padded to a batch bucket)."""
+        return bool(self.batch_buckets)
 
     @property
     def per_chunk(self) -> bool:
@@ -301,7 +314,8 @@ class Profile(BaseModel):
     schema_version: Literal[2] = 2
     fingerprint: Fingerprint
     runtime: RuntimeInfo | None = Field(
-        default=None, description="how the measuring runtime pads steps (module docstring)")
+        default=None, description="how the measuring runtime pads steps and runs prompt "
+        "chunks (module docstring)")
     measurements: list[Measurement] = Field(min_length=1)
     parts: list[Fingerprint] = Field(
         default_factory=list,
@@ -340,8 +354,9 @@ class Profile(BaseModel):
         differs = drift or a.grid != b.grid or a.date != b.date
         parts = list(self.parts) + ([b] if differs else []) + list(other.parts)
         if self.runtime != other.runtime:
-            raise ConfigError(f"cannot merge profiles whose runtimes pad steps differently "
-                              f"(runtime: {self.runtime} vs {other.runtime})")
+            raise ConfigError(f"cannot merge profiles whose runtimes ran steps differently "
+                              f"(runtime: {self.runtime} vs {other.runtime}): step graphs "
+                              "and prompt chunks must be the same")
         return Profile(fingerprint=a.model_copy(update={"grid": grid}), runtime=self.runtime,
                        measurements=list(self.measurements) + list(other.measurements),
                        parts=parts)

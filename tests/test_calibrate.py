@@ -76,7 +76,10 @@ def test_tiny_grid_end_to_end_writes_a_valid_profile(calibrated):
             } == {(1, 16, 0), (1, 16, 16), (1, 16, 32), (1, 48, 0)}
     # whole rounds need the target and the draft on a GPU: left out, with a note
     assert "round points are skipped" in result.output
-    assert profile.runtime is None  # the torch backend pads no step to a graph's batch
+    # the torch backend pads no step to a graph's batch, and runs a forward per prompt chunk
+    assert profile.runtime.batch_buckets == [] and not profile.runtime.graphs
+    assert profile.runtime.prefill_buckets is None and profile.runtime.chunks == "per_chunk"
+    assert profile.runtime.bucket(3, 1) == 3
     shape, _ = resolve(profile.fingerprint.model)
     for m in profile.rows("kv_transfer", "cpu"):
         # float32 K and V of every layer, for one model or the other

@@ -21,6 +21,7 @@ from calibration.record import runtime_info, to_profile
 from calibration.rounds import build_spec, measure_round
 from kestrel_rt.loading import resolve
 from kestrel_rt.runner import build_model, prepare
+from kestrel_sim.profile import RuntimeInfo
 
 FINGERPRINT = {"device": "NVIDIA H200", "model": "qwen3-8b", "draft_model": "qwen3-0.6b"}
 
@@ -176,8 +177,11 @@ def test_the_runtime_is_the_graphs_buckets_where_the_benches_run_graphs():
     assert dense.prefill_buckets == list(PREFILL_BUCKETS)
     moe = runtime_info({**FINGERPRINT, "model": "qwen3-30b-a3b", "options": options(True)})
     assert moe.prefill_buckets is None  # a MoE prefill runs eagerly
-    assert runtime_info({**FINGERPRINT, "options": options(False)}) is None
-    assert runtime_info(FINGERPRINT) is None  # no options recorded
+    # without graphs (graphs off, or no options recorded): no buckets, a forward per chunk
+    for eager in (runtime_info({**FINGERPRINT, "options": options(False)}),
+                  runtime_info(FINGERPRINT)):
+        assert eager == RuntimeInfo(chunks="per_chunk") and eager.batch_buckets == []
+        assert eager.prefill_buckets is None and eager.per_chunk and not eager.graphs
 
 
 def test_parts_measured_apart_share_the_runtime_and_merge():

@@ -30,7 +30,8 @@ Mixed steps (one forward carrying a decode or verify step and a prefill chunk):
 Either way the result is kept between max(step alone, chunk alone) and their sum.
 
 Prompt chunks run one forward per chunk where the measuring runtime says so
-(RuntimeInfo.chunks "per_chunk", as kestrel_rt/serve/forward.py runs them): b chunks of m
+(RuntimeInfo.chunks "per_chunk", as kestrel_rt/serve/forward.py runs them, on a GPU or
+the CPU, with step graphs or without): b chunks of m
 tokens are priced as b times the prefill (or draft_prefill) fit at (1, m), and a mixed
 step as the step's forward and its chunks' forwards one after the other: the mixed fit
 where there is one prices the step with one chunk (the shape its rows were measured at),
@@ -262,11 +263,13 @@ class FittedCost:
     def __init__(self, models: dict[str, StageModel], path: str, fallback=None,
                  runtime: RuntimeInfo | None = None, per_chunk: bool | None = None):
         self.path = path
-        self.runtime = runtime  # the graph buckets steps are priced at (None: none)
         # prompt chunks priced one forward each (RuntimeInfo.chunks); by default as
         # `runtime` says
         self.per_chunk = (runtime is not None and runtime.per_chunk if per_chunk is None
                           else per_chunk)
+        # the graph buckets steps are priced at (None: none, as for a runtime without
+        # step graphs)
+        self.runtime = runtime if runtime is not None and runtime.graphs else None
         self._fallback = fallback
         self._models = dict(models)
         if "correction" not in self._models and "decode" in self._models:

@@ -39,7 +39,7 @@ def profile(chunks: str | None, device: str = "gpu") -> Profile:
               + HOST_MS} for b in (4, 32) for m in (1, 5) for n in (512, 2048)]
     runtime = None
     if chunks is not None:
-        runtime = {"batch_buckets": BUCKETS, "chunks": chunks}  # a CPU's rows: unpadded
+        runtime = {"batch_buckets": BUCKETS if device == "gpu" else [], "chunks": chunks}
     return Profile.model_validate({
         "fingerprint": {"device": "NVIDIA H200", "model": "qwen3-8b"}, "runtime": runtime,
         "measurements": [{**r, "device": device} for r in rows]})
