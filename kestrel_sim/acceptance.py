@@ -1,7 +1,10 @@
 """Acceptance models: how many of k draft tokens the target accepts in one round.
 
 Every model reduces to a distribution over 0..k accepted tokens, sampled by inverse CDF
-from the scenario's Generator (one uniform per request per round):
+with one uniform per request per round from that request's own Generator,
+accept_rng(seed, request), in the simulator (RequestAcceptance) and in the runtime's
+controlled mode (kestrel_rt/spec/controlled.py) alike, so a request draws the same lengths
+on both, whichever requests share its batch:
 
 - alpha:        P(n) = alpha^n (1 - alpha) for n < k, P(k) = alpha^k (independent tokens)
 - per_position: p_i = P(position i accepted | positions before it accepted);
@@ -19,6 +22,15 @@ import numpy as np
 from kestrel_sim.datafiles import read_numbers
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.scenario import Acceptance
+
+SEED_RANGE = 2**64  # seeds are taken mod 2**64, as torch.Generator.manual_seed takes them
+WINDOW = 128  # drawn lengths a running batch holds per row before it draws the next ones
+
+
+def accept_rng(seed: int | None, request: int) -> np.random.Generator:
+    """Request `request`'s generator of accepted lengths, seeded (seed + request) mod 2**64
+    as its sampling generator is (fresh entropy when seed is None)."""
+    return np.random.default_rng(None if seed is None else (seed + request) % SEED_RANGE)
 
 
 class AcceptanceModel:
@@ -41,6 +53,41 @@ class AcceptanceModel:
     def expected_tokens(self) -> float:
         """Tokens per round with an uncapped output: accepted + 1 (correction or bonus)."""
         return self.expected_accepted() + 1.0
+
+
+class RequestAcceptance:
+    """Each request's accepted lengths from its own stream: its j-th round takes the j-th
+    uniform of accept_rng(seed, request). `used` [n] counts the rounds each request has
+    drawn, so one preempted or moved to another worker resumes its stream where it was.
+    Live requests keep their generator between windows (made once: seeding costs more
+    than drawing); finish() lets it go."""
+
+    __slots__ = ("drawn", "live", "model", "seed", "used")
+
+    def __init__(self, model: AcceptanceModel, seed: int, n: int):
+        self.model = model
+        self.seed = seed
+        self.used = np.zeros(n, dtype=np.int64)  # [n] rounds drawn per request
+        self.drawn = np.zeros(n, dtype=np.int64)  # [n] uniforms its live generator gave
+        self.live: dict[int, np.random.Generator] = {}
+
+    def window(self, request: int) -> np.ndarray:
+        """[WINDOW] int8: the request's accepted lengths for its next WINDOW rounds. A
+        request whose last window went partly unused (preempted) restarts its generator
+        past the `used` uniforms (one 64-bit step each)."""
+        rng = self.live.get(request)
+        used = int(self.used[request])
+        if rng is None or self.drawn[request] != used:
+            rng = self.live[request] = accept_rng(self.seed, request)
+            if used:
+                rng.bit_generator.advance(used)
+        self.drawn[request] = used + WINDOW
+        return self.model.sample(WINDOW, rng).astype(np.int8)
+
+    def finish(self, requests) -> None:
+        """Requests that emitted their last token: their generators go."""
+        for r in requests:
+            self.live.pop(r, None)
 
 
 def leviathan_tokens(alpha: float, k: int) -> float:

@@ -6,25 +6,21 @@ every forward as usual and takes the number of accepted draft tokens from the si
 acceptance model (kestrel_sim/acceptance.py: alpha, independent per token, the accepted
 length being the first failure; per_position[i] = P(accept i | accepted 0..i-1); or a
 trace of measured lengths), drawn by inverse CDF with one uniform per request per round
-from that request's own numpy Generator, then capped by what the sequence may still emit.
-The emitted tokens are the accepted draft tokens and the target's token after them, so the
-output is not the target's own: results are marked `controlled` in the statistics (and the
-trace). Same draws for the same seed, alone or batched.
+from that request's own numpy Generator (accept_rng: the simulator's rule, imported so the
+two cannot drift), then capped by what the sequence may still emit. The emitted tokens
+are the accepted draft tokens and the target's token after them, so the output is not the
+target's own: results are marked `controlled` in the statistics (and the trace).
+Same draws for the same seed, alone or batched.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kestrel_rt.sampling import SEED_RANGE
-from kestrel_sim.acceptance import AcceptanceModel, build_acceptance
+from kestrel_sim.acceptance import AcceptanceModel, accept_rng, build_acceptance
 from kestrel_sim.scenario import Acceptance
 
-
-def accept_rng(seed: int | None, request: int) -> np.random.Generator:
-    """Request `request`'s generator of accepted lengths, seeded (seed + request) mod 2**64
-    as its sampling generator is (fresh entropy when seed is None)."""
-    return np.random.default_rng(None if seed is None else (seed + request) % SEED_RANGE)
+__all__ = ["ControlledAcceptance", "accept_rng"]  # accept_rng: the simulator's own rule
 
 
 class ControlledAcceptance:

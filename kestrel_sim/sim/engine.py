@@ -3,8 +3,9 @@ the run's Trace (all of it, a bounded sample, or no spans and requests: keep.py)
 metrics and time series, computed by a Recorder that saw every event as the run went.
 
 All randomness comes from one numpy Generator seeded with workload.seed, drawn in a
-fixed order (arrivals, prompt lengths, output lengths up front; then acceptance and any
-random service times as the run goes), so a seed reproduces a run exactly.
+fixed order (arrivals, prompt lengths, output lengths up front; then any random service
+times as the run goes), so a seed reproduces a run exactly. Accepted lengths come from each
+request's own Generator (acceptance.accept_rng), as the runtime draws them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from kestrel_sim.acceptance import build_acceptance
+from kestrel_sim.acceptance import RequestAcceptance, build_acceptance
 from kestrel_sim.costs.build import build_costs
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec
@@ -106,7 +107,6 @@ def simulate(
     drawn = draw_workload(sc.workload, rng, context=min(contexts, default=None))
     costs = build_costs(sc, rng)
     k = sc.spec.k if sc.spec else 0
-    acceptance = build_acceptance(sc.spec.acceptance, k) if sc.spec else None
     capacity = kv_capacity(sc, costs.hardware)
     worst = int((drawn.prompt + drawn.output).max()) + k + 1
     if worst > capacity:
@@ -118,6 +118,8 @@ def simulate(
     reserve = (drawn.prompt + drawn.output + k + 1) if wait else None
 
     n = drawn.n
+    acceptance = (RequestAcceptance(build_acceptance(sc.spec.acceptance, k), sc.workload.seed,
+                                    n) if sc.spec else None)  # each request's own stream
     env = simpy.Environment()
     st = SimState(env, rng, drawn.prompt.tolist(), drawn.output.tolist(), k, reserve, keeper,
                   sc.serving.decode_queue, progress)

@@ -50,7 +50,7 @@ class StepConfig:
                  decode_overhead=None):
         self.target = target  # StageCost of the target model
         self.draft = draft  # StageCost of the draft model, or None
-        self.acceptance = acceptance  # AcceptanceModel, or None
+        self.acceptance = acceptance  # RequestAcceptance, or None
         self.separate = separate
         self.max_batch = max_batch
         self.max_tokens = max_tokens
@@ -243,12 +243,12 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
         if chunks:
             pids = [job.rid for job, _ in chunks]
             chunk = Chunk(len(chunks), ptok / len(chunks), pctx / len(chunks))
-    if k:  # (draws in the order of the rounds without a chunk: draft, acceptance, verify)
+    if k:  # (any draws in the order of the rounds without a chunk: draft, verify)
         td = cfg.draft.seconds("draft", b, 1, c)
         # the first step feeds two tokens per sequence where a draft lags (a graph of M = 2)
         lagging = int(batch.lag.sum()) if cfg.catch_up else 0
         td1 = cfg.draft.seconds("draft", b, 2, c) if lagging else td
-        acc = cfg.acceptance.sample(b, st.rng)
+        acc = batch.accepted(cfg.acceptance)  # [b] each request's own stream
         emit = np.minimum(acc + 1, rem)  # a request near its end keeps fewer than accepted
         alist = (emit - 1).tolist()  # draft tokens accepted and kept
         batch.lag = acc >= k  # all k accepted: the draft never ran d_k
@@ -311,6 +311,9 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
         else:
             w.kv.used -= int(st.reserve[fin].sum())
         batch.keep(~done)
-        st.finish(fin.tolist())
+        finished = fin.tolist()
+        if k:
+            cfg.acceptance.finish(finished)  # their acceptance streams go
+        st.finish(finished)
     if chunks:
         _complete_chunks(st, w, chunks, on_prefilled)
