@@ -338,3 +338,21 @@ def test_run_predicts_again_against_a_kept_run(folder, tmp_path, monkeypatch, ca
     code, _, err = kestrel(monkeypatch, capsys, "run", CPU / "cpu-colocated.yaml",
                            "--measured", out, "--out", tmp_path / "x")
     assert code == 2 and "--on both" in " ".join(err.split())
+
+
+def test_controlled_acceptance_is_the_same_on_both_sides(folder, tmp_path, monkeypatch,
+                                                         capsys):
+    """Each request draws its accepted lengths from its own seeded stream on the runtime and
+    in the simulator, so a controlled run's rounds and accepted tokens agree exactly, whatever
+    the step times (here the CPU runtime against a roofline of an H200-less CPU)."""
+    out = tmp_path / "spec"
+    code, _, err = kestrel(monkeypatch, capsys, "run", CPU / "cpu-spec.yaml", "--on", "both",
+                           "--out", out, *sets(f"model={folder}", f"draft.model={folder}",
+                                               "spec.acceptance.on_hardware=controlled",
+                                               *GENEROUS))
+    assert code == 0, err
+    measured, predicted = (json.loads((out / side / "metrics.json").read_text())
+                           for side in ("hardware", "sim"))
+    assert measured["acceptance_source"] == "controlled"
+    for key in ("spec_decode_num_drafts", "spec_decode_accepted_tokens"):
+        assert measured[key] == predicted[key] > 0, key
