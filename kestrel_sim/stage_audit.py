@@ -15,17 +15,59 @@ Rows group the spans by worker role, stage, batch and tokens per sequence, with 
 context (and a mixed forward's mean chunk: `reprice` prices a kept audit again); error_pct = (priced - measured) / measured x 100, negative where the simulator
 prices the stage too fast. What the audit leaves out is time between spans: the host's, which
 the simulator prices as a round's overhead where the profile measured one.
+
+Where two serving loops share a device (disaggregated prefill and decode workers on one GPU:
+trace meta `placement`), a step that ran at least a quarter of its time beside the other
+loop's steps is grouped apart, its stage named "..., beside another loop", with `beside` the
+mean share of its time the other ran: the audit prices each step alone, so those rows show
+the contention the simulator's law (kestrel_sim/costs/contention.py) must account for.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 
 from kestrel_sim.costs.base import Chunk
 from kestrel_sim.trace import Trace
+from kestrel_sim.traced import merged
 
 PRICED = ("prefill", "decode", "verify", "correction", "draft")
 MIXED = " + prompt chunk"  # a decode or verify stage that carried prompt chunks
+BESIDE = ", beside another loop"  # a step that shared its device with another loop's steps
+BESIDE_AT = 0.25  # the share of its time from which a step counts as beside the other
+
+
+def base_kind(stage: str) -> str:
+    """The span kind an audit row's stage names (decode, verify, ...)."""
+    return stage.removesuffix(BESIDE).removesuffix(MIXED)
+
+
+def beside_shares(trace: Trace, spans) -> dict[tuple, float]:
+    """(worker, start, end) -> the share of the span's time that another serving loop's
+    priced spans on the same device covered (none where no device has two loops)."""
+    placement = trace.meta.get("placement") or {}
+    loops: dict[str, list] = defaultdict(list)  # loop -> its spans
+    for s in spans:
+        loops[s.worker.split("/")[0]].append(s)
+    by_device: dict[str, list[str]] = defaultdict(list)
+    for loop in loops:
+        if loop in placement:
+            by_device[placement[loop]].append(loop)
+    out = {}
+    for names in by_device.values():
+        for loop in names if len(names) > 1 else ():
+            others = merged([(o.start, o.end) for n in names if n != loop for o in loops[n]])
+            starts = [a for a, _ in others]
+            for s in loops[loop]:
+                covered = 0.0
+                i = max(bisect_right(starts, s.start) - 1, 0)
+                while i < len(others) and others[i][0] < s.end:
+                    covered += max(0.0, min(s.end, others[i][1]) - max(s.start, others[i][0]))
+                    i += 1
+                if s.end > s.start:
+                    out[s.worker, s.start, s.end] = covered / (s.end - s.start)
+    return out
 
 
 def role(worker: str) -> str:
@@ -38,8 +80,11 @@ def stage_audit(trace: Trace, costs) -> list[dict]:
     spans = [s for s in trace.spans if s.kind in PRICED]
     chunks = {(s.worker, s.start, s.end): s for s in spans if s.kind == "prefill"}
     steps = {(s.worker, s.start, s.end) for s in spans if s.kind in ("decode", "verify")}
-    # per group: spans, measured ms, priced ms, context, chunk prompts, tokens, context
-    groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    shared = beside_shares(trace, spans)
+    # per group: spans, measured ms, priced ms, context, chunk prompts, tokens, context,
+    # share of time beside another loop
+    groups: dict[tuple, list[float]] = defaultdict(
+        lambda: [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
     for s in spans:
         key = (s.worker, s.start, s.end)
         if s.kind == "prefill" and key in steps:
@@ -65,7 +110,9 @@ def stage_audit(trace: Trace, costs) -> list[dict]:
             priced = cost.mixed_seconds(s.kind, b, m, c, shape)
         else:
             priced = cost.seconds(s.kind, b, m, c)
-        stage = s.kind + (MIXED if chunk is not None else "")
+        beside = shared.get(key, 0.0)
+        stage = (s.kind + (MIXED if chunk is not None else "")
+                 + (BESIDE if beside >= BESIDE_AT else ""))
         g = groups[who, stage, b, m]
         g[0] += 1
         g[1] += (s.end - s.start) * 1e3
@@ -75,12 +122,15 @@ def stage_audit(trace: Trace, costs) -> list[dict]:
             g[4] += shape.batch
             g[5] += shape.m
             g[6] += shape.context
+        g[7] += beside
     rows = []
-    for (who, stage, b, m), (n, measured, priced, c, nb, cm, cc) in sorted(groups.items()):
+    for (who, stage, b, m), (n, measured, priced, c, nb, cm, cc, bs) in sorted(groups.items()):
         row = {"worker": who, "stage": stage, "batch": b, "tokens_per_seq": m,
                "context": c / n, "spans": n, "measured_ms": measured / n,
                "priced_ms": priced / n, "error_pct": _error(priced, measured)}
-        if stage.endswith(MIXED):
+        if shared:
+            row["beside"] = bs / n
+        if MIXED in stage:
             row["chunk"] = [nb / n, cm / n, cc / n]  # prompts, tokens each, context (means)
         rows.append(row)
     return rows
@@ -93,7 +143,7 @@ def reprice(rows: list[dict], costs) -> list[dict]:
     out = []
     for r in rows:
         cost = costs.draft if r["worker"] == "draft" else costs.target
-        kind = r["stage"].removesuffix(MIXED)
+        kind = base_kind(r["stage"])
         if cost is None:
             continue
         args = (kind, r["batch"], r["tokens_per_seq"], r["context"])
