@@ -150,6 +150,8 @@ def kept_both(sc: Scenario, kept: Kept | None, source: Path, console: Console,
     audit = None
     if before.get("stage_audit"):  # the kept stages, priced by today's costs
         audit = doc["stage_audit"] = reprice(before["stage_audit"], scenario_costs(sc))
+    if before.get("gaps") is not None:  # what only the measured trace told: kept as is
+        doc["gaps"] = before["gaps"]
     doc["fingerprint"] = before.get("fingerprint", {})  # the machine that measured
     doc["measured_at"] = before.get("measured_at") or before.get("date")
     doc["predicted_at"] = git_commit()
@@ -200,6 +202,7 @@ def run_both(sc: Scenario, console: Console, trace: str = "sample",
     both runs and of the comparison, not yet written."""
     from kestrel_cli.render import costs_label, render_run, simulate_with_progress
     from kestrel_cli.run_hardware import run_on_hardware
+    from kestrel_sim.gaps import gap_causes
     from reports.parity import parity_report
 
     refuse_pending(sc)
@@ -216,6 +219,7 @@ def run_both(sc: Scenario, console: Console, trace: str = "sample",
     audit = audit_of(sc, measured_trace)
     doc["stage_audit"] = audit
     doc["traced"] = traced_doc(measured_trace, predicted_trace)
+    doc["gaps"] = gap_causes(measured_trace)  # the measured loops' time between steps, why
     files = {f"hardware/{name}": text for name, text in hw_files.items()}
     files |= {f"sim/{name}": text for name, text in sim_files.items()}
     files["parity.html"] = parity_report(sc.name, rows, measured, predicted, measured_trace,

@@ -356,3 +356,22 @@ def test_controlled_acceptance_is_the_same_on_both_sides(folder, tmp_path, monke
     assert measured["acceptance_source"] == "controlled"
     for key in ("spec_decode_num_drafts", "spec_decode_accepted_tokens"):
         assert measured[key] == predicted[key] > 0, key
+
+
+def test_the_comparison_says_what_lies_between_each_loops_steps(folder, tmp_path,
+                                                               monkeypatch, capsys):
+    """comparison.json `gaps` (kestrel_sim/gaps.py): per measured serving loop, the time
+    between its steps while it had work, by cause; kept as measured by --measured."""
+    out = tmp_path / "dis"
+    code, _, err = kestrel(monkeypatch, capsys, "run", CPU / "cpu-disaggregated.yaml", "--on",
+                           "both", "--out", out, *sets(f"model={folder}", *GENEROUS))
+    assert code == 0, err
+    gaps = json.loads((out / "comparison.json").read_text())["gaps"]
+    assert {"prefill0", "decode0"} <= set(gaps)
+    for g in gaps.values():
+        assert g["gaps"] >= 0 and g["gap_s"] >= g["none_s"] >= 0.0
+    code, _, err = kestrel(monkeypatch, capsys, "run", CPU / "cpu-disaggregated.yaml", "--on",
+                           "both", "--out", tmp_path / "again", "--measured", out,
+                           *sets(f"model={folder}", *GENEROUS))
+    assert code == 0, err
+    assert json.loads((tmp_path / "again" / "comparison.json").read_text())["gaps"] == gaps
