@@ -4,7 +4,11 @@
 projection over the tokens sorted by expert, no host sync: a 512-token prefill of
 qwen3-30b-a3b no longer loops over 128 experts per layer with a host read each, which took
 over a second per forward on an H200) where torch's grouped matmul takes the weights, else
-the per-expert loop `experts_forward` (quantized experts, other GPUs)."""
+the per-expert loop `experts_forward` (quantized experts, other GPUs).
+
+`static_experts_forward` is the grouped path written for a CUDA-graph capture (the cupy
+backend's RuntimeOptions.moe_prefill_graphs): every shape fixed by the token count and top-k,
+no op that reads a device value on the host, no fallback."""
 
 from __future__ import annotations
 
@@ -115,3 +119,53 @@ def experts(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, gate_u
             warnings.warn(f"MoE experts: torch._grouped_mm refused the call ({err}); "
                           "running the per-expert loop", RuntimeWarning, stacklevel=2)
     return experts_forward(x, weights, chosen, gate_up, down)
+
+
+def static_experts_forward(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    grouped_mm=None,
+) -> torch.Tensor:
+    """grouped_experts_forward's weighted sum (the same products, added in the same order)
+    in a form a CUDA graph can capture: every shape depends only on N and k, and no op reads
+    a device value on the host (no .item / .tolist / nonzero / unique / bincount / boolean
+    index), nor falls back to the loop (a grouped matmul that refuses raises).
+
+    - each token's k choices sorted by expert id (the order its sum adds them in);
+    - the N*k (token, choice) rows sorted by expert on the device (a stable argsort), so each
+      expert's rows are contiguous and in token order;
+    - each expert's end row: a scatter_add count and a cumsum, [E] int32 on the device (an
+      expert no token picked is an empty group);
+    - one grouped matmul per projection over all N*k rows: the groups' total is N*k however
+      the tokens split, so no group is padded to a bound;
+    - the rows back in token order by a gather through the inverse permutation (a scatter
+      of arange), weighted, summed over the k choices.
+
+    grouped_mm(a [R, K], b [E, K, J], offs [E] int32) -> [R, J]: torch._grouped_mm where
+    None (a test passes a loop). x [N, H]; weights, experts [N, k]; gate_up [E, 2I, H];
+    down [E, H, I] -> [N, H]."""
+    if grouped_mm is None:
+        grouped_mm = torch._grouped_mm
+    n, k = experts.shape
+    num_experts = gate_up.shape[0]
+    chosen, by_id = experts.sort(dim=1)  # [N, k] each token's experts in id order
+    chosen_weights = weights.gather(1, by_id)  # [N, k]
+    flat = chosen.reshape(-1)  # [N*k] row j*k + c: token j's c-th expert
+    order = torch.argsort(flat, stable=True)  # [N*k] rows by expert, tokens ascending
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=x.device)  # [E]
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)  # [E] end row of each expert's group
+    rank = torch.arange(n * k, device=x.device)  # [N*k]
+    inverse = torch.empty_like(order).scatter_(0, order, rank)  # [N*k] row -> its sorted place
+    rows = x.index_select(0, order // k)  # [N*k, H]
+    h = grouped_mm(rows, gate_up.transpose(1, 2), offs=offs)  # [N*k, 2I]
+    gate, up = h.chunk(2, dim=-1)
+    h = grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)  # [N*k, H]
+    parts = h.index_select(0, inverse).view(n, k, -1) * chosen_weights[..., None]  # [N, k, H]
+    out = parts[:, 0]
+    for j in range(1, k):
+        out = out + parts[:, j]  # [N, H]
+    return out

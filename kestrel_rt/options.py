@@ -55,6 +55,11 @@ class RuntimeOptions(BaseModel):
     fold_norms: bool = Field(default=False, description="fold each RMSNorm weight into the "
                              "linears that read its output; the norm then runs as a row scale "
                              "inside those kernels (float weights only)")
+    moe_prefill_graphs: bool = Field(default=False, description="cupy, with graphs: replay "
+                                     "a MoE model's one-sequence prefill chunks as CUDA graphs "
+                                     "too, their experts past the MoE kernels' 64 tokens on the "
+                                     "capture-safe grouped matmul (kestrel_rt/moe.py "
+                                     "static_experts_forward; compute capability 9.0+)")
     attention_min_keys: int = Field(default=DECODE_MIN_KEYS, ge=1, le=4096, description=
                                     "cupy: keys per context split of decode attention, at "
                                     "least")
@@ -62,10 +67,14 @@ class RuntimeOptions(BaseModel):
     @model_validator(mode="after")
     def _cupy_only(self):
         if self.backend == "torch":
-            on = [n for n in ("graphs", "pdl", "bulk_gemv", "ring_gemv") if getattr(self, n)]
+            on = [n for n in ("graphs", "pdl", "bulk_gemv", "ring_gemv", "moe_prefill_graphs")
+                  if getattr(self, n)]
             if on:
                 raise ValueError(f"{', '.join(on)} need backend 'cupy' (the torch backend "
                                  "runs no kernels of its own)")
+        if self.moe_prefill_graphs and not self.graphs:
+            raise ValueError("moe_prefill_graphs replays prefill chunks as CUDA graphs: it "
+                             "needs graphs=True")
         return self
 
 
@@ -142,7 +151,8 @@ def check_device(options: RuntimeOptions, device: torch.device) -> None:
         raise OptionsError('backend \'cupy\' needs the cupy package: pip install -e ".[cuda13]" '
                            '(CUDA 13 driver) or ".[cuda12]", or use backend \'torch\'')
     if cc < (9, 0):
-        hopper_only = [n for n in ("pdl", "bulk_gemv") if getattr(options, n)]
+        hopper_only = [n for n in ("pdl", "bulk_gemv", "moe_prefill_graphs")
+                       if getattr(options, n)]
         if hopper_only:
             raise OptionsError(f"{', '.join(hopper_only)} need compute capability 9.0 or newer; "
                                f"device {device} has {cc[0]}.{cc[1]}")

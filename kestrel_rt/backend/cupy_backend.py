@@ -11,7 +11,9 @@ with (kestrel_rt/options.py); nothing is set on it afterwards.
 
 Ops that a kernel cannot take (fp16, prefill with M > MAX_KERNEL_M, head_dim not a multiple
 of 8 in bf16, MoE batches over MAX_MOE_TOKENS tokens, quantized experts the expert-indexed
-gemv cannot read) fall back to the TorchBackend op: same function, same shapes.
+gemv cannot read) fall back to the TorchBackend op: same function, same shapes (with
+moe_prefill_graphs, MoE calls past MAX_MOE_TOKENS on the capture-safe grouped matmul:
+`routed_experts`).
 
 The model's fused ops (kestrel_rt/backend/base.py) run as: `linear_add` with the residual
 added in the gemv's epilogue; `rope_attention` with q/k norm + RoPE inside the decode
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from kestrel_rt import moe as moe_ref
 from kestrel_rt.backend.torch_backend import TorchBackend
 from kestrel_rt.cuda import attention as attn_ops
 from kestrel_rt.cuda import ops, reference
@@ -69,6 +72,7 @@ class CupyBackend(TorchBackend):
         self.greedy_head = GreedyHead(self)
         self._unit_norms: set[str] = set()  # norm weights that are all ones (prepare_weight)
         self._graph_safe: dict[tuple[int, int], bool] = {}  # (batch, m) -> graph_safe's answer
+        self._static_moe: bool | None = None  # static_moe's answer (the weights are fixed)
 
     def load(self, model_id: str, shape: ModelShape, hf_weights: dict) -> None:
         """Backend.load, after making the Gemv for this model: the bulk kernel's row-scale
@@ -103,9 +107,11 @@ class CupyBackend(TorchBackend):
         """True when a forward of [batch, m] tokens runs only kernels and torch ops with no
         host sync, so it may be captured in a CUDA graph: decode and verify (m <= 16) on the
         kernels; a prefill (m > 16) of a dense model, whose attention is torch's over a Step
-        of static length (the graph's step.max_ctx is the cache's max_len). A MoE prefill is
-        not: the torch experts pick their tokens on the host. Asked before every forward
-        of a GraphModel, so kept per shape (it depends only on the loaded model)."""
+        of static length (the graph's step.max_ctx is the cache's max_len); a MoE prefill
+        only with moe_prefill_graphs, where its experts run the capture-safe grouped path
+        (static_moe; without it the torch experts may pick their tokens on the host). Asked
+        before every forward of a GraphModel, so kept per shape (it depends only on the
+        loaded model)."""
         safe = self._graph_safe.get((batch, m))
         if safe is None:
             safe = self._graph_safe[batch, m] = self._is_graph_safe(batch, m)
@@ -117,8 +123,21 @@ class CupyBackend(TorchBackend):
         if not self.kernel_dtype() or s.head_dim % vec or s.head_dim > 256:
             return False
         if m > MAX_KERNEL_M:
-            return not s.is_moe
+            return not s.is_moe or (self.options.moe_prefill_graphs and self.static_moe())
         return not s.is_moe or self.moe_kernels.takes(batch * m)
+
+    def static_moe(self) -> bool:
+        """True when every MoE layer's experts run moe.static_experts_forward (torch's
+        grouped matmul takes them: bf16, unquantized, compute capability 9.0+): then a MoE
+        call the kernels do not take has no host sync and fixed shapes."""
+        if self._static_moe is None:
+            s = self.shape
+            probe = torch.empty(1, s.hidden_size, device=self.device, dtype=self.dtype)
+            self._static_moe = all(
+                moe_ref.grouped_ok(probe, self.weight(f"layers.{i}.experts.gate_up"),
+                                   self.weight(f"layers.{i}.experts.down"))
+                for i in range(s.num_hidden_layers) if s.is_moe_layer(i))
+        return self._static_moe
 
     # -- ops -------------------------------------------------------------------------------
     def rms_norm(self, x, name):
@@ -198,6 +217,14 @@ class CupyBackend(TorchBackend):
     def moe(self, x, layer):
         y = self.moe_kernels.run(x, layer, None)
         return super().moe(x, layer) if y is None else y
+
+    def routed_experts(self, x, weights, experts, gate_up, down):
+        """TorchBackend.routed_experts (a MoE call the kernels do not take); with
+        moe_prefill_graphs, where static_moe, the capture-safe grouped path instead (the
+        same sum, no host sync: a MoE prefill chunk can replay as a CUDA graph)."""
+        if self.options.moe_prefill_graphs and self.static_moe():
+            return moe_ref.static_experts_forward(x, weights, experts, gate_up, down)
+        return super().routed_experts(x, weights, experts, gate_up, down)
 
     def moe_add(self, x, layer, residual):
         y = self.moe_kernels.run(x, layer, residual)

@@ -64,7 +64,12 @@ class TorchBackend(Backend):
         s = self.shape
         weights, experts = moe_ref.route(
             x, self.weight(f"layers.{layer}.router"), s.num_experts_per_tok, s.norm_topk_prob)
-        return moe_ref.experts(
+        return self.routed_experts(
             x, weights, experts,
             self.weight(f"layers.{layer}.experts.gate_up"),
             self.weight(f"layers.{layer}.experts.down"))
+
+    def routed_experts(self, x, weights, experts, gate_up, down):
+        """The chosen experts' weighted SwiGLU sum (kestrel_rt/moe.py experts): x [N, H];
+        weights, experts [N, k]; gate_up [E, 2I, H]; down [E, H, I] -> [N, H]."""
+        return moe_ref.experts(x, weights, experts, gate_up, down)

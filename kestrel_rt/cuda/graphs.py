@@ -20,7 +20,8 @@ decode step's token ids come back in the graph's token input, ready for the next
 `forward_greedy` also has the argmax kernel write them into pinned host memory (two halves,
 alternate replays), so an overlapped decode loop reads them with no copy on the stream (a
 device-to-host copy there cost ~10 us per step on the H200: docs/performance.md).
-Anything else (larger batches, a MoE prefill) runs eagerly: Qwen3Model.forward itself.
+Anything else (larger batches; a MoE prefill, unless the backend's moe_prefill_graphs option
+puts its experts on the capture-safe grouped path) runs eagerly: Qwen3Model.forward itself.
 
 `warm_steps` captures ahead of a run, on the scratch slot only, the graphs its forwards will
 replay (a capture inside a run stalls it: ~100 ms for a prefill graph of an 8B model on the
