@@ -32,6 +32,14 @@ loops on another stream of the same GPU: observed f = ms / alone_ms), where f is
 lam: least squares on relative error, kept within 0..1; a side without rows takes the fit
 of all rows. Without overlap rows both sides take DEFAULT_SERIAL, halfway between the two
 bounds, and the cost description says the contention is uncalibrated.
+
+Where a profile has overlap rows of the speculative decode worker's draft steps (the draft
+model's one-token step beside the target's chunk, calibration/overlap_grid.py), they get
+laws of their own: `draft` (a draft step timed beside a chunk) and `prefill/draft` (a
+chunk timed beside draft steps); the simulator then runs a round's draft steps apart from
+its verify (kestrel_sim/sim/steps.py, `Contention.drafts_apart`). Without such rows a
+draft step is decode-like and a chunk beside it prices as beside any decode step
+(interleave.law_for), today's law exactly.
 """
 
 from __future__ import annotations
@@ -42,15 +50,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kestrel_sim.costs.base import Shares
-from kestrel_sim.costs.interleave import Ratio, fit_ratio, ratio_slowdowns
+from kestrel_sim.costs.interleave import FALLBACK, Ratio, fit_ratio, law_for, ratio_slowdowns
 
-SIDES = ("decode", "prefill")
+SIDES = ("decode", "prefill")  # every law has these; "draft", "prefill/draft" where fitted
 DEFAULT_SERIAL = 0.5  # halfway between ideal sharing (0) and kernels one at a time (1)
 
 
 def side_of(stage: str) -> str:
-    """The side a step of `stage` is on: prefill chunks, or decode-like steps."""
-    return "prefill" if stage == "prefill" else "decode"
+    """The side a step of `stage` is on: prefill chunks, the draft's steps, or decode-like
+    steps (a draft step takes the decode side's law where it has none of its own)."""
+    return stage if stage in ("prefill", "draft") else "decode"
+
+
+def chain(key: str) -> list[str]:
+    """The keys whose rows fit a key's law, the most particular first ("prefill/draft":
+    itself, then prefill; "draft": itself, then decode)."""
+    side = key.split("/")[0]
+    return list(dict.fromkeys([key, side, FALLBACK.get(side, side)]))
 
 
 def asked(shares: list[Shares]) -> tuple[float, float, float]:
@@ -98,6 +114,13 @@ class OverlapRow:
     observed: float
     timed_ms: float = 0.0
     other_ms: float = 0.0
+    other_side: str = ""
+
+    @property
+    def key(self) -> str:
+        """The law that prices it: its side's, or its side's beside the draft's steps."""
+        beside_draft = self.other_side == "draft" and self.side != "draft"
+        return f"{self.side}/draft" if beside_draft else self.side
 
     def pair(self) -> tuple[float, float, float]:
         return self.timed_ms, self.other_ms, self.observed
@@ -120,26 +143,40 @@ class Contention:
     ratio: dict[str, Ratio] = field(default_factory=dict)  # the interleave law's, per side
     # the median held-out error of each law the rows were fitted with (the kept one lowest)
     law_held_out: dict[str, float] = field(default_factory=dict)
+    # the kept law's held-out errors by the law that priced each row (OverlapRow.key)
+    held_out_by: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def fitted(self) -> bool:
         return self.rows > 0
 
+    @property
+    def table(self) -> dict:
+        """The kept law's entries: side (or "side/other") -> lam or Ratio."""
+        return self.ratio if self.law == "interleave" else self.serial
+
+    @property
+    def drafts_apart(self) -> bool:
+        """Whether the draft's steps have a law of their own (rows of them were fitted): the
+        simulator then runs them apart from the rest of a round."""
+        return any("draft" in key for key in self.table)
+
     def slowdowns(self, seconds: list[float], shares: list[Shares], sides: list[str]
                   ) -> list[float]:
-        """f of every active step: its time alone, Shares and side."""
+        """f of every active step: its time alone (one step's, where a job is several),
+        Shares and side."""
         if self.law == "interleave":
             return ratio_slowdowns(seconds, sides, self.ratio)
-        return slowdowns(shares, [self.serial[s] for s in sides])
+        return slowdowns(shares, [law_for(self.serial, s) for s in sides])
 
     def describe(self) -> str:
         if self.law == "interleave":
-            law = ", ".join(f"{s} {self.ratio[s].a:.2f} x (T_other / T)^{self.ratio[s].b:.2f}"
-                            for s in SIDES)
+            law = ", ".join(f"{s} {r.a:.2f} x (T_other / T)^{r.b:.2f}"
+                            for s, r in self.ratio.items())
             text = (f"steps overlapping on one device: each slowed by the other's kernels "
                     f"({law}), fitted from {self.rows} overlap rows")
         else:
-            lam = ", ".join(f"{s} {self.serial[s]:.2f}" for s in SIDES)
+            lam = ", ".join(f"{s} {v:.2f}" for s, v in self.serial.items())
             if not self.fitted:
                 return (f"steps overlapping on one device: uncalibrated contention, lam {lam} "
                         "(halfway between sharing bandwidth and compute and running kernels "
@@ -170,6 +207,48 @@ def predict(row: OverlapRow, lam: float) -> float:
     return ideal + lam * (serial - ideal)
 
 
+def keys_of(rows: list[OverlapRow]) -> list[str]:
+    """The laws a set of rows fits: the two sides', then those of the draft's rows."""
+    return [*SIDES, *sorted({r.key for r in rows} - set(SIDES))]
+
+
+def fit_keyed(rows: list[OverlapRow], fit) -> tuple[dict, dict[str, str]]:
+    """`fit` (rows -> law or None) per key: a side of its own rows, else of all rows; a
+    draft key of its own rows only (none: law_for falls back). (laws, how each came)."""
+    laws, how = {}, {}
+    pooled = fit(rows)
+    for key in keys_of(rows):
+        mine = [r for r in rows if r.key == key]
+        law = fit(mine) if mine else None
+        if law is not None:
+            laws[key], how[key] = law, "fitted"
+        elif key in SIDES and pooled is not None:
+            laws[key], how[key] = pooled, "fitted on all rows (none of its own)"
+    return laws, how
+
+
+def held_out(rows: list[OverlapRow], fit, predict_row) -> list[tuple[str, float]]:
+    """(key, |error| %) of each row left out of its fit, in row order: the law of the
+    first key of its chain with rows left (else of all rows left)."""
+    out = []
+    for i, r in enumerate(rows):
+        rest = [q for j, q in enumerate(rows) if j != i]
+        law = next((law for key in chain(r.key)
+                    if (law := fit([q for q in rest if q.key == key])) is not None), None)
+        if law is None:
+            law = fit(rest)
+        if law is not None:
+            out.append((r.key, abs(predict_row(r, law) / r.observed - 1) * 100))
+    return out
+
+
+def by_key(errors: list[tuple[str, float]]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for key, err in errors:
+        out.setdefault(key, []).append(err)
+    return out
+
+
 def fit_contention(rows: list[OverlapRow]) -> Contention:
     """lam per side from overlap rows (see the module docstring), with the leave-one-out
     error of each row; the default where there are none. Where the rows also price both
@@ -182,51 +261,40 @@ def fit_contention(rows: list[OverlapRow]) -> Contention:
         else math.inf
     ratio, held = fit_interleave(rows)
     if ratio is not None and held:
-        out.law_held_out["interleave"] = float(np.median(held))
+        out.law_held_out["interleave"] = float(np.median([e for _, e in held]))
         if out.law_held_out["interleave"] < out.law_held_out["shares"]:
-            out.law, out.ratio, out.held_out_pct = "interleave", ratio, held
+            out.law, out.ratio = "interleave", ratio
+            out.held_out_pct, out.held_out_by = [e for _, e in held], by_key(held)
     return out
 
 
-def fit_interleave(rows: list[OverlapRow]) -> tuple[dict[str, Ratio] | None, list[float]]:
-    """The interleaving law per side (a side without rows of its own takes all rows'),
-    and each row's error when left out of its fit; (None, []) where the rows cannot tell."""
+def ratio_of(rows: list[OverlapRow]) -> Ratio | None:
+    return fit_ratio([r.pair() for r in rows])
+
+
+def fit_interleave(rows: list[OverlapRow]
+                   ) -> tuple[dict[str, Ratio] | None, list[tuple[str, float]]]:
+    """The interleaving law per side (a side without rows of its own takes all rows'; the
+    draft's keys only with rows of their own), and each row's error when left out of its
+    fit (held_out); (None, []) where the rows cannot tell."""
     if not rows or any(r.timed_ms <= 0 or r.other_ms <= 0 for r in rows):
         return None, []
-
-    def per_side(some: list[OverlapRow], side: str) -> Ratio | None:
-        return fit_ratio([r.pair() for r in some if r.side == side]) or fit_ratio(
-            [r.pair() for r in some])
-
-    laws = {side: per_side(rows, side) for side in SIDES}
-    if any(law is None for law in laws.values()):
+    laws, _ = fit_keyed(rows, ratio_of)
+    if any(side not in laws for side in SIDES):
         return None, []
-    held = []
-    for i, r in enumerate(rows):
-        law = per_side([q for j, q in enumerate(rows) if j != i], r.side)
-        if law is not None:
-            held.append(abs((1.0 + law.excess(r.timed_ms, r.other_ms)) / r.observed - 1) * 100)
-    return laws, held
+    return laws, held_out(rows, ratio_of,
+                          lambda r, law: 1.0 + law.excess(r.timed_ms, r.other_ms))
 
 
 def fit_shares(rows: list[OverlapRow]) -> Contention:
     """The shares law's lam per side, with each row's leave-one-out error."""
     out = Contention()
-    pooled = fit_serial(rows) if rows else None
-    if pooled is None:
+    if not rows or fit_serial(rows) is None:
         return out
-    for side in SIDES:
-        mine = [r for r in rows if r.side == side]
-        lam = fit_serial(mine) if mine else None
-        out.serial[side] = pooled if lam is None else lam
-        out.how[side] = "fitted" if lam is not None else "fitted on all rows (none of its own)"
+    laws, how = fit_keyed(rows, fit_serial)
+    out.serial.update(laws)
+    out.how.update(how)
     out.rows = len(rows)
-    for i, r in enumerate(rows):
-        rest = [q for j, q in enumerate(rows) if j != i]
-        lam = fit_serial([q for q in rest if q.side == r.side])
-        if lam is None:
-            lam = fit_serial(rest)
-        if lam is None:
-            continue
-        out.held_out_pct.append(abs(predict(r, lam) / r.observed - 1.0) * 100.0)
+    held = held_out(rows, fit_serial, predict)
+    out.held_out_pct, out.held_out_by = [e for _, e in held], by_key(held)
     return out

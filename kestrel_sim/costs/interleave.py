@@ -8,9 +8,13 @@ long the other's step is against its own:
 
     f_i = 1 + sum_{j != i} a_s (T_j / T_i) ** b_s
 
-T the steps' times alone, s the side of step i (decode-like or prefill: contention.py), a
-and b fitted per side to a profile's overlap rows (least squares of log(f - 1) on
-log(T_j / T_i)). contention.fit_contention keeps whichever law, this or the shares model,
+T the steps' times alone (a step of several, as a speculative round's draft steps: one
+step's), s the side of step i (decode-like, prefill or draft: contention.py), a and b
+fitted per side to a profile's overlap rows (least squares of log(f - 1) on
+log(T_j / T_i)). A law may also be kept for a side beside one other side ("prefill/draft":
+a prefill chunk beside the draft's steps, which slow it far less than a verify does):
+`law_for` picks the most particular law a table holds, falling back to the side's own and
+the draft's to the decode side's. contention.fit_contention keeps whichever law, this or the shares model,
 predicts the rows better when each is left out of its fit.
 """
 
@@ -22,6 +26,16 @@ from dataclasses import dataclass
 import numpy as np
 
 MIN_EXCESS = 1e-3  # f - 1 floor: a row that did not slow says little about the law's shape
+FALLBACK = {"draft": "decode"}  # a side without a law of its own takes this side's
+
+
+def law_for(table: dict, side: str, other: str = ""):
+    """The entry of `table` (side or "side/other" -> law) that prices a step of `side`
+    beside one of `other`: "side/other", else the side's own, else its FALLBACK's."""
+    for key in (f"{side}/{other}", side, FALLBACK.get(side, side)):
+        if key in table:
+            return table[key]
+    raise KeyError(f"no contention law for side {side!r}")
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,6 @@ def ratio_slowdowns(times: list[float], sides: list[str], laws: dict[str, Ratio]
         return [1.0]
     out = []
     for i, (own, side) in enumerate(zip(times, sides)):
-        law = laws[side]
-        out.append(1.0 + sum(law.excess(own, other) for j, other in enumerate(times) if j != i))
+        out.append(1.0 + sum(law_for(laws, side, sides[j]).excess(own, other)
+                             for j, other in enumerate(times) if j != i))
     return out

@@ -194,7 +194,8 @@ class ProfileFits:
             if None not in shares:
                 timed_ms, other_ms = (self.step_ms(*st) for st in steps)
                 out.append(OverlapRow(shares[0], shares[1], side_of(mm.step_stage),
-                                      mm.slowdown, timed_ms, other_ms))
+                                      mm.slowdown, timed_ms, other_ms,
+                                      side_of(mm.other_stage)))
         return out
 
     def step_ms(self, stage: str, b: int, m: int, c: int) -> float:

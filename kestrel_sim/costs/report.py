@@ -19,8 +19,10 @@ prompt chunks one forward each (RuntimeInfo.chunks "per_chunk": the step's forwa
 each chunk's on the prefill fit), else `mixed (marginal rule)` (the step plus the chunk's
 marginal cost on the prefill fit); a GPU step at the runtime's graph bucket, as simulated.
 
-When it has overlap rows, a line gives the contention fitted to them (contention.py): lam
-per side and the error of each row's slowdown, predicted with lam fitted on the others.
+When it has overlap rows, a line gives the contention fitted to them (contention.py): the
+law per side and the error of each row's slowdown, predicted with the law fitted on the
+others, over all rows and per side (decode, prefill; draft and prefill/draft where the
+profile has the draft's rows).
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class FitReport:
     method: str
     stages: list[StageReport]
     link: dict[str, float] | None = None
-    overlap: dict | None = None  # lam per side, rows, held-out error of the slowdowns
+    overlap: dict | None = None  # the law per side, rows, held-out error of the slowdowns
+    #                              (all rows, and per side: rows, median, max)
     rounds: dict | None = None  # the round overhead fitted, rows, held-out error of rounds
 
     def to_dict(self) -> dict:
@@ -96,9 +99,12 @@ class FitReport:
             else:
                 law = "shares, lam " + ", ".join(f"{side} {v:.2f}" for side, v in o["serial"].items())
             others = ", ".join(f"{k} {v:.1f}%" for k, v in o.get("law_held_out_pct", {}).items())
+            sides = "; ".join(f"{k} {n} rows {_pair(med, mx)} %"
+                              for k, (n, med, mx) in o.get("per_side", {}).items())
             lines.append(f"overlap: {law} from {o['rows']} rows; slowdown held out "
                          f"med/max {_pair(o['median_pct'], o['max_pct'])} %"
-                         + (f" (median per law: {others})" if others else ""))
+                         + (f" (median per law: {others})" if others else "")
+                         + (f"; per side med/max: {sides}" if sides else ""))
         return "\n".join(lines)
 
 
@@ -199,7 +205,8 @@ def _overlap(fits: ProfileFits) -> dict | None:
     return {"law": fitted.law, "serial": dict(fitted.serial), "how": dict(fitted.how),
             "ratio": {s: [r.a, r.b] for s, r in fitted.ratio.items()},
             "law_held_out_pct": dict(fitted.law_held_out), "rows": fitted.rows,
-            "median_pct": med, "max_pct": mx}
+            "median_pct": med, "max_pct": mx,
+            "per_side": {k: [len(errs), *_stats(errs)] for k, errs in fitted.held_out_by.items()}}
 
 
 def _without_mixed_fit(fits: ProfileFits, device: str) -> StageReport:

@@ -24,14 +24,18 @@ from kestrel_sim.costs.contention import Contention
 
 
 class Job:
-    __slots__ = ("done", "factor", "left", "marks", "seconds", "shares", "side", "start")
+    __slots__ = ("done", "factor", "grain", "left", "marks", "seconds", "shares", "side",
+                 "start")
 
     def __init__(self, done: simpy.Event, seconds: float, shares: Shares, side: str,
-                 start: float):
+                 start: float, grain: float | None = None):
         self.done = done  # succeeds when the job finishes
         self.seconds = seconds  # its time alone
+        # the time alone of one of its steps (a round's k draft steps: one's), the time
+        # the contention law weighs it by
+        self.grain = seconds if grain is None else grain
         self.shares = shares
-        self.side = side  # decode or prefill (contention.py)
+        self.side = side  # decode, prefill or draft (contention.py)
         self.start = start
         self.left = seconds  # time alone still to run
         self.factor = 1.0  # f: wall seconds per second alone, now
@@ -66,12 +70,14 @@ class SharedDevice:
         self.last = 0.0  # when progress was last brought up to date
         self.plan = 0  # the current plan's number
 
-    def run(self, seconds: float, shares: Shares, side: str) -> Job:
-        """Start a step of `seconds` alone; yield its `done` event, then `retime` its spans."""
+    def run(self, seconds: float, shares: Shares, side: str, grain: float | None = None
+            ) -> Job:
+        """Start a step of `seconds` alone (its steps `grain` each, where several); yield its
+        `done` event, then `retime` its spans."""
         env = self.env
         now = env.now
         self._advance(now)
-        job = Job(env.event(), seconds, shares, side, now)
+        job = Job(env.event(), seconds, shares, side, now, grain)
         self.jobs.append(job)
         self._replan(now)
         return job
@@ -85,7 +91,7 @@ class SharedDevice:
 
     def _replan(self, now: float) -> None:
         jobs = self.jobs
-        factors = self.contention.slowdowns([j.seconds for j in jobs], [j.shares for j in jobs],
+        factors = self.contention.slowdowns([j.grain for j in jobs], [j.shares for j in jobs],
                                             [j.side for j in jobs])
         first, wait = None, float("inf")
         for j, f in zip(jobs, factors):
@@ -113,11 +119,12 @@ class SharedDevice:
             j.done.succeed()
 
 
-def occupy(st, w, seconds: float, shares: Shares, side: str, spans: list):
-    """Run a step of `seconds` alone on the worker's shared device (a SimPy generator:
-    `yield from` it); its `spans`, written in times alone, go to the trace in the times
-    it ran."""
-    job = w.device.run(seconds, shares, side)
+def occupy(st, w, seconds: float, shares: Shares, side: str, spans: list,
+           grain: float | None = None):
+    """Run a step of `seconds` alone (steps of `grain` each, where several) on the worker's
+    shared device (a SimPy generator: `yield from` it); its `spans`, written in times alone
+    from now, go to the trace in the times it ran."""
+    job = w.device.run(seconds, shares, side, grain)
     yield job.done
     job.retime(spans, st.env.now)
     st.spans.extend(spans)

@@ -22,7 +22,10 @@ Chunks that complete emit their first token at the round's end, with the decode 
 On a device shared by several workers (serving.devices) a step is a job of the
 device (device.py): its time alone and its Shares (the parts' shares, blended by their
 times), stretched while other workers' steps overlap it; its spans are kept aside and
-written in the times it ran once it ends.
+written in the times it ran once it ends. A speculative round is one job, or two where the
+contention has a law of the draft's own (Contention.drafts_apart: a profile with overlap
+rows of draft steps): its k draft steps (side draft, weighed as one step's time), then
+the rest of the round.
 """
 
 from __future__ import annotations
@@ -286,9 +289,12 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
     if w.device is None:
         yield env.timeout(alone)
     else:
+        drafts = (k - 1) * td + td1 if k else 0.0
+        # the draft's steps a job of their own where the contention has a law for them
+        apart = bool(k) and cfg.draft_on_device and w.device.contention.drafts_apart
         parts = [(tf, cfg.target.shares(stage, b, k + 1, c, chunk))]
-        if k:
-            parts.append(((k - 1) * td + td1, cfg.draft_shares("draft", b, 1, c)))
+        if k and not apart:
+            parts.append((drafts, cfg.draft_shares("draft", b, 1, c)))
         if host:
             parts.append((host, IDLE))
         if tc:
@@ -296,7 +302,16 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
         if td_prefill:
             parts.append((td_prefill, cfg.draft_shares("prefill", chunk.batch, chunk.m,
                                                        chunk.context)))
-        yield from occupy(st, w, alone, blend(parts), "decode", spans)
+        if apart:  # the k draft spans first, then the rest from when the drafts ended
+            yield from occupy(st, w, drafts, cfg.draft_shares("draft", b, 1, c), "draft",
+                              spans[:k], td)
+            late = env.now - (now + drafts)
+            for span in spans[k:]:
+                span.start += late
+                span.end += late
+            yield from occupy(st, w, alone - drafts, blend(parts), "decode", spans[k:])
+        else:
+            yield from occupy(st, w, alone, blend(parts), "decode", spans)
 
     total = int(emit.sum())
     batch.grow(emit, total)
