@@ -8,7 +8,7 @@
 #
 # STEPS: a comma list of calib_tests, tests, spec, serve, decode, calibrate, calibrate_int4,
 # calibrate_moe, calibrate_organic, gates, validate1..4, beforeafter, predict_k, predict_d1,
-# predict_d2, gemv, probe, ablation (default
+# predict_d2, gemv, probe, ablation, moe_graphs (default
 # tests,spec,serve,decode,calibrate). A 10-minute call fits tests,spec, or serve,decode, or
 # calib_tests,calibrate, or calibrate_int4,calibrate_moe, or calib_tests,calibrate_organic;
 # each validateN (one of docs/validation.md's four chunks) and predict_k take about 9 minutes
@@ -73,6 +73,8 @@ for pair in "predict_d1:4 5" "predict_d2:3 6"; do
   step "${pair%%:*}" 570 bash -c 'for r in '"${pair#*:}"'; do for f in disagg-1gpu colocated-1gpu; do python3 -m kestrel_cli.app run '"$P"'/$f.yaml --on both --set workload.arrivals.rate=$r --out '"$LOG"'/one-gpu/$f-r$r --trace none; done; done'
 done
 step probe 120 python3 bench/probes/attention_probe.py
+# qwen3-30b-a3b prefill of 512 and 2048 tokens, MoE prefill graphs off and on (not a default)
+step moe_graphs 240 python3 bench/moe_prefill_bench.py --out "$LOG" --commit "$COMMIT"
 step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-0.6b:bf16 --set pdl=true,false --set fold_norms=true,false
 pack
 cp "$LOG/summary.txt" "$OUT/" 2>/dev/null
@@ -83,5 +85,6 @@ grep -E "passed|failed" "$LOG/tests.log" 2>/dev/null | tail -1
 grep -E "^(FAILED|ERROR)" "$LOG/tests.log" 2>/dev/null | head -20
 cat "$LOG/summary.txt"
 tail -n 8 "$LOG/ablation.log" 2>/dev/null
+tail -n 8 "$LOG/moe_graphs.log" 2>/dev/null
 grep -A12 "^| section" "$LOG/h200_decode.md" 2>/dev/null | grep "decode b=1"
 tail -n 3 "$LOG/spec_bench.md" "$LOG/serve_bench.md" 2>/dev/null
