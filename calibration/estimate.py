@@ -148,6 +148,20 @@ def spec_round_seconds(p: Point, shape, draft_shape, speed: DeviceSpeed, itemsiz
     return round_seconds(draft, verify, p.m - 1, runs) + speed.point_s
 
 
+def overlap_draft_seconds(p: Point, shape, draft_shape, speed: DeviceSpeed, itemsize: int,
+                          draft_itemsize: int, quant: str | None, runs: int,
+                          draft_quant: str | None = None) -> float:
+    """An overlap point of the draft's one-token step beside the target's chunk
+    (calibration/overlap.py)."""
+    from calibration.overlap_grid import overlap_seconds
+
+    step = step_seconds(draft_shape, speed, draft_itemsize, draft_quant, p.batch, 1,
+                        p.context, True)
+    chunk = step_seconds(shape, speed, itemsize, quant, 1, p.chunk_tokens, p.chunk_context,
+                         True)
+    return overlap_seconds(step, chunk, p.timed, runs) + speed.point_s
+
+
 def build_seconds(shape, speed: DeviceSpeed, itemsize: int, quant: str | None,
                   graphs: int) -> float:
     """Building a model (weights made or read, quantized) and capturing its graphs."""

@@ -8,6 +8,9 @@ on two CUDA streams, each with its own model instance and KV cache, and their ke
 contend for bandwidth and SMs. A pair bench is the same: two instances of the target
 (`decode`: decode or verify rows, `prefill`: one prompt chunk per forward, as the
 serving forwards run them, graph replays where graphable), each on a stream of its own.
+With draft points (overlap_grid.py `draft_batches`) a third instance, the draft, as the
+speculative decode worker holds it beside its target: its one-token steps run on the
+decode stream in place of the target's rows, beside the prefill instance's chunk.
 
 An overlap point times one side's step (`point.timed`) while the other side's step loops
 on the other stream:
@@ -60,12 +63,17 @@ class Side:
 
 @dataclass
 class PairBench:
-    """Two instances of the target on one GPU, each with its stream."""
+    """Two instances of the target on one GPU, each with its stream (and the draft's)."""
 
     name: str
     decode: Bench  # the decode worker's instance: decode / verify rows
     prefill: Bench  # the prefill worker's instance: one prompt chunk per forward
     streams: tuple[torch.cuda.Stream, torch.cuda.Stream]  # (decode, prefill)
+    draft: Bench | None = None  # the decode worker's draft: one-token draft steps
+
+    def stepper(self, point) -> Bench:
+        """The instance that runs a point's decode-side step."""
+        return self.draft if point.decode_model == "draft" else self.decode
 
 
 def loop_length(alone_ms: float, other_ms: float) -> int:
@@ -91,30 +99,47 @@ def layout(points, side: str, prefill_buckets: tuple[int, ...]) -> dict:
             "prefill": tuple(sorted({p.chunk_tokens for p in points}))}
 
 
+def instances(bp) -> list[tuple[str, object, list]]:
+    """(role, BenchPlan to build, points laid out on it) of each instance of the bench:
+    the decode and prefill instances of the target, and the draft where points need it."""
+    drafted = [p for p in bp.points if p.decode_model == "draft"]
+    target = [p for p in bp.points if p.decode_model != "draft"] or bp.points
+    out = [("decode", bp, target), ("prefill", bp, bp.points)]
+    if drafted and bp.draft is not None:
+        out.append(("draft", bp.draft, drafted))
+    return out
+
+
 def build_pair(bp, grid) -> PairBench:
-    """The pair bench of a plan's `pair@gpu` BenchPlan: both instances built and prepared."""
+    """The pair bench of a plan's `pair@gpu` BenchPlan: every instance built and prepared
+    (the draft with the draft's BenchPlan, `bp.draft`, where points need it)."""
     from calibration.driver import bench_options
     from kestrel_rt.runner import build_model, prepare
 
-    options = bench_options(bp)
     t = grid.timing
-    benches = []
-    for side in ("decode", "prefill"):
-        model = build_model(bp.model, bp.device, bp.dtype, bp.quant, options, seed=0)
-        lay = layout(bp.points, side, tuple(getattr(model, "prefill_buckets", ())))
+    benches = {}
+    for role, plan, points in instances(bp):
+        model = build_model(plan.model, plan.device, plan.dtype, plan.quant,
+                            bench_options(plan), seed=0)
+        side = "prefill" if role == "prefill" else "decode"
+        lay = layout(points, side, tuple(getattr(model, "prefill_buckets", ())))
         prepare(model, lay["slots"], lay["max_len"], lay["batches"], lay["new_tokens"],
                 prefill=tuple(n for n in lay["prefill"] if n < lay["max_len"]) or (16,))
         slots = [model.kv.allocate() for _ in range(lay["slots"])]
-        benches.append(Bench(f"{bp.name}/{side}", model, slots, t.warmup, t.repeats))
-    device = benches[0].model.device
+        benches[role] = Bench(f"{bp.name}/{role}", model, slots, t.warmup, t.repeats)
+    device = benches["decode"].model.device
     torch.cuda.synchronize(device)
-    return PairBench(bp.name, benches[0], benches[1],
-                     (torch.cuda.Stream(device), torch.cuda.Stream(device)))
+    return PairBench(bp.name, benches["decode"], benches["prefill"],
+                     (torch.cuda.Stream(device), torch.cuda.Stream(device)),
+                     benches.get("draft"))
 
 
 def sides(pair: PairBench, point) -> tuple[Side, Side]:
-    """(decode side, prefill side) of a point."""
-    dec, pre = pair.decode, pair.prefill
+    """(decode side, prefill side) of a point (the decode side's step: the target's rows,
+    or the draft's one-token step)."""
+    dec, pre = pair.stepper(point), pair.prefill
+    if dec is None:
+        raise RuntimeError(f"{point.id}: the pair bench has no draft instance (--draft)")
     b, c = point.batch, point.context
     rows = dec.tokens(b, point.m)  # [b, M]
     chunk = pre.tokens(1, point.chunk_tokens)  # [1, C]
@@ -172,6 +197,7 @@ def measure_overlap(pair: PairBench, point) -> OverlapRecord:
     """Time one overlap point; see the module docstring."""
     decode, prefill = sides(pair, point)
     made_on = torch.cuda.current_stream(pair.decode.model.device)
+    stepper = pair.stepper(point)
     for stream in pair.streams:
         stream.wait_stream(made_on)  # the token ids sides() made
     mine, other = (decode, prefill) if point.timed == "decode" else (prefill, decode)
@@ -192,6 +218,6 @@ def measure_overlap(pair: PairBench, point) -> OverlapRecord:
             if i >= bench.warmup:
                 times.append(ms)
     finally:
-        set_lengths(pair.decode.model.kv, pair.decode.slots, 0)
+        set_lengths(stepper.model.kv, stepper.slots, 0)
         set_lengths(pair.prefill.model.kv, pair.prefill.slots, 0)
     return record_of(point, times, OverlapRecord, alone_ms=solo.ms)

@@ -9,12 +9,17 @@ timing is calibration/overlap.py).
       chunks: [512, 2048]        # the prefill worker's prompt chunk, one forward
       chunk_contexts: [0]
       timed: [decode, prefill]   # which of the two is timed while the other loops beside it
+      draft_batches: [4, 32]     # the decode worker's draft steps (the draft model, M = 1)
 
 Each combination is a point of the bench `pair@gpu` (grid.expand, GPU runs only): stage
 `overlap`, the decode side's batch x M at context, the chunk's tokens at its context, and
-`timed`. Its record holds the timed step's median beside the other step and alone (same
+`timed`. With `draft_batches` and a draft on the GPU (--draft), the speculative decode
+worker's draft steps too: the draft model's one-token step of each batch at `contexts`,
+beside the target's chunks, on a third instance (the draft) of the same bench, each side
+timed (verify steps beside a chunk are the rows of `k` >= 1). Its record holds the timed step's median beside the other step and alone (same
 run), and becomes a Measurement of stage overlap (kestrel_sim/profile.py): `step_stage`
-the timed step's (decode, verify or prefill) with its shape, `other_*` the other's.
+the timed step's (decode, verify, draft or prefill) with its shape, `other_*` the other's;
+a draft step is the draft model's (the profile's fingerprint.draft_model).
 """
 
 from __future__ import annotations
@@ -44,11 +49,19 @@ class OverlapGrid(StrictModel):
     timed: list[Literal["decode", "prefill"]] = Field(
         default=["decode", "prefill"], min_length=1,
         description="the side timed while the other loops beside it")
+    draft_batches: list[int] = Field(
+        default=[], description="the decode worker's draft steps (the draft model, M = 1, at "
+        "`contexts`) beside the target's chunks; measured with a draft on the GPU only")
 
     @field_validator("batches", "chunks")
     @classmethod
     def _sizes(cls, v: list[int], info) -> list[int]:
         return sorted_at_least(v, info.field_name.removesuffix("es").removesuffix("s"), 1)
+
+    @field_validator("draft_batches")
+    @classmethod
+    def _draft_batches(cls, v: list[int]) -> list[int]:
+        return sorted_at_least(v, "batch", 1) if v else v
 
     @field_validator("contexts", "chunk_contexts")
     @classmethod
@@ -67,6 +80,13 @@ class OverlapGrid(StrictModel):
                 for c in self.contexts for n in self.chunks for cc in self.chunk_contexts]
 
 
+    def draft_shapes(self) -> list[tuple[str, int, int, int, int]]:
+        """(timed, batch, context, chunk tokens, chunk context) of every draft point."""
+        return [(timed, b, c, n, cc)
+                for timed in self.timed for b in self.draft_batches
+                for c in self.contexts for n in self.chunks for cc in self.chunk_contexts]
+
+
 COVER = 3.0  # the other step loops for at least COVER x the timed step's time alone
 
 
@@ -77,14 +97,17 @@ def overlap_seconds(step_s: float, chunk_s: float, timed: str, runs: int) -> flo
     return runs * (mine + other + COVER * mine + other)
 
 
-def decode_stage(m: int) -> str:
-    return "decode" if m == 1 else "verify"
+def decode_stage(p) -> str:
+    """The stage of a point's decode-side step: the draft's, or the target's by M."""
+    if p.decode_model == "draft":
+        return "draft"
+    return "decode" if p.m == 1 else "verify"
 
 
 def overlap_measurement(rec) -> Measurement:
     """An overlap point's record (calibration/overlap.py OverlapRecord) as a Measurement."""
     p = rec.point
-    step = (decode_stage(p.m), p.batch, p.m, p.context)
+    step = (decode_stage(p), p.batch, p.m, p.context)
     chunk = ("prefill", 1, p.chunk_tokens, p.chunk_context)
     timed, other = (step, chunk) if p.timed == "decode" else (chunk, step)
     return Measurement(

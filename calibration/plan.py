@@ -8,7 +8,8 @@ models, and the run's time estimate, before anything is built.
 A *bench* is one model instance on one device: the target on the GPU (or the CPU), the draft
 on the GPU, the draft on the CPU; its points are the grid points that instance measures. The
 bench `pair@gpu` is two instances of the target on one GPU, for the overlap points
-(calibration/overlap.py); the bench `spec@gpu` the target and the draft on one GPU (its
+(calibration/overlap.py; with draft overlap points, its `draft` the draft's BenchPlan, a
+third instance); the bench `spec@gpu` the target and the draft on one GPU (its
 `draft` the draft's BenchPlan), for the whole speculative rounds (calibration/rounds.py).
 Only shapes are read here (kestrel_rt.loading.resolve), never weights, and no device is
 touched: a plan for a GPU can be made (`kestrel calibrate --dry-run`) on a machine without
@@ -25,6 +26,7 @@ from calibration.estimate import (
     GPU,
     Estimate,
     build_seconds,
+    overlap_draft_seconds,
     point_seconds,
     spec_round_seconds,
 )
@@ -138,8 +140,13 @@ def make_plan(request: Request) -> Plan:
     pair = [p for p in points if p.model == "pair"]  # overlap: two instances of the target
     if pair:
         check_reach(pair, shape, f"model {request.model}", request.grid_file)
+        beside = [p for p in pair if p.decode_model == "draft"]  # and the draft's steps
+        draft = next(b for b in benches if b.name == "draft@gpu") if beside else None
+        if draft is not None:
+            check_reach(beside, draft.shape, f"draft {request.draft}", request.grid_file)
+            draft = replace(draft, points=[])
         benches.append(BenchPlan("pair@gpu", request.model, request.device, dtype,
-                                 request.quant, shape, pair))
+                                 request.quant, shape, pair, draft))
     spec = [p for p in points if p.model == "spec"]  # whole rounds: the target and the draft
     if spec:
         draft = next(b for b in benches if b.name == "draft@gpu")
@@ -200,8 +207,9 @@ def estimate(benches: list[BenchPlan], grid: Grid) -> Estimate:
             out.builds[b.name] *= 2
         if b.draft is not None:  # and the draft, its one-token steps' graphs
             d = b.draft
+            mine = [p for p in b.points if p.stage == "round" or p.decode_model == "draft"]
             out.builds[b.name] += build_seconds(d.shape, speed, itemsize(d.dtype), d.quant,
-                                                len({p.batch for p in b.points}) if gpu else 0)
+                                                len({p.batch for p in mine}) if gpu else 0)
         if gpu and not out.compile and not kernel_cache_filled():
             out.compile = COLD_COMPILE_S
             out.builds[b.name] += COLD_COMPILE_S
@@ -211,6 +219,11 @@ def estimate(benches: list[BenchPlan], grid: Grid) -> Estimate:
                 out.points[p.id] = spec_round_seconds(p, b.shape, d.shape, speed, size,
                                                       itemsize(d.dtype), b.quant, runs,
                                                       d.quant)
+            elif p.stage == "overlap" and p.decode_model == "draft":
+                d = b.draft
+                out.points[p.id] = overlap_draft_seconds(p, b.shape, d.shape, speed, size,
+                                                         itemsize(d.dtype), b.quant, runs,
+                                                         d.quant)
             else:
                 out.points[p.id] = point_seconds(p, b.shape, speed, size, b.quant, runs)
     return out

@@ -27,7 +27,9 @@ class Point:
     prompt chunk of `chunk_tokens` at `chunk_context`; correction: after a verify of
     `after_k` + 1 tokens; kv_transfer: `m` tokens of KV copied (batch 1, context 0), to
     another cache on the same device, or on `peer` (another GPU: "cuda:1"); round: a whole
-    speculative round of k = m - 1 proposals on sequences `context` tokens long."""
+    speculative round of k = m - 1 proposals on sequences `context` tokens long; overlap:
+    the decode side's step (batch, m, context; the target's, or the draft's where
+    `decode_model` is "draft") and the prefill side's chunk, `timed` the one timed."""
 
     model: str
     device: str
@@ -40,6 +42,9 @@ class Point:
     after_k: int = 0
     peer: str = ""  # kv_transfer: the GPU the KV is copied to ("": the bench's own device)
     timed: str = ""  # overlap: "decode" or "prefill", the side timed (overlap_grid.py)
+    # overlap: the model whose step the decode side runs: "target" (decode or verify, by m)
+    # or "draft" (the draft model's one-token step, beside the target's chunk)
+    decode_model: str = "target"
 
     @property
     def bench(self) -> str:
@@ -54,7 +59,9 @@ class Point:
         text = f"{self.bench}/{self.stage}/b{self.batch}/m{self.m}/c{self.context}"
         if self.stage in ("mixed", "overlap"):
             text += f"/chunk{self.chunk_tokens}@{self.chunk_context}"
-        if self.stage == "overlap":
+        if self.stage == "overlap" and self.decode_model == "draft":
+            text += "/timed-draft" if self.timed == "decode" else "/timed-prefill/by-draft"
+        elif self.stage == "overlap":
             text += f"/timed-{self.timed}"
         if self.stage == "correction":
             text += f"/after-k{self.after_k}"
@@ -149,7 +156,8 @@ def expand(grid: Grid, target_device: str, draft_devices: tuple[str, ...] = (),
     draft's on each of draft_devices (those the grid's draft section lists); each model's
     kv_transfer points after its steps, and the target's to the GPU `peer` (when given and
     the grid measures between GPUs); last, on a GPU, the overlap points of two instances of
-    the target (the bench "pair@gpu") and, with a draft on the GPU too, the whole rounds of
+    the target (the bench "pair@gpu"; with a draft on the GPU too, its steps beside the
+    target's chunks, on the same bench) and, with a draft on the GPU too, the whole rounds of
     the target and the draft (the bench "spec@gpu")."""
     groups = [("target", target_device, target_points(grid, target_device))]
     for device in draft_devices:
@@ -167,6 +175,10 @@ def expand(grid: Grid, target_device: str, draft_devices: tuple[str, ...] = (),
     if grid.overlap and target_device == "gpu":  # two streams of one GPU
         out += [Point("pair", "gpu", "overlap", b, m, c, n, cc, timed=timed)
                 for timed, b, m, c, n, cc in grid.overlap.shapes()]
+        if "gpu" in draft_devices:  # the draft's steps beside the target's chunk
+            out += [Point("pair", "gpu", "overlap", b, 1, c, n, cc, timed=timed,
+                          decode_model="draft")
+                    for timed, b, c, n, cc in grid.overlap.draft_shapes()]
     if grid.round and target_device == "gpu" and "gpu" in draft_devices:
         out += [Point("spec", "gpu", "round", b, m, c) for b, m, c in grid.round.shapes()]
     seen: set[str] = set()

@@ -75,3 +75,21 @@ def test_calibrate_writes_overlap_rows_the_simulator_fits(tmp_path):
     # an overlap-only profile has no stage fits to split its steps with: the simulator
     # needs the decode, verify and prefill rows beside them (the default grid has them)
     assert ProfileFits(profile).overlap_rows() == []
+
+
+def test_calibrate_times_the_drafts_steps_beside_a_chunk(tmp_path):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(GRID + "  draft_batches: [16]\n")
+    out = tmp_path / "profile.json"
+    result = CliRunner().invoke(app, ["calibrate", "--model", "qwen3-0.6b", "--draft",
+                                      "qwen3-0.6b", "--draft-device", "gpu", "--grid",
+                                      str(grid), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = Profile.load(out).rows("overlap")
+    drafted = [m for m in rows if "draft" in (m.step_stage, m.other_stage)]
+    assert len(rows) == 6 and len(drafted) == 2
+    assert {(m.step_stage, m.other_stage) for m in drafted} == {("draft", "prefill"),
+                                                                ("prefill", "draft")}
+    assert all(m.alone_ms > 0 and m.slowdown > 0.9 for m in drafted)
+    print("\n".join(f"{m.step_stage} beside {m.other_stage}: {m.alone_ms:.3f} -> "
+                    f"{m.ms:.3f} ms (x{m.slowdown:.2f})" for m in drafted))
