@@ -28,7 +28,9 @@ Schema version 2. One Measurement is one timed forward (or one KV hand-over):
                for that stage) timed while another step (`other_*`, read the same way)
                loops beside it on another stream of the same GPU, on another instance of
                the model (as the disaggregated workers on one GPU); `ms` is its time so,
-               `alone_ms` its time alone, measured in the same run
+               `alone_ms` its time alone, measured in the same run. A `draft` step (either
+               side) is the draft model's (fingerprint.draft_model), its own instance
+               beside the target's chunk, as a speculative decode worker runs it
   draft_prefill  the draft model's pass over a prompt chunk (read as prefill)
   round        one whole speculative round as serving runs it (kestrel_rt/spec SpecDecoder:
                the draft's steps, the verify, the acceptance and the host's bookkeeping
