@@ -44,8 +44,8 @@ class ServingDecoder(SpecDecoder):
 
     alongside = None
 
-    def verify(self, seqs, drafts, limits):
-        verified = super().verify(seqs, drafts, limits)
+    def verify(self, seqs, drafts, limits, last=None):
+        verified = super().verify(seqs, drafts, limits, last)
         if self.alongside is not None:
             self.alongside()
         return verified

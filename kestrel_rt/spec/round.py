@@ -152,13 +152,20 @@ class SpecDecoder:
         limits = [min(k, s.remaining(room) - 1) for s in seqs]  # proposals that may count
         uniforms = self.uniforms(seqs)  # [B, 2k+1] from each request's generator, or None
         drafts, q = self.propose(seqs, uniforms)  # d_1..d_k [B, k]; draft probs [B, k, V]
+        # while the GPU runs the draft steps: what verify and judge need from the host, in
+        # one copy (each small copy costs ~30 us of host time: docs/performance.md)
+        drawn = (self.controlled.draw([s.accept_rng for s in seqs], limits)
+                 if self.controlled is not None else None)
+        packed = to_device([[s.tokens[-1] for s in seqs], limits]
+                           + ([drawn] if drawn is not None else []), target.device)  # [2|3, B]
         with self.tracer.span("verify", self.target_worker, [s.request for s in seqs],
                               on_device=self.target_gpu, proposed=k,
                               tokens=sum(limits) + len(seqs),
                               context=sum(lengths) - len(seqs),
                               extra={"controlled": self.config.controlled}) as span:
-            verified = self.verify(seqs, drafts, limits)  # ids [B, k+1] or probs [B, k+1, V]
-            accepted, after = self.judge(seqs, drafts, q, verified, limits, uniforms)  # n, g_n
+            verified = self.verify(seqs, drafts, limits, packed[0])  # ids [B, k+1] / probs
+            accepted, after = self.judge(seqs, drafts, q, verified, limits, uniforms,
+                                         packed)  # n, g_n
         rows = torch.cat([accepted[:, None], after[:, None], drafts], 1).tolist()  # one read
         accepted = [row[0] for row in rows]
         for s, L, n in zip(seqs, lengths, accepted):  # roll back: host lengths only
@@ -218,26 +225,32 @@ class SpecDecoder:
             return self.draft.forward(tokens, slots, greedy=True)  # [B, 1]
         return self.draft.forward(tokens, slots, n_new, last_only=True, greedy=True)[:, None]
 
-    def verify(self, seqs: list[SpecSequence], drafts: torch.Tensor, limits: list[int]
-               ) -> torch.Tensor:
+    def verify(self, seqs: list[SpecSequence], drafts: torch.Tensor, limits: list[int],
+               last: torch.Tensor | None = None) -> torch.Tensor:
         """The target runs [t0, d_1..d_k] in one forward (n_new = limit + 1 real rows):
-        greedy, its argmax ids [B, k+1]; sampled, its probabilities [B, k+1, V]."""
+        greedy, its argmax ids [B, k+1]; sampled, its probabilities [B, k+1, V]. `last`: t0
+        of each sequence [B] on the target's device, where the caller copied it already."""
         target = self.target
-        last = to_device([[s.tokens[-1]] for s in seqs], target.device)  # [B, 1]
-        tokens = torch.cat([last, drafts], 1)  # [B, k+1]
+        if last is None:
+            last = to_device([s.tokens[-1] for s in seqs], target.device)  # [B]
+        tokens = torch.cat([last[:, None], drafts], 1)  # [B, k+1]
         slots, n_new = [s.target_slot for s in seqs], [limit + 1 for limit in limits]
         if self.config.greedy:
             return target.forward(tokens, slots, n_new, greedy=True)  # [B, k+1]
         return self.probs(target.forward(tokens, slots, n_new))  # [B, k+1, V]
 
-    def judge(self, seqs, drafts, q, verified, limits, uniforms
+    def judge(self, seqs, drafts, q, verified, limits, uniforms, packed=None
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(accepted [B], the token after them [B]) on the target's device."""
+        """(accepted [B], the token after them [B]) on the target's device. `packed` [2|3, B]
+        (round()'s one copy): its row 1 the limits, row 2 the controlled draws."""
         device, k = self.target.device, self.k
-        limit = to_device(limits, device)  # [B]
+        limit = to_device(limits, device) if packed is None else packed[1]  # [B]
         if self.controlled is not None:
-            drawn = self.controlled.draw([s.accept_rng for s in seqs], limits)
-            accepted = to_device(drawn, device)  # [B]
+            if packed is None:
+                drawn = self.controlled.draw([s.accept_rng for s in seqs], limits)
+                accepted = to_device(drawn, device)  # [B]
+            else:
+                accepted = packed[2]  # [B]
         elif uniforms is None:
             accepted = greedy_accept(self.target.backend, drafts, verified, limit)
         else:
