@@ -12,7 +12,7 @@ writes, in OUT/hardware/ and OUT/sim/. comparison.json holds every row of the co
 with the date and the fingerprint of the machine that measured (for committed results).
 
 `kept_both` re-predicts a scenario measured before (`kestrel validate --measured SOURCE`: an
-earlier output, or its measured.json; kestrel_cli/kept.py), so a changed simulator or profile
+earlier output, or its measured.json.gz; kestrel_cli/kept.py), so a changed simulator or profile
 is checked against the hardware without measuring again. It refuses a scenario that differs from the one measured in anything the
 runtime ran (all but `costs` and `validate`).
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kestrel_cli.kept import Kept
+from kestrel_cli.kept import Kept, differing
 from kestrel_sim.comparison import Row, compare, failures
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.metrics import Metrics
@@ -115,9 +115,6 @@ def comparison_doc(sc: Scenario, rows: list[Row], measured_meta: dict, costs: st
     }
 
 
-NOT_RUN = ("costs", "validate")  # scenario keys the runtime does not read
-
-
 def kept_both(sc: Scenario, kept: Kept | None, source: Path, console: Console,
               trace: str = "sample") -> Both:
     """Predict `sc` and compare it with its measurement `kept` (from `source`: see the module
@@ -132,7 +129,7 @@ def kept_both(sc: Scenario, kept: Kept | None, source: Path, console: Console,
         raise KestrelError(f"--measured holds no measurement of {sc.name} (in {source}): "
                            "run it with --on both first")
     ran, now = kept.scenario, sc.model_dump(mode="json")
-    differ = sorted(k for k in set(ran) | set(now) if k not in NOT_RUN and ran.get(k) != now.get(k))
+    differ = differing(ran, now)
     if differ:
         raise KestrelError(f"--measured: {sc.name} in {source} was measured with other values "
                            f"of {', '.join(differ)} than the scenario now has: measure it "

@@ -80,7 +80,7 @@ def run(
     ] = TraceChoice.sample,
     measured: Annotated[Path | None, typer.Option(
         "--measured", help="with --on both: predict against the measurement kept in this "
-        "earlier --on both output folder (or a kestrel validate measured.json) instead of "
+        "earlier --on both output folder (or a bundle of kept runs: measured.json.gz) instead of "
         "measuring again")] = None,
 ) -> None:
     """Run a scenario on the simulator (or, with --on, on this machine's runtime, or both):
@@ -136,7 +136,8 @@ def run_both_command(sc: Scenario, out: Path, overrides: list[str], scenario: Pa
     console = Console(stderr=True)
     kept = None
     if measured is not None:  # predicted before OUT is replaced: OUT may be the source
-        kept = kept_both(sc, kept_run(measured, sc.name), measured, console, trace.value)
+        kept = kept_both(sc, kept_run(measured, sc.model_dump(mode="json")), measured,
+                         console, trace.value)
     with output_folder(out, overwrite, RUN_FILES | BOTH_FILES, inputs=(scenario,)) as folder:
         both = kept or run_both(sc, console, trace.value, raw_trace)
         files = both.files

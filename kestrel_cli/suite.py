@@ -6,12 +6,12 @@ run on both sides and compared, or only predicted (`--on sim`), then one summary
     kestrel validate scenarios/validation --out runs/validation --only a,b # a chunk
     kestrel validate scenarios/validation --out runs/again --measured runs/validation
                                           # predict again, against the kept measurements
-                                          # (the folder, or its measured.json)
+                                          # (the folder, or its measured.json.gz)
 
 Each scenario's files go to OUT/NAME/ (those of `kestrel run --on both`, or of `--on sim`);
 a later run replaces a scenario's folder and keeps the others, and the summary
 (OUT/summary.md, OUT/summary.json; kestrel_cli.suite_summary) is rebuilt from every folder
-present, so a suite run in chunks adds up; on both sides OUT/measured.json gathers every
+present, so a suite run in chunks adds up; on both sides OUT/measured.json.gz gathers every
 measurement of OUT (kestrel_cli/kept.py: what to keep, and what --measured reads back). A
 scenario that cannot run (validate.pending, a
 refusal, a crash) is recorded and the others go on. Exit status 1 when a compared scenario
@@ -132,7 +132,7 @@ def validate(
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help=SET_HELP)] = None,
     measured: Annotated[Path | None, typer.Option(
         "--measured", help="predict against the measurements kept in this earlier --on "
-        "both output (a folder, or its measured.json) instead of measuring again")] = None,
+        "both output (a folder, or its measured.json.gz) instead of measuring again")] = None,
 ) -> None:
     """Run a folder of scenarios on both sides (or predict only) and sum up the errors."""
     console = Console(stderr=True)

@@ -7,6 +7,7 @@ one passes (exit 0); the files are written either way."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import sys
@@ -293,20 +294,23 @@ def test_a_suite_keeps_its_measurements_in_one_file_that_predicts_again(folder, 
     code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", out,
                            "--only", "cpu-colocated")
     assert code == 0, err
-    bundle = out / "measured.json"
+    bundle = out / "measured.json.gz"
     kept = load_kept(bundle)
     assert set(kept) == {"cpu-colocated"} and kept == load_kept(out)  # file and folder agree
     assert kept["cpu-colocated"].metrics["completed"] > 0
-    only = tmp_path / "kept" / "measured.json"  # the file alone, as a repository keeps it
+    only = tmp_path / "kept" / "measured.json.gz"  # the file alone, as a repository keeps it
     only.parent.mkdir()
-    only.write_text(bundle.read_text())
+    only.write_bytes(bundle.read_bytes())
+    plain = tmp_path / "kept" / "measured.json"  # a bundle not compressed reads the same
+    plain.write_bytes(gzip.decompress(bundle.read_bytes()))
+    assert load_kept(plain) == kept
     code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", tmp_path / "again",
                            "--measured", only)
     assert code == 0, err
     doc = json.loads((tmp_path / "again" / "cpu-colocated" / "comparison.json").read_text())
     was = json.loads((out / "cpu-colocated" / "comparison.json").read_text())
     assert doc["measured_at"] == was["date"] and doc["fingerprint"] == was["fingerprint"]
-    assert load_kept(tmp_path / "again" / "measured.json").keys() == {"cpu-colocated"}
+    assert load_kept(tmp_path / "again" / "measured.json.gz").keys() == {"cpu-colocated"}
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     code, _, err = kestrel(monkeypatch, capsys, "validate", suite, "--out", tmp_path / "b",
@@ -335,6 +339,18 @@ def test_run_predicts_again_against_a_kept_run(folder, tmp_path, monkeypatch, ca
     code, _, err = kestrel(monkeypatch, capsys, "run", *base, *sets("workload.seed=5"),
                            "--out", tmp_path / "other", "--measured", out)
     assert code == 2 and "workload" in err
+    # a bundle of --set variants of one scenario, keyed by label: each found by what it ran
+    from kestrel_cli.kept import from_folder, kept_run, load_kept
+    code, _, err = kestrel(monkeypatch, capsys, "run", *base, *sets("workload.seed=5"),
+                           "--out", tmp_path / "seed5")
+    assert code == 0, err
+    variants = {"seed0": from_folder(out), "seed5": from_folder(tmp_path / "seed5")}
+    bundle = tmp_path / "variants.json.gz"
+    bundle.write_bytes(gzip.compress(json.dumps({"scenarios": {
+        label: vars(k) for label, k in variants.items()}}).encode()))
+    assert load_kept(bundle).keys() == {"seed0", "seed5"}
+    for label, kept in variants.items():
+        assert kept_run(bundle, kept.scenario) == kept, label
     code, _, err = kestrel(monkeypatch, capsys, "run", CPU / "cpu-colocated.yaml",
                            "--measured", out, "--out", tmp_path / "x")
     assert code == 2 and "--on both" in " ".join(err.split())
