@@ -14,7 +14,8 @@ measured apart, says the same.
 from __future__ import annotations
 
 from calibration.overlap_grid import overlap_measurement
-from kestrel_sim.profile import Fingerprint, Measurement, Profile, RuntimeInfo
+from kestrel_sim.profile import Fingerprint, Measurement, Profile
+from kestrel_sim.runtime_info import RuntimeInfo
 
 
 def to_measurement(rec) -> Measurement:

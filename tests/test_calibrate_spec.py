@@ -21,7 +21,7 @@ from calibration.record import runtime_info, to_profile
 from calibration.rounds import build_spec, measure_round
 from kestrel_rt.loading import resolve
 from kestrel_rt.runner import build_model, prepare
-from kestrel_sim.profile import RuntimeInfo
+from kestrel_sim.runtime_info import RuntimeInfo
 
 FINGERPRINT = {"device": "NVIDIA H200", "model": "qwen3-8b", "draft_model": "qwen3-0.6b"}
 

@@ -61,7 +61,8 @@ from kestrel_sim.costs.work import DTYPE_BYTES, StepWork, bytes_per_param
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec, hardware_for_device
 from kestrel_sim.models import ModelShape
-from kestrel_sim.profile import Measurement, Profile, RuntimeInfo, run_shape
+from kestrel_sim.profile import Measurement, Profile
+from kestrel_sim.runtime_info import RuntimeInfo, run_shape
 
 FIT_ORDER = ("decode", "prefill", "verify", "correction", "draft", "mixed")
 

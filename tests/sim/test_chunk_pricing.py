@@ -16,7 +16,8 @@ from kestrel_sim.costs.roofline import RooflineCost
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import load_hardware
 from kestrel_sim.models import preset
-from kestrel_sim.profile import Profile, RuntimeInfo
+from kestrel_sim.profile import Profile
+from kestrel_sim.runtime_info import RuntimeInfo
 
 H200, H100 = load_hardware("h200"), load_hardware("h100")
 BUCKETS = [1, 2, 4, 8, 16, 32, 64]

@@ -16,7 +16,8 @@ from kestrel_sim.costs.roofline import RooflineCost
 from kestrel_sim.costs.shape import model_shape
 from kestrel_sim.hardware import load_hardware
 from kestrel_sim.models import preset
-from kestrel_sim.profile import Profile, RuntimeInfo
+from kestrel_sim.profile import Profile
+from kestrel_sim.runtime_info import RuntimeInfo
 from kestrel_sim.scenario import Scenario
 
 H200 = load_hardware("h200")
