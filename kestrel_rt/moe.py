@@ -4,11 +4,11 @@
 projection over the tokens sorted by expert, no host sync: a 512-token prefill of
 qwen3-30b-a3b no longer loops over 128 experts per layer with a host read each, which took
 over a second per forward on an H200) where torch's grouped matmul takes the weights, else
-the per-expert loop `experts_forward` (quantized experts, other GPUs).
-
-`static_experts_forward` is the grouped path written for a CUDA-graph capture (the cupy
-backend's RuntimeOptions.moe_prefill_graphs): every shape fixed by the token count and top-k,
-no op that reads a device value on the host, no fallback."""
+the per-expert loop `experts_forward` (quantized experts, other GPUs). The grouped path,
+`static_experts_forward` (the same function), is written so a CUDA graph can capture it
+(the cupy backend's RuntimeOptions.moe_prefill_graphs calls it directly): every shape fixed
+by the token count and top-k, no op that reads a device value on the host; eagerly,
+`experts` falls back to the loop where the grouped matmul refuses a call."""
 
 from __future__ import annotations
 
@@ -73,41 +73,6 @@ def grouped_ok(x: torch.Tensor, gate_up, down) -> bool:
     return aligned and torch.cuda.get_device_capability(x.device)[0] >= 9
 
 
-def grouped_experts_forward(
-    x: torch.Tensor,
-    weights: torch.Tensor,
-    experts: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-) -> torch.Tensor:
-    """experts_forward's weighted sum with no host sync: the N x k (token, choice)
-    assignments sorted by expert, each expert's rows through its weights in one grouped
-    matmul per projection (torch._grouped_mm, offsets on the device), the results put back
-    in token order, weighted and summed as the loop sums them (in x's dtype, a token's
-    experts in ascending order: the loop's and transformers' rounding).
-
-    x [N, H]; weights, experts [N, k]; gate_up [E, 2I, H]; down [E, H, I] -> [N, H]."""
-    n, k = experts.shape
-    flat = experts.reshape(-1)  # [N*k]
-    order = torch.argsort(flat, stable=True)  # [N*k] assignments by expert
-    counts = torch.zeros(gate_up.shape[0], dtype=torch.int32, device=x.device)  # [E]
-    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)  # [E] end row of each expert's group
-    rows = x[order // k]  # [N*k, H]
-    h = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offs)  # [N*k, 2I]
-    gate, up = h.chunk(2, dim=-1)
-    h = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)  # [N*k, H]
-    back = torch.empty_like(h)
-    back[order] = h  # [N*k, H] token-major again
-    parts = back.view(n, k, -1) * weights[..., None]  # [N, k, H]
-    ascending = torch.argsort(experts, dim=1)[..., None].expand(-1, -1, parts.shape[-1])
-    parts = parts.gather(1, ascending)  # [N, k, H], each token's experts in id order
-    out = parts[:, 0]
-    for j in range(1, k):
-        out = out + parts[:, j]  # [N, H]
-    return out
-
-
 def experts(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, gate_up,
             down) -> torch.Tensor:
     """The chosen experts' weighted SwiGLU sum by the fastest path that takes them (see the
@@ -129,10 +94,12 @@ def static_experts_forward(
     down: torch.Tensor,
     grouped_mm=None,
 ) -> torch.Tensor:
-    """grouped_experts_forward's weighted sum (the same products, added in the same order)
+    """experts_forward's weighted sum with no host sync (the same products, added in the
+    same order: a token's experts in ascending id, the loop's and transformers' rounding),
     in a form a CUDA graph can capture: every shape depends only on N and k, and no op reads
     a device value on the host (no .item / .tolist / nonzero / unique / bincount / boolean
-    index), nor falls back to the loop (a grouped matmul that refuses raises).
+    index), nor falls back to the loop (a grouped matmul that refuses raises; `experts`
+    catches that eagerly).
 
     - each token's k choices sorted by expert id (the order its sum adds them in);
     - the N*k (token, choice) rows sorted by expert on the device (a stable argsort), so each
@@ -169,3 +136,7 @@ def static_experts_forward(
     for j in range(1, k):
         out = out + parts[:, j]  # [N, H]
     return out
+
+
+# the eager path's name for it (experts picks it where the grouped matmul takes the weights)
+grouped_experts_forward = static_experts_forward
