@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 
-from kestrel_sim.traced import NOT_STAGES, merged, overlap, work_periods
+from kestrel_sim.traced import NOT_STAGES, beside, covered, loop_of, merged, overlap, work_periods
 
 
 def gap_causes(trace) -> dict[str, dict[str, float]]:
@@ -28,13 +28,13 @@ def gap_causes(trace) -> dict[str, dict[str, float]]:
     steps = [s for s in trace.spans if s.kind not in NOT_STAGES]
     loops: dict[str, list] = {}
     for s in steps:
-        loops.setdefault(s.worker.split("/")[0], []).append(s)
-    placement = trace.meta.get("placement") or {}
+        loops.setdefault(loop_of(s.worker), []).append(s)
+    shared = beside(trace, loops)
     decoded_on: dict[int, set[str]] = {}  # request -> the loops that decoded it
     for s in steps:
         if s.kind in ("decode", "verify"):
             for r in s.requests:
-                decoded_on.setdefault(r, set()).add(s.worker.split("/")[0])
+                decoded_on.setdefault(r, set()).add(loop_of(s.worker))
     landed: dict[str, list[float]] = {}  # loop -> end times of the hand-overs to it
     for s in trace.spans:
         if s.kind == "kv_transfer":
@@ -45,11 +45,8 @@ def gap_causes(trace) -> dict[str, dict[str, float]]:
         working = merged(work_periods(trace, mine[0].worker))
         if not working:
             continue
-        others = merged((o.start, o.end) for n, spans in loops.items() if n != loop
-                        and placement.get(n) is not None
-                        and placement.get(n) == placement.get(loop) for o in spans)
-        out[loop] = _causes(sorted(mine, key=lambda s: s.start), working, others,
-                            sorted(landed.get(loop, [])))
+        out[loop] = _causes(sorted(mine, key=lambda s: s.start), working,
+                            shared.get(loop, []), sorted(landed.get(loop, [])))
     return out
 
 
@@ -65,6 +62,7 @@ def _causes(mine, working, others, landed) -> dict[str, float]:
     out = {"gaps": 0, "gap_s": 0.0, "after_handover_s": 0.0, "rows_changed_s": 0.0,
            "beside_s": 0.0, "none_s": 0.0}
     sizes = []
+    other_starts = [a for a, _ in others]
     for a, b, prev, nxt in holes:
         t = overlap([(a, b)], working)
         if t <= 0.0:
@@ -74,11 +72,11 @@ def _causes(mine, working, others, landed) -> dict[str, float]:
         sizes.append(t)
         handover = bisect_left(landed, prev.start) < bisect_right(landed, b)
         changed = set(prev.requests) != set(nxt.requests)
-        beside = overlap([(a, b)], others)
+        by_other = covered(a, b, others, other_starts)
         out["after_handover_s"] += t if handover else 0.0
         out["rows_changed_s"] += t if changed else 0.0
-        out["beside_s"] += min(beside, t)
-        out["none_s"] += t if not (handover or changed or beside > 0.0) else 0.0
+        out["beside_s"] += min(by_other, t)
+        out["none_s"] += t if not (handover or changed or by_other > 0.0) else 0.0
     sizes.sort()
     out["p50_ms"] = sizes[len(sizes) // 2] * 1e3 if sizes else 0.0
     out["p99_ms"] = sizes[min(len(sizes) - 1, int(len(sizes) * 0.99))] * 1e3 if sizes else 0.0

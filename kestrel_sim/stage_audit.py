@@ -25,12 +25,11 @@ the contention the simulator's law (kestrel_sim/costs/contention.py) must accoun
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import defaultdict
 
 from kestrel_sim.costs.base import Chunk
 from kestrel_sim.trace import Trace
-from kestrel_sim.traced import merged
+from kestrel_sim.traced import beside, covered, loop_of
 
 PRICED = ("prefill", "decode", "verify", "correction", "draft")
 MIXED = " + prompt chunk"  # a decode or verify stage that carried prompt chunks
@@ -46,27 +45,16 @@ def base_kind(stage: str) -> str:
 def beside_shares(trace: Trace, spans) -> dict[tuple, float]:
     """(worker, start, end) -> the share of the span's time that another serving loop's
     priced spans on the same device covered (none where no device has two loops)."""
-    placement = trace.meta.get("placement") or {}
     loops: dict[str, list] = defaultdict(list)  # loop -> its spans
     for s in spans:
-        loops[s.worker.split("/")[0]].append(s)
-    by_device: dict[str, list[str]] = defaultdict(list)
-    for loop in loops:
-        if loop in placement:
-            by_device[placement[loop]].append(loop)
+        loops[loop_of(s.worker)].append(s)
     out = {}
-    for names in by_device.values():
-        for loop in names if len(names) > 1 else ():
-            others = merged([(o.start, o.end) for n in names if n != loop for o in loops[n]])
-            starts = [a for a, _ in others]
-            for s in loops[loop]:
-                covered = 0.0
-                i = max(bisect_right(starts, s.start) - 1, 0)
-                while i < len(others) and others[i][0] < s.end:
-                    covered += max(0.0, min(s.end, others[i][1]) - max(s.start, others[i][0]))
-                    i += 1
-                if s.end > s.start:
-                    out[s.worker, s.start, s.end] = covered / (s.end - s.start)
+    for loop, others in beside(trace, loops).items():
+        starts = [a for a, _ in others]
+        for s in loops[loop]:
+            if s.end > s.start:
+                out[s.worker, s.start, s.end] = (covered(s.start, s.end, others, starts)
+                                                 / (s.end - s.start))
     return out
 
 

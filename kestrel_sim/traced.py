@@ -16,6 +16,8 @@ own time between stages is traced. Queue waits and KV transfers are not stages.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 NOT_STAGES = ("queue_wait", "kv_transfer")
 
 
@@ -51,9 +53,40 @@ def overlap(xs, ys) -> float:
     return total
 
 
+def covered(a: float, b: float, intervals: list[tuple[float, float]],
+            starts: list[float]) -> float:
+    """Length of [a, b] that `intervals` (merged: disjoint, sorted; `starts` their starts)
+    cover, found by bisection."""
+    total = 0.0
+    i = max(bisect_right(starts, a) - 1, 0)
+    while i < len(intervals) and intervals[i][0] < b:
+        total += max(0.0, min(b, intervals[i][1]) - max(a, intervals[i][0]))
+        i += 1
+    return total
+
+
+def loop_of(worker: str) -> str:
+    """A worker's serving loop: its prefix (gpu0/target, gpu0/draft -> gpu0)."""
+    return worker.split("/")[0]
+
+
+def beside(trace, loops: dict[str, list]) -> dict[str, list[tuple[float, float]]]:
+    """Per loop (loop -> its spans), the merged steps of the other loops on its device
+    (trace meta placement); only loops that share a device with another appear."""
+    placement = trace.meta.get("placement") or {}
+    out = {}
+    for loop in loops:
+        device = placement.get(loop)
+        mates = [n for n in loops if n != loop and device is not None
+                 and placement.get(n) == device]
+        if mates:
+            out[loop] = merged((o.start, o.end) for n in mates for o in loops[n])
+    return out
+
+
 def work_periods(trace, worker: str) -> list[tuple[float, float]]:
     """When `worker` had requests to serve (see the module docstring)."""
-    role = worker.split("/")[0]
+    role = loop_of(worker)
     out = []
     for r in trace.requests:
         if r.finish is None:
@@ -78,7 +111,7 @@ def traced_share(trace) -> dict[str, dict[str, float]]:
     workers = sorted({s.worker for s in spans})
     loops = {}  # a worker's prefix (gpu0, decode0): its target and draft, one serving loop
     for w in workers:
-        loops.setdefault(w.split("/")[0], []).append(w)
+        loops.setdefault(loop_of(w), []).append(w)
     groups = {w: [w] for w in workers} | {p: ws for p, ws in loops.items() if len(ws) > 1}
     out = {}
     for name, members in sorted(groups.items()):
