@@ -18,7 +18,6 @@ Writes DIR/serve_bench.md and .json and prints the table last.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import time
@@ -42,13 +41,6 @@ MODEL = "qwen3-8b"
 # loaded runs: both modes at one max_batch; disaggregated on one GPU holds two copies of the
 # weights and two KV caches, which at 64 sequences of up to 3,072 tokens exceed an H200
 MAX_BATCH = 32
-
-
-def release() -> None:
-    """Give a finished run's GPU memory back (its Served dropped) before the next run builds
-    its models."""
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def scenario(name: str, serving: dict, arrivals: dict, requests: int, prompt: dict,
@@ -82,7 +74,6 @@ def main() -> None:
     model.allocate_kv(1, 2048 + 64)
     bench = measure.time_steps(model, 1, 1, 128, 200, torch.Generator().manual_seed(0))
     del model
-    torch.cuda.empty_cache()
     one = scenario("plain-decode-b1", {"max_batch": 1},
                    {"process": "closed", "concurrency": 1}, 2,
                    {"dist": "fixed", "value": 128}, {"dist": "fixed", "value": 256})
@@ -94,8 +85,7 @@ def main() -> None:
                  "rounds": sum(sp.kind == "decode" for sp in served.trace.spans),
                  "rounds_ahead": served.trace.meta.get("decode_rounds_ahead", 0)})
     print(json.dumps(rows[-1]), flush=True)
-    served = None
-    release()
+    served = None  # (serve() hands a finished run's GPU memory back: kestrel_rt/memory.py)
 
     rate_rps = 12.0
     n = int(rate_rps * args.seconds)
@@ -122,7 +112,6 @@ def main() -> None:
                      "captures_in_run": served.trace.meta.get("graph_captures_in_run")})
         print(json.dumps(rows[-1]), flush=True)
         served = None
-        release()
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [f"# Serving engine: {props.name}, {when}", "",

@@ -131,11 +131,15 @@ def warm_catch_up(bench, points: list[Point]) -> None:
 
 
 def release(device: str) -> None:
-    gc.collect()
+    """A finished bench's memory back to the device (kestrel_rt/memory.py reclaim)."""
     if device.startswith("cuda"):
         import torch
 
-        torch.cuda.empty_cache()
+        from kestrel_rt.memory import reclaim
+
+        reclaim(torch.device(device))
+    else:
+        gc.collect()
 
 
 def describe(err: BaseException) -> str:
