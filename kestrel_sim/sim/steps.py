@@ -246,7 +246,7 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
         if chunks:
             pids = [job.rid for job, _ in chunks]
             chunk = Chunk(len(chunks), ptok / len(chunks), pctx / len(chunks))
-    if k:  # (any draws in the order of the rounds without a chunk: draft, verify)
+    if k:  # (acceptance: each request's own stream, whatever the order of the steps)
         td = cfg.draft.seconds("draft", b, 1, c)
         # the first step feeds two tokens per sequence where a draft lags (a graph of M = 2)
         lagging = int(batch.lag.sum()) if cfg.catch_up else 0
