@@ -121,9 +121,12 @@ def test_kv_budget_and_slots():
 
 
 def test_slots_shrink_to_the_memory_but_never_below_max_batch():
-    # 2 workers, 10 bytes a slot, 100 bytes of weights
+    # 2 workers, 10 bytes a slot, 100 bytes of weights; each worker's caches have a scratch
+    # slot more than their usable slots
     assert slots_per_worker(8, 4, 2, 10, 100, free=None, longest=50) == 8  # unknown: all
     assert slots_per_worker(8, 4, 2, 10, 100, free=1000, longest=50) == 8
-    assert slots_per_worker(8, 4, 2, 10, 100, free=220, longest=50) == 6
+    assert slots_per_worker(8, 4, 2, 10, 100, free=220, longest=50) == 5  # 2 x (5 + 1) x 10
+    # a worker's workspace stays free: 20 bytes each leave room for 3 usable slots
+    assert slots_per_worker(8, 3, 2, 10, 100, free=220, longest=50, reserve=20) == 3
     with pytest.raises(KestrelError, match=r"serving\.max_batch = 4 slots of 50 tokens"):
         slots_per_worker(8, 4, 2, 10, 100, free=170, longest=50)

@@ -49,6 +49,9 @@ ROLES = {"gpu": "colocated", "prefill": "prefill", "decode": "decode"}  # by wor
 # disaggregated: slots beyond max_batch (per max_batch) for KV in transit and queued, fewer
 # where the device's memory cannot hold them
 SPARE_SLOTS_PER_BATCH = 1
+# what a worker's activations, CUDA graph pools and kernel workspaces may take beside its
+# weights and caches (kept free when its slots are planned)
+WORKSPACE_BYTES = 4_000_000_000
 
 
 @dataclass
@@ -134,7 +137,8 @@ def plan_run(sc: Scenario, where: dict[str, torch.device], dtype,
         here = sum(d == device for d in where.values())
         slots = min(slots, slots_per_worker(
             want, least, here, sum(kv_bytes(sh, dt, max_len) for sh, dt in shapes),
-            here * sum(weight_bytes(sh, dt) for sh, dt in shapes), free_bytes(device), max_len))
+            here * sum(weight_bytes(sh, dt) for sh, dt in shapes), free_bytes(device), max_len,
+            WORKSPACE_BYTES))
     return RunPlan(s, drawn, seqs, max_len, slots, where, bool(sc.spec and controlled))
 
 

@@ -51,18 +51,23 @@ class SlotPool:
 
 
 def slots_per_worker(want: int, least: int, workers: int, slot_bytes: int, weights: int,
-                     free: int | None, longest: int) -> int:
+                     free: int | None, longest: int, reserve: int = 0) -> int:
     """Slots each worker's caches get: `want`, fewer if the device's `free` bytes cannot
-    hold that many next to the weights, never fewer than `least` (max_batch: refused)."""
+    hold that many next to the weights, never fewer than `least` (max_batch: refused).
+    Each worker's caches hold one scratch slot more (a GraphModel's padding rows write it),
+    and `reserve` bytes a worker stay free for its activations, CUDA graph pools and
+    workspaces (without them a plan that filled the device ran out of memory mid-build)."""
     if free is None:
         return want
-    fit = (free - weights) // (workers * slot_bytes) if slot_bytes else want
+    room = free - weights - workers * reserve
+    fit = room // (workers * slot_bytes) - 1 if slot_bytes else want
     if fit < least:
         raise KestrelError(
             f"the KV caches do not fit: each worker needs serving.max_batch = {least} slots of "
             f"{longest} tokens (the longest request + k + 1; the runtime's cache is one row "
-            f"per sequence), {workers * least * slot_bytes / 1e9:.1f} GB beside "
-            f"{weights / 1e9:.1f} GB of weights, but the device has {free / 1e9:.1f} GB free: "
+            f"per sequence) and a scratch slot, {workers * (least + 1) * slot_bytes / 1e9:.1f} "
+            f"GB beside {weights / 1e9:.1f} GB of weights and {workers * reserve / 1e9:.1f} GB "
+            f"of workspace, but the device has {free / 1e9:.1f} GB free: "
             "lower serving.max_batch or shorten the requests"
         )
     return int(min(want, fit))
