@@ -82,10 +82,13 @@ def test_rows_that_do_not_price_the_draft_are_not_checked(tmp_path):
     other = costs_of(scenario({"profile": str(BUNDLED)},
                               {"model": "qwen3-1.7b", "quant": "int8", "device": "gpu"}))
     assert isinstance(other.draft, CalibratedRoofline)
-    # no draft rows: the organic scenario's bundled qwen3-0.6b profile prices it as before
-    organic = load_scenario(ORGANIC)
+    # no draft rows (the older qwen3-0.6b profile): the organic draft is priced as before
+    rowless = BUNDLED.parent / "qwen3-0.6b_h200.json"
+    organic = load_scenario(ORGANIC, [f"costs.profile={rowless}"])
     assert organic.draft.quant == "int4-last-14"
     assert isinstance(costs_of(organic).draft, CalibratedRoofline)
+    # the organic pair's own profile measured its int4-last-14 draft: its rows price it
+    assert isinstance(costs_of(load_scenario(ORGANIC)).draft, ProfileCost)
 
 
 def test_profiles_of_different_draft_quants_do_not_merge(tmp_path):
