@@ -57,7 +57,10 @@ class Limits:
         assert all(1 <= n <= s.chunk for _, n in plan.chunks)
         assert len({id(job) for job, _ in plan.chunks}) == len(plan.chunks)
         if plan.kind == "round":
-            assert plan.rows == w.batch and not w.joined and plan.rows
+            # (a round launched ahead: the rows that finish with the one in flight are still
+            # in the batch, and leave when its ids are read)
+            assert plan.rows == [q for q in w.batch if q.rem > (q.rid in w.in_flight)]
+            assert not w.joined and plan.rows
             assert plan.chunk_tokens <= max(0, s.max_tokens - len(plan.rows) * (s.k + 1))
             if s.preempt:  # every row's k + 1 new tokens fit, or one row is left
                 assert w.kv.fits(len(plan.rows) * (s.k + 1)) or len(plan.rows) == 1
@@ -69,7 +72,7 @@ class Limits:
         assert w.kv.used == held(eng, w)
         for seq in plan.rows:  # the KV holds every token but the last generated one, and
             # the inputs of a round launched ahead (kestrel_rt/serve/ahead.py)
-            assert w.target.kv.length(seq.slot) == seq.ctx - 1 + w.in_flight
+            assert w.target.kv.length(seq.slot) == seq.ctx - 1 + (seq.rid in w.in_flight)
         for job, _ in plan.chunks:
             assert w.target.kv.length(job.seq.slot) == job.done
 
@@ -180,7 +183,7 @@ class Ahead(Limits):
 
     def __call__(self, eng, w, plan):
         super().__call__(eng, w, plan)
-        self.ahead += w.in_flight
+        self.ahead += bool(w.in_flight)
 
 
 @pytest.mark.parametrize("kv", [{"on_kv_full": "wait"},
@@ -195,6 +198,32 @@ def test_steady_rounds_run_ahead_and_give_greedy_tokens(folder, reference, kv):
     assert served.trace.meta["decode_rounds_ahead"] == seen.ahead
     decode = [s for s in served.trace.spans if s.kind == "decode"]
     assert len(decode) >= max(r.output_tokens for r in served.trace.requests) - 1
+
+
+class Changed(Ahead):
+    """Ahead, also counting the rounds launched ahead over other rows than the round in
+    flight (a row that finished with it left, or a request from the decode queue joined)."""
+
+    def __init__(self):
+        super().__init__()
+        self.changed = 0
+
+    def __call__(self, eng, w, plan):
+        super().__call__(eng, w, plan)
+        if w.in_flight and {seq.rid for seq in plan.rows} != w.in_flight:
+            self.changed += 1
+
+
+def test_a_decode_worker_runs_ahead_while_requests_join_and_leave(folder, reference):
+    sc = scenario(folder, {"mode": "disaggregated", "max_batch": 3, "max_batched_tokens": 32,
+                           "prefill_chunk": 16, "kv_capacity_tokens": 400,
+                           "on_kv_full": "wait"}, requests=16, output=(2, 24),
+                  arrivals=all_at_once(16))
+    seen = Changed()
+    served = serve(sc, "cpu", observer=seen, threads=True)
+    check_run(served, reference, sc)  # the joiners' first inputs are their own last tokens
+    assert seen.changed > 0 and seen.ahead > seen.changed
+    assert served.trace.meta["decode_rounds_ahead"] == seen.ahead
 
 
 def test_closed_loop_keeps_concurrency(folder, reference):

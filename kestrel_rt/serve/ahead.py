@@ -1,18 +1,22 @@
 """Decode rounds run ahead: while a worker's step is a plain decode round (no draft, no prompt
-chunks) and nothing would change the next round's plan, the next round is enqueued from
-this round's token ids on the device before the host reads them, as kestrel_rt/engine.py's
-overlapped loop does. On a GPU the host's work between rounds (reading the ids,
-postprocess, the checks, the next launch) then runs while the device runs the next round,
-instead of adding to each step (docs/performance.md: about 0.3 ms a step on the H200).
+chunks) and the next round's plan does not depend on this round's token ids, the next round
+is enqueued from this round's ids on the device before the host reads them, as
+kestrel_rt/engine.py's overlapped loop does. On a GPU the host's work between rounds
+(reading the ids, postprocess, the checks, the next launch) then runs while the device runs
+the next round, instead of adding to each step (docs/performance.md: about 0.3 ms a step on
+the H200).
 
 The next round is the one the scheduler would plan (kestrel_rt/serve/scheduler.py) when:
-- every row still runs after the round in flight (at least 2 tokens left before it);
-- the worker has nothing to admit or prefill: no prompt being prefilled or joining, its
-  queue empty (the prefill queue for a colocated worker, its decode queue for a decode
-  worker), no arrival due within one round from now;
-- under `preempt`, the KV of both rounds' new tokens fits.
+- the worker has nothing to prefill: no prompt being prefilled or joining, and (colocated)
+  the prefill queue empty with no arrival due within one round from now;
+- under `preempt`, the KV of both rounds' new tokens fits;
+- the rows are those of the round in flight, except that (a decode worker under `wait`)
+  rows that finish with it leave and requests from its decode queue join, admitted by the
+  scheduler's own rule (scheduler.admit_decode): their inputs are their last tokens from
+  the host, the others' this round's ids on the device. Otherwise (a colocated worker, or
+  `preempt`, where a join could evict) every row must still run after the round in flight.
 The scheduler's limits hold for it as for a scheduled round: the observer sees it, with
-`Worker.in_flight` = 1 (the KV already holds the round in flight's inputs).
+`Worker.in_flight` the requests whose token of the round in flight the KV already holds.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from kestrel_rt.model import Chosen
 from kestrel_rt.serve.forward import StepOutput
 from kestrel_rt.serve.postprocess import postprocess
+from kestrel_rt.serve.scheduler import Plan, admit_decode
 
 
 def runs_ahead(eng, w, plan) -> bool:
@@ -34,43 +39,68 @@ def runs_ahead(eng, w, plan) -> bool:
 
 
 def decode_ahead(eng, w, plan) -> None:
-    """Run `plan`'s round, and the same round again while steady(), each launched before the
+    """Run `plan`'s round, and the next while next_rows() has one, each launched before the
     previous one's ids are read; postprocess each in turn."""
-    rows = plan.rows
-    tokens = torch.tensor([[seq.tokens[-1]] for seq in rows], dtype=torch.long)  # [b, 1]
-    pending = launch(eng, w, rows, tokens, ahead=0)
+    tokens = torch.tensor([[seq.tokens[-1]] for seq in plan.rows], dtype=torch.long)  # [b, 1]
+    pending = launch(eng, w, plan.rows, tokens, ahead=0)
     read_at = None
     while True:
+        nxt_plan = None
         with eng.lock:
             eng.poll()
-            go = steady(eng, w, rows)
-            if go:
-                w.in_flight = 1
-                eng.observe(w, plan)
-        nxt = launch(eng, w, rows, pending.tokens, ahead=1) if go else None
-        w.rounds_ahead += go
+            rows = next_rows(eng, w, plan.rows)
+            if rows is not None:
+                nxt_plan = Plan("round", rows)
+                w.in_flight = {seq.rid for seq in plan.rows}
+                eng.observe(w, nxt_plan)
+        nxt = None
+        if nxt_plan is not None:
+            ahead = sum(seq.rid in w.in_flight for seq in nxt_plan.rows)
+            nxt = launch(eng, w, nxt_plan.rows, inputs(plan.rows, pending.tokens, nxt_plan.rows),
+                         ahead)
+            w.rounds_ahead += 1
         ids = pending.read()  # [b, 1] ids on the host, waiting for the round if need be
         now = time.perf_counter()
         if read_at is not None:
             w.round_s = now - read_at
         read_at = now
         with eng.lock:
-            w.in_flight = 0
+            w.in_flight = set()
             postprocess(eng, w, plan, StepOutput(ids, []))
             eng.changed()
         if nxt is None:
             return
-        pending = nxt
+        pending, plan = nxt, nxt_plan
 
 
 def launch(eng, w, rows, tokens: torch.Tensor, ahead: int) -> Chosen:
     """Enqueue one decode round over `rows` from `tokens` [b, 1] (host, or the previous
-    round's ids on the device: a graph's own input, not copied); `ahead` rounds are in
-    flight before it (their tokens not yet in the rows' contexts)."""
-    context = sum(seq.ctx for seq in rows) + ahead * len(rows)
+    round's ids on the device: a graph's own input, not copied); `ahead` of the rows have a
+    token in flight (not yet in their contexts)."""
+    context = sum(seq.ctx for seq in rows) + ahead
     with eng.tracer.span("decode", w.name, [seq.rid for seq in rows], tokens=len(rows),
                          context=context):
         return w.target.forward_greedy(tokens, [seq.slot for seq in rows])  # ids [b, 1]
+
+
+def inputs(rows, ids: torch.Tensor, nxt) -> torch.Tensor:
+    """The next round's input ids [b', 1]: the ids [b, 1] of the round in flight over `rows`
+    for the rows that stay (on the device), then the last tokens of those that joined."""
+    if nxt == rows:
+        return ids
+    at = {seq.rid: i for i, seq in enumerate(rows)}
+    kept = [at[seq.rid] for seq in nxt if seq.rid in at]
+    joined = [[seq.tokens[-1]] for seq in nxt[len(kept):]]
+    parts = []
+    if kept:
+        if kept == list(range(len(kept))):
+            parts.append(ids[:len(kept)])
+        else:
+            parts.append(ids[torch.tensor(kept, device=ids.device)])
+    if joined:  # pinned: the copy does not wait for the stream
+        host = torch.tensor(joined, dtype=torch.long, pin_memory=ids.is_cuda)
+        parts.append(host.to(ids.device, non_blocking=True))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def steady(eng, w, rows) -> bool:
@@ -85,3 +115,21 @@ def steady(eng, w, rows) -> bool:
     if w.role != "decode" and nxt is not None and nxt <= eng.now() + w.round_s:
         return False
     return not s.preempt or w.kv.fits(2 * len(rows) * (s.k + 1))
+
+
+def next_rows(eng, w, rows) -> list | None:
+    """The rows of the round the scheduler would plan after the one in flight over `rows`,
+    where it can be known before that round's ids are read (the module docstring), else
+    None. Joiners are admitted and merged here, as the scheduler's plan_round does."""
+    if steady(eng, w, rows):
+        return rows
+    if w.role != "decode" or eng.settings.preempt or w.prefilling or w.joined:
+        return None
+    admit_decode(eng, w)  # by the scheduler's rule (the rows that finish still count)
+    now = eng.now()
+    for seq in w.merge():
+        if seq.record.decode_start is None:
+            seq.record.decode_start = now
+    running = {seq.rid for seq in rows}
+    stay = [seq for seq in w.batch if seq.rem >= 2 or seq.rid not in running]
+    return stay or None

@@ -36,7 +36,7 @@ class Worker:
         self.batch: list[Sequence] = []  # running, in join order (the newest last)
         self.joined: list[Sequence] = []  # prefilled since the last round (join at the next)
         self.last_was_prefill = False  # the alternate schedule's turn
-        self.in_flight = 0  # rounds launched ahead of the one being planned (ahead.py)
+        self.in_flight: set[int] = set()  # requests whose round in flight the KV holds (ahead.py)
         self.round_s = 0.0  # the last run-ahead round's duration, host clock (ahead.py)
         self.rounds_ahead = 0  # rounds launched before the previous one's ids were read
         device = models[0].device
