@@ -37,6 +37,10 @@ class Hardware(BaseModel):
     name: str
     kind: Literal["gpu", "cpu"] = "gpu"
     memory_gb: float = Field(gt=0)
+    free_memory_gb: float | None = Field(
+        default=None, gt=0, description="memory a process finds free on the idle device "
+        "(torch.cuda.mem_get_info), where the KV slots are planned (kestrel_sim/sim/slots.py); "
+        "default memory_gb")
     mem_bandwidth_tb_s: float = Field(gt=0, description="achieved, e.g. a device-to-device copy")
     matmul_tflops: float = Field(gt=0, description="achieved bf16 GEMM throughput")
     attention_tflops: float | None = Field(

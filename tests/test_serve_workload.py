@@ -9,13 +9,14 @@ import pytest
 
 from kestrel_rt.serve import serve
 from kestrel_rt.serve.arrivals import Arrivals
-from kestrel_rt.serve.kv import SlotPool, slots_per_worker
+from kestrel_rt.serve.kv import SlotPool
 from kestrel_rt.serve.queues import DecodeQueue, PrefillJob
 from kestrel_rt.serve.requests import Sequence, draw_requests, prompt_ids
 from kestrel_sim import simulate
 from kestrel_sim.errors import KestrelError
 from kestrel_sim.scenario import Scenario
 from kestrel_sim.sim.kv import KVPool
+from kestrel_sim.sim.slots import slots_per_worker
 from kestrel_sim.workload import draw_workload
 
 

@@ -22,12 +22,11 @@ from functools import reduce
 import torch
 
 from kestrel_rt.loading import default_dtype, resolve
-from kestrel_rt.memory import free_bytes, kv_bytes
+from kestrel_rt.memory import free_bytes
 from kestrel_rt.serve.arrivals import Arrivals
 from kestrel_rt.serve.engine import ServingEngine
 from kestrel_rt.serve.forward import MIXED_FORWARD, chunk_limits, warm_up
 from kestrel_rt.serve.handover import Link
-from kestrel_rt.serve.kv import slots_per_worker
 from kestrel_rt.serve.models import build_model
 from kestrel_rt.serve.placement import placement
 from kestrel_rt.serve.requests import Sequence, draw_requests
@@ -40,18 +39,13 @@ from kestrel_rt.serve.settings import (
 from kestrel_rt.serve.speculate import build_decoder, dummy_weights, spec_config
 from kestrel_rt.serve.worker import Worker
 from kestrel_rt.spec.stats import SpecStats
-from kestrel_rt.weights import weight_bytes
+from kestrel_rt.weights import parse_dtype
 from kestrel_sim.scenario import Scenario
+from kestrel_sim.sim.slots import device_slots, slot_range, slot_tokens
 from kestrel_sim.trace import Trace
 from kestrel_sim.workload import DrawnWorkload
 
 ROLES = {"gpu": "colocated", "prefill": "prefill", "decode": "decode"}  # by worker prefix
-# disaggregated: slots beyond max_batch (per max_batch) for KV in transit and queued, fewer
-# where the device's memory cannot hold them
-SPARE_SLOTS_PER_BATCH = 1
-# what a worker's activations, CUDA graph pools and kernel workspaces may take beside its
-# weights and caches (kept free when its slots are planned)
-WORKSPACE_BYTES = 4_000_000_000
 
 
 @dataclass
@@ -122,23 +116,19 @@ def plan_run(sc: Scenario, where: dict[str, torch.device], dtype,
         context = min(context, dshape.max_position_embeddings)
     check_lengths(sc.model, int(drawn.prompt.max()), int(drawn.output.max()), s.k, context,
                   capacity)
-    longest = int((drawn.prompt + drawn.output).max())
-    # + room for a prefill graph's padding (a chunk padded up to its length's bucket, at
-    # most half again plus 32 tokens, writes K/V past its own tokens: kestrel_rt/cuda/graphs.py)
-    max_len = longest + s.k + 1 + min(s.chunk, s.max_tokens, longest) // 2 + 32
-    n = len(seqs)
-    spare = 0 if s.mode == "colocated" else SPARE_SLOTS_PER_BATCH
-    want, least = min(s.max_batch * (1 + spare), n), min(s.max_batch, n)
+    # the slots as the simulator plans them (kestrel_sim/sim/slots.py), in the device's
+    # free memory rather than the hardware description's
+    max_len = slot_tokens(int((drawn.prompt + drawn.output).max()), s.k, s.chunk, s.max_tokens)
+    want, least = slot_range(s.mode, s.max_batch, len(seqs))
     slots = want
     for device in dict.fromkeys(where.values()):  # each device: its workers' caches fit
         shapes = [(shape, dtype or default_dtype(folder, device))]
         if sc.draft is not None and sc.draft.device == "gpu":
             shapes.append((dshape, dtype or default_dtype(dfolder, device)))
+        sizes = [parse_dtype(dt).itemsize for _, dt in shapes]
+        models = [(sh, size, size) for (sh, _), size in zip(shapes, sizes)]
         here = sum(d == device for d in where.values())
-        slots = min(slots, slots_per_worker(
-            want, least, here, sum(kv_bytes(sh, dt, max_len) for sh, dt in shapes),
-            here * sum(weight_bytes(sh, dt) for sh, dt in shapes), free_bytes(device), max_len,
-            WORKSPACE_BYTES))
+        slots = min(slots, device_slots(want, least, here, models, max_len, free_bytes(device)))
     return RunPlan(s, drawn, seqs, max_len, slots, where, bool(sc.spec and controlled))
 
 
