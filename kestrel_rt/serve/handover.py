@@ -6,10 +6,12 @@ Each prefill worker has its link ("link0", "link1", ... as the simulator's): its
 go one at a time in FIFO order. A transfer needs a free slot in a decode worker's caches and
 goes to the decode worker with the most free slots when its copy starts (the others are held
 by that worker's batch, its queue and the transfers on their way to it; ties: one on the
-prefill worker's device, then the lowest index). Each decode worker has max_batch spare
-slots beyond its batch for requests in transit or queued; when no decode worker has one,
-transfers wait, the oldest first across the links (the simulator's decode side has no such
-limit: a run that waits here says so in the trace meta, `handover_slot_waits`).
+prefill worker's device, then the lowest index). Each decode worker has up to max_batch spare
+slots beyond its batch for requests in transit or queued (as many as the device's memory
+holds: kestrel_sim/sim/slots.py); when no decode worker has one, transfers wait, the oldest
+first across the links, and the prefill worker's slots stay held meanwhile. The simulator
+models the same slots (kestrel_sim/sim/handover.py): a run that waits says so in the trace
+meta, `handover_slot_waits`, on either side.
 
 On a GPU the copies run on the link's own stream on the prefill worker's device, after the
 prefill step that wrote the rows (an event recorded on the prefill worker's stream), so

@@ -26,9 +26,12 @@ from kestrel_sim.placement import placement
 from kestrel_sim.recorder import Recorder
 from kestrel_sim.scenario import Link, Scenario, Slo, model_context
 from kestrel_sim.sim import processes as proc
+from kestrel_sim.sim.decode_queue import DecodeQueue
 from kestrel_sim.sim.device import SharedDevice
+from kestrel_sim.sim.handover import Handover, LinkState
 from kestrel_sim.sim.keep import TraceKeeper, TraceMode
 from kestrel_sim.sim.kv import kv_capacity, kv_transfer_bytes_per_token
+from kestrel_sim.sim.slots import simulated_slots
 from kestrel_sim.sim.state import SimState
 from kestrel_sim.sim.steps import StepConfig
 from kestrel_sim.sim.worker import Worker
@@ -122,7 +125,7 @@ def simulate(
                                     n) if sc.spec else None)  # each request's own stream
     env = simpy.Environment()
     st = SimState(env, rng, drawn.prompt.tolist(), drawn.output.tolist(), k, reserve, keeper,
-                  sc.serving.decode_queue, progress)
+                  progress)
     cfg = StepConfig(
         costs.target, costs.draft, acceptance,
         separate=bool(sc.spec and sc.spec.correction == "separate"),
@@ -134,6 +137,11 @@ def simulate(
         decode_overhead=costs.decode_overhead,
     )
     devices = shared_devices(sc, env, costs.contention)
+    # physical KV slots per worker, as the runtime plans them (counted where they can bind:
+    # disaggregated workers; slots.py)
+    slots, slots_fit = simulated_slots(sc, costs.hardware,
+                                       int((drawn.prompt + drawn.output).max()), n)
+    counted = slots if sc.serving.mode == "disaggregated" else None
 
     roles: dict[str, str] = {}
 
@@ -142,7 +150,7 @@ def simulate(
         if sc.draft is not None:
             dname = f"{prefix}/draft" if sc.draft.device == "gpu" else f"{prefix}/cpu-draft"
             roles[dname] = "draft"
-        w = Worker(f"{prefix}/target", role, capacity, dname)
+        w = Worker(f"{prefix}/target", role, capacity, dname, counted)
         w.device = devices.get(prefix)
         roles[w.name] = role
         return w
@@ -158,14 +166,16 @@ def simulate(
         link = costs.link or _link(sc, hw)  # costs.link: fitted to the profile's transfers
         for i in range(sc.serving.prefill_workers):
             w = make(f"prefill{i}", "prefill")
-            w.link = proc.LinkState(f"link{i}", link, per_token)
+            w.link = LinkState(f"link{i}", link, per_token)
             roles[w.link.name] = "link"
             st.prefill_workers.append(w)
             env.process(proc.prefill_worker(st, cfg, w))
         for i in range(sc.serving.decode_workers):
             w = make(f"decode{i}", "decode")
+            w.queue = DecodeQueue(sc.serving.decode_queue)
             st.decode_workers.append(w)
             env.process(proc.decode_worker(st, cfg, w))
+        st.handover = Handover(st, st.decode_workers)
         roles["queue/decode"] = "queue"
     roles["queue/prefill"] = "queue"
 
@@ -174,8 +184,11 @@ def simulate(
     else:
         env.process(proc.open_arrivals(st, drawn.arrivals))
     env.run(until=st.all_done)
-    leaked = {w.name: w.kv.used for w in st.prefill_workers + st.decode_workers if w.kv.used}
+    workers = st.prefill_workers + st.decode_workers
+    leaked = {w.name: w.kv.used for w in workers if w.kv.used}
     assert not leaked, f"KV accounting leaked tokens: {leaked}"  # every request released its KV
+    held = {w.name: w.slots - w.free_slots for w in workers if w.free_slots != w.slots}
+    assert not held, f"KV slots still held: {held}"  # and its slots
     st.flush()
     st.rec.close()
 
@@ -197,10 +210,13 @@ def simulate(
         "calibrated": costs.source != "roofline",  # roofline: analytic, not measured
         "workers": roles,
         "kv_capacity_tokens": capacity,
+        "kv_slots_per_worker": slots,
+        "kv_slots_fit": slots_fit,  # False: past the device's memory, the runtime refuses it
         "kv_policy": sc.serving.on_kv_full,
         "max_batch": sc.serving.max_batch,
         "decode_queue": sc.serving.decode_queue,
         "preemptions": st.preemptions,
+        "handover_slot_waits": st.handover.slot_waits if st.handover is not None else 0,
         "requests": n,
         "end_time": env.now,
         "slo": sc.slo.model_dump(),

@@ -5,21 +5,21 @@ carries prefill chunks of the waiting prompts in its target forward; with nothin
 decode it runs prefill-only steps. `alternate` schedule: while prompts wait and the batch
 has room, one chunked prefill step alternates with one round (so a long prompt stalls
 decoding by at most one step); otherwise it runs rounds. Idle, it sleeps until woken.
-Disaggregated: prefill workers only prefill, then send each request's KV over their link
-(FIFO, one transfer at a time: the prompt's KV, priced per token) to the shared decode
-queue; the first token reaches the client with the KV, so TTFT includes the transfer;
-decode workers pull from the queue (fifo or shortest-first: decode_queue.py) into their
-batch at round boundaries.
+Disaggregated, as the runtime: prefill workers only prefill, each admitted request holding
+one of the worker's physical KV slots (slots.py) until its KV has landed in a decode worker;
+the KV goes over the prefill worker's link (FIFO, one transfer at a time: the prompt's KV,
+priced per token) once a decode worker has a free slot, which the request then holds until
+it finishes or is preempted (handover.py; transfers wait for a slot, the oldest first). The
+first token reaches the client with the KV, so TTFT includes the transfer and its wait;
+each decode worker pulls from its own queue (the requests whose KV landed in it, fifo or
+shortest-first: decode_queue.py) into its batch at round boundaries.
 """
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 
-from kestrel_sim.hardware import LinkSpec
-from kestrel_sim.sim.state import SimState, wake_one
+from kestrel_sim.sim.state import SimState
 from kestrel_sim.sim.steps import StepConfig, admit_prefill, charge, decode_round, prefill_step
 from kestrel_sim.sim.worker import Worker
 from kestrel_sim.trace import Span
@@ -83,38 +83,11 @@ def colocated_worker(st: SimState, cfg: StepConfig, w: Worker):
             yield _sleep(st, w)
 
 
-class LinkState:
-    """A KV transfer link: FIFO, one transfer at a time."""
-
-    __slots__ = ("bytes_per_token", "free_at", "name", "spec")
-
-    def __init__(self, name: str, spec: LinkSpec, bytes_per_token: float):
-        self.name = name
-        self.spec = spec
-        self.bytes_per_token = bytes_per_token
-        self.free_at = 0.0
-
-
 def prefill_worker(st: SimState, cfg: StepConfig, w: Worker):
-    env = st.env
-    link: LinkState = w.link
-
-    def transferred(rid: int, ctx: int, rem: int, held: int, _ev) -> None:
-        w.kv.used -= held
-        st.emit(np.array([rid], dtype=np.int64), np.ones(1, dtype=np.int64))  # first token
-        st.decode_queue.push(rid, ctx, rem)
-        st.ready_at[rid] = env.now
-        wake_one(st.decode_workers)
-        if w.wake is not None and st.prefill_queue:
-            wake_one([w])
+    send = st.handover.send
 
     def on_prefilled(rid: int, ctx: int, rem: int, held: int) -> None:
-        prefilled = ctx - 1  # the KV that exists: the prompt's (not yet the first token's)
-        start = max(env.now, link.free_at)
-        end = start + link.spec.seconds(prefilled * link.bytes_per_token)
-        link.free_at = end
-        st.spans.append(Span("kv_transfer", link.name, start, end, [rid], prefilled))
-        env.timeout(end - env.now).callbacks.append(partial(transferred, rid, ctx, rem, held))
+        send(w, rid, ctx, rem, held)  # over w's link once a decode slot is free
 
     while True:
         admit_prefill(st, cfg, w)
@@ -126,7 +99,7 @@ def prefill_worker(st: SimState, cfg: StepConfig, w: Worker):
 
 def decode_worker(st: SimState, cfg: StepConfig, w: Worker):
     env = st.env
-    q = st.decode_queue
+    q = w.queue
     slots = st.k + 1
     while True:
         while len(q) and len(w.batch) < cfg.max_batch:

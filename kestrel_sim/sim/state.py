@@ -16,7 +16,6 @@ import numpy as np
 import simpy
 
 from kestrel_sim.recorder import Recorder
-from kestrel_sim.sim.decode_queue import DecodeQueue
 from kestrel_sim.sim.keep import TraceKeeper
 from kestrel_sim.trace import Span
 
@@ -39,7 +38,7 @@ class SimState:
     def __init__(
         self, env: simpy.Environment, rng: np.random.Generator, prompts: list[int],
         outputs: list[int], k: int, reserve: np.ndarray | None, keeper: TraceKeeper,
-        decode_order: str = "fifo", progress: Callable[[int, int], None] | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ):
         n = len(prompts)
         self.env = env
@@ -52,10 +51,10 @@ class SimState:
         self.keeper = keeper
         self.spans: list[Span] = []  # buffered; flush() hands them on
         self.prefill_queue: deque[PrefillJob] = deque()
-        self.decode_queue = DecodeQueue(decode_order)
-        self.ready_at = np.zeros(n)  # when each entered the decode queue
+        self.ready_at = np.zeros(n)  # when each entered a decode worker's queue
         self.prefill_workers: list = []  # workers that take from prefill_queue
-        self.decode_workers: list = []  # workers that take from decode_queue
+        self.decode_workers: list = []  # workers that take from their own decode queue
+        self.handover = None  # disaggregated: the KV Handover (handover.py)
         self.em_time: list[float] = []  # one entry per emitting step
         self.em_ids: list[np.ndarray] = []  # [b] ids that gained tokens in that step
         self.em_count: list[np.ndarray] = []  # [b] tokens each gained

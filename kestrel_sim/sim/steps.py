@@ -80,14 +80,18 @@ def charge(st: SimState, rid: int, tokens: int) -> int:
 
 
 def admit_prefill(st: SimState, cfg: StepConfig, w: Worker) -> None:
-    """Move jobs from the prefill queue into `w.prefilling` while batch, token budget and
-    KV allow (FIFO: the head blocks the rest)."""
+    """Move jobs from the prefill queue into `w.prefilling` while batch, token budget, KV
+    and (a disaggregated prefill worker) a free physical slot allow (FIFO: the head blocks
+    the rest). The slot is held until the request's KV has landed in a decode worker."""
     q = st.prefill_queue
     if not q:
         return
     slots = st.k + 1
     pending = sum(j.need - j.done for j in w.prefilling)
-    while q and pending < cfg.max_tokens and len(w.prefilling) + len(w.batch) < cfg.max_batch:
+    room = cfg.max_batch - len(w.prefilling) - len(w.batch)
+    if w.free_slots is not None:
+        room = min(room, w.free_slots)
+    while q and pending < cfg.max_tokens and room > 0:
         job = q[0]
         c = charge(st, job.rid, job.need)
         headroom = (len(w.batch) + len(w.prefilling) + 1) * slots if st.reserve is None else 0
@@ -97,6 +101,9 @@ def admit_prefill(st: SimState, cfg: StepConfig, w: Worker) -> None:
         w.kv.used += c
         w.prefilling.append(job)
         pending += job.need
+        room -= 1
+        if w.free_slots is not None:
+            w.free_slots -= 1
         now = st.env.now
         if st.rec.start_prefill(job.rid, now):
             arrival = float(st.rec.arrival[job.rid])
@@ -190,6 +197,8 @@ def _complete_chunks(st: SimState, w: Worker, chunks, on_prefilled) -> None:
             held += 1
         if rem == 0:
             w.kv.used -= held
+            if w.free_slots is not None:  # a prefill worker's slot, no hand-over
+                w.free_slots += 1
             st.rec.start_decode(job.rid, env.now)
             finished.append(job.rid)
         else:
@@ -207,7 +216,7 @@ def round_host(st: SimState, cfg: StepConfig, w: Worker, b: int, k: int, changed
     if k:
         return cfg.round_overhead.seconds(b) if cfg.round_overhead is not None else 0.0
     steady = (not changed and w.last_rows == b and not w.prefilling
-              and not (st.decode_queue if w.role == "decode" else st.prefill_queue))
+              and not (w.queue if w.role == "decode" else st.prefill_queue))
     w.last_rows = b
     if steady or cfg.decode_overhead is None:
         return 0.0
@@ -234,6 +243,8 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
             w.kv.used -= ctx
             need -= k + 1
             st.requeue_preempted(rid, ctx, rem)
+            if w.free_slots is not None:  # a decode worker: its slot goes (handover.py)
+                st.handover.release(w, 1)
     ids, rem = batch.ids, batch.rem
     b = len(ids)
     csum = batch.ctx_sum
@@ -329,6 +340,8 @@ def decode_round(st: SimState, cfg: StepConfig, w: Worker, on_prefilled=None):
         finished = fin.tolist()
         if k:
             cfg.acceptance.finish(finished)  # their acceptance streams go
+        if w.free_slots is not None:  # a decode worker: their slots go (handover.py)
+            st.handover.release(w, len(finished))
         st.finish(finished)
     if chunks:
         _complete_chunks(st, w, chunks, on_prefilled)
