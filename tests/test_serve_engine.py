@@ -214,10 +214,11 @@ class Changed(Ahead):
             self.changed += 1
 
 
-def test_a_decode_worker_runs_ahead_while_requests_join_and_leave(folder, reference):
+@pytest.mark.parametrize("kv", ["wait", "preempt"])
+def test_a_decode_worker_runs_ahead_while_requests_join_and_leave(folder, reference, kv):
     sc = scenario(folder, {"mode": "disaggregated", "max_batch": 3, "max_batched_tokens": 32,
                            "prefill_chunk": 16, "kv_capacity_tokens": 400,
-                           "on_kv_full": "wait"}, requests=16, output=(2, 24),
+                           "on_kv_full": kv}, requests=16, output=(2, 24),
                   arrivals=all_at_once(16))
     seen = Changed()
     served = serve(sc, "cpu", observer=seen, threads=True)

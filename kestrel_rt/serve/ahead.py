@@ -10,11 +10,12 @@ The next round is the one the scheduler would plan (kestrel_rt/serve/scheduler.p
 - the worker has nothing to prefill: no prompt being prefilled or joining, and (colocated)
   the prefill queue empty with no arrival due within one round from now;
 - under `preempt`, the KV of both rounds' new tokens fits;
-- the rows are those of the round in flight, except that (a decode worker under `wait`)
-  rows that finish with it leave and requests from its decode queue join, admitted by the
+- the rows are those of the round in flight, except that (a decode worker) rows that
+  finish with it leave and requests from its decode queue join, admitted by the
   scheduler's own rule (scheduler.admit_decode): their inputs are their last tokens from
-  the host, the others' this round's ids on the device. Otherwise (a colocated worker, or
-  `preempt`, where a join could evict) every row must still run after the round in flight.
+  the host, the others' this round's ids on the device; under `preempt` only while both
+  rounds' new tokens fit (else plan_round could evict). A colocated worker's rows must all
+  still run after the round in flight (its joiners come from prompt chunks).
 The scheduler's limits hold for it as for a scheduled round: the observer sees it, with
 `Worker.in_flight` the requests whose token of the round in flight the KV already holds.
 """
@@ -123,7 +124,7 @@ def next_rows(eng, w, rows) -> list | None:
     None. Joiners are admitted and merged here, as the scheduler's plan_round does."""
     if steady(eng, w, rows):
         return rows
-    if w.role != "decode" or eng.settings.preempt or w.prefilling or w.joined:
+    if w.role != "decode" or w.prefilling or w.joined:
         return None
     admit_decode(eng, w)  # by the scheduler's rule (the rows that finish still count)
     now = eng.now()
@@ -132,4 +133,7 @@ def next_rows(eng, w, rows) -> list | None:
             seq.record.decode_start = now
     running = {seq.rid for seq in rows}
     stay = [seq for seq in w.batch if seq.rem >= 2 or seq.rid not in running]
+    s = eng.settings
+    if s.preempt and not w.kv.fits((len(rows) + len(stay)) * (s.k + 1)):
+        return None  # plan_round may evict: the scheduler plans it once the ids are read
     return stay or None
