@@ -100,12 +100,12 @@ def prefill_worker(st: SimState, cfg: StepConfig, w: Worker):
 def decode_worker(st: SimState, cfg: StepConfig, w: Worker):
     env = st.env
     q = w.queue
-    slots = st.k + 1
+    per_seq = st.k + 1  # tokens of headroom per sequence held (preempt policy)
     while True:
         while len(q) and len(w.batch) < cfg.max_batch:
             rid, ctx, rem = q.head()
             c = charge(st, rid, ctx)
-            headroom = (len(w.batch) + 1) * slots if st.reserve is None else 0
+            headroom = (len(w.batch) + 1) * per_seq if st.reserve is None else 0
             if not w.kv.fits(c + headroom):
                 break
             q.pop()

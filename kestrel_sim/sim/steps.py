@@ -86,7 +86,7 @@ def admit_prefill(st: SimState, cfg: StepConfig, w: Worker) -> None:
     q = st.prefill_queue
     if not q:
         return
-    slots = st.k + 1
+    per_seq = st.k + 1  # tokens of headroom per sequence held (preempt policy)
     pending = sum(j.need - j.done for j in w.prefilling)
     room = cfg.max_batch - len(w.prefilling) - len(w.batch)
     if w.free_slots is not None:
@@ -94,7 +94,7 @@ def admit_prefill(st: SimState, cfg: StepConfig, w: Worker) -> None:
     while q and pending < cfg.max_tokens and room > 0:
         job = q[0]
         c = charge(st, job.rid, job.need)
-        headroom = (len(w.batch) + len(w.prefilling) + 1) * slots if st.reserve is None else 0
+        headroom = (len(w.batch) + len(w.prefilling) + 1) * per_seq if st.reserve is None else 0
         if not w.kv.fits(c + headroom):
             return
         q.popleft()
