@@ -8,9 +8,8 @@ Workers: colocated ones (each takes from the prefill queue and decodes what it p
 or prefill and decode workers in any number (disaggregated): prefill workers take from the
 prefill queue and hand each prefilled request's KV over their link (handover.py) to a decode
 worker, whose queue it joins when the copy has landed; decode workers take from their queue
-(fifo or shortest-first) at round boundaries. The runtime's decode queues are the
-simulator's one shared queue split by where the KV landed (it must land in one worker's
-cache): with one decode worker they are the same.
+(fifo or shortest-first) at round boundaries. Each decode worker has its own queue (the KV
+must land in one worker's cache), as in the simulator (kestrel_sim/sim/handover.py).
 
 Each worker's loop is Worker.step (schedule, run, postprocess). One worker runs in the
 calling thread; several take turns in it, or with `threads` each runs in its own host
