@@ -7,7 +7,7 @@
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
 # STEPS: a comma list of calib_tests, tests, spec, serve, decode, calibrate, calibrate_int4,
-# calibrate_moe, calibrate_organic, gates, validate1..4, beforeafter, predict_k, predict_d1,
+# calibrate_moe, calibrate_organic, gates, validate1..5, beforeafter, predict_k, predict_d1,
 # predict_d2, gemv, probe, ablation, moe_graphs (default
 # tests,spec,serve,decode,calibrate). A 10-minute call fits tests,spec, or serve,decode, or
 # calib_tests,calibrate, or calibrate_int4,calibrate_moe, or calib_tests,calibrate_organic;
@@ -61,6 +61,10 @@ step validate2 570 $V spec-k12-heldout,spec-organic-int4-copy,int4,colocated-sat
 # graphs of chunks that start mid-prompt)
 step validate3 570 $V ladder-1-bf16-colocated,ladder-2-int4,ladder-3-int4-disaggregated,ladder-4-int4-disaggregated-spec
 step validate4 570 $V disaggregated-saturated,light-load-mixed-lengths
+# right after `calibrate` in the same call: the CPU draft's steps vary between sessions (its
+# profile and its run must share one), and disaggregated-light predates the split of steps
+# beside the other loop
+step validate5 300 $V draft-cpu,disaggregated-light
 # before/after (issue 20 item 7): the quantized decode rows at d5cb851 (the tree before the
 # options object) and here, one after the other; needs the device's .git to hold d5cb851
 Q="--no-transformers --quants int8,int4 --models qwen3-0.6b,qwen3-8b,qwen3-30b-a3b"
