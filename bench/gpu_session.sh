@@ -46,7 +46,7 @@ step serve 200 python3 bench/serve_bench.py --out "$LOG" --commit "$COMMIT"
 step gemv 120 python3 bench/gemv_bench.py --out "$LOG" --ms 1 --kinds bf16,int4 --paths table,tuned
 step decode 330 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
 step calibrate 540 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --commit "$COMMIT" --max-minutes 8 --out "$LOG/qwen3-8b_h200.json"
-step calibrate_int4 330 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --draft-device gpu --quant int4 --commit "$COMMIT" --max-minutes 4.5 --out "$LOG/qwen3-8b-int4_h200.json"
+step calibrate_int4 420 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --draft-device gpu --quant int4 --commit "$COMMIT" --max-minutes 5.5 --out "$LOG/qwen3-8b-int4_h200.json"
 step calibrate_moe 540 python3 -m kestrel_cli.app calibrate --model qwen3-30b-a3b --draft qwen3-0.6b --draft-device gpu --grid moe --commit "$COMMIT" --max-minutes 7 --out "$LOG/qwen3-30b-a3b_h200.json"
 # the organic pair (scenarios/validation/spec-organic-int4-copy.yaml): qwen3-0.6b and its
 # int4-last-14 copy as the draft; the default grid, estimated 2.3 min (--dry-run)
