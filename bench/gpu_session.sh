@@ -9,10 +9,12 @@
 # STEPS: a comma list of calib_tests, tests, spec, serve, decode, calibrate, calibrate_int4,
 # calibrate_moe, calibrate_organic, gates, validate1..5, beforeafter, predict_k, predict_d1,
 # predict_d2, gemv, probe, ablation, moe_graphs (default
-# tests,spec,serve,decode,calibrate). A 10-minute call fits tests,spec, or serve,decode, or
-# calib_tests,calibrate, or calibrate_int4,calibrate_moe, or calib_tests,calibrate_organic;
-# each validateN (one of docs/validation.md's four chunks) and predict_k take about 9 minutes
-# alone.
+# tests,spec,serve,decode,calibrate). Measured on 2026-12-02 (steps take about half their
+# limits): tests 190 s, calibrate 180 s with spec 100 s, calibrate_organic 60 s with serve
+# 70 s, validate1 220 s, validate3 + validate4 290 s; with the default grid's 469 points
+# (since 69d91a7) calibrate is estimated at 4.9 minutes and calibrate_int4 at 4.5. A cold
+# machine takes about 90 s of held time to start; an idle one is released after 30 s, so
+# chain calls without a pause.
 # Only OUT/session.tgz and OUT/summary.txt come back (the device tool returns a limited number
 # of files: a profile written beside many logs was once left behind).
 # The tests step compiles every kernel module first, in parallel (tests/conftest.py,
