@@ -54,6 +54,19 @@ def trace_note(trace) -> str:
             f"windows every {kept['windows_every_s']:g} s; --trace full keeps all)")
 
 
+def slots_note(trace) -> str | None:
+    """A warning where the simulated workers' KV slots exceed the device's memory (the
+    runtime would refuse the run: kestrel_sim/sim/slots.py), else None."""
+    meta = trace.meta
+    if meta.get("kv_slots_fit", True) is not False:
+        return None
+    return (f"the runtime would refuse this scenario on {meta.get('hardware')}: its workers' "
+            f"KV caches (serving.max_batch = {meta.get('max_batch')} slots each, one row of "
+            "the longest request per slot, target and draft) do not fit the device's memory "
+            "beside the weights. The simulator ran it with that many slots anyway; lower "
+            "serving.max_batch or shorten the requests for a run the runtime can check.")
+
+
 def costs_label(scenario: Scenario) -> str:
     """Where the run's step times come from ('uncalibrated roofline (h200)', ...)."""
     from kestrel_sim.costs.build import build_costs, describe_costs

@@ -26,6 +26,7 @@ from kestrel_cli.render import (  # noqa: F401  (progress_bar: re-exported for k
     progress_bar,
     render_run,
     simulate_with_progress,
+    slots_note,
     trace_note,
 )
 from kestrel_cli.table import (
@@ -123,6 +124,9 @@ def run(
         what = f"simulated {metrics.duration:.2f} s in {wall:.2f} s wall{speed}"
     console.print(f"{what}; wrote {', '.join(files)} to {out}{trace_note(run_)}",
                   highlight=False)
+    note = slots_note(run_)
+    if note is not None:
+        console.print(f"[yellow]warning:[/] {note}", highlight=False)
 
 
 def run_both_command(sc: Scenario, out: Path, overrides: list[str], scenario: Path,

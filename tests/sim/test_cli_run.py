@@ -280,3 +280,19 @@ def test_the_title_keeps_bracketed_overrides():
     console = Console(width=200, record=True)
     console.print(run_title("x", "roofline", ["serving.devices=[cuda:0]"]))
     assert "[cuda:0]" in console.export_text()
+
+
+def test_run_warns_where_the_runtime_would_refuse_the_kv_slots(tmp_path):
+    saturated = ROOT / "scenarios" / "validation" / "disaggregated-saturated.yaml"
+    small = ["--set", "workload.requests=80", "--trace", "none"]  # more than max_batch
+    result = CliRunner().invoke(app, ["run", str(saturated), "--out", str(tmp_path / "a"),
+                                      *small])
+    assert result.exit_code == 0, result.output
+    assert "would refuse" not in result.output  # 47 slots a worker fit an H200
+    # two workers of 64 slots of ~3200 tokens, target and draft, do not fit one H200
+    result = CliRunner().invoke(app, ["run", str(saturated), "--out", str(tmp_path / "b"),
+                                      "--set", "serving.max_batch=64", *small])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "warning: the runtime would refuse this scenario on h200" in text
+    assert "serving.max_batch = 64 slots each" in text
