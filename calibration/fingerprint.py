@@ -69,6 +69,16 @@ def host_cpu() -> str:
     return platform.processor() or platform.machine()
 
 
+def host_threads() -> int | None:
+    """The CPU threads torch runs a CPU forward on (a CPU draft's step time scales with
+    them: the same CPU model measured 20-140% apart in two sessions)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.get_num_threads()
+
+
 def environment(device) -> dict:
     """The device and software versions of a run with its target on `device` (a
     torch.device): the Fingerprint's fields of that name."""
@@ -78,6 +88,7 @@ def environment(device) -> dict:
     return {
         "device": torch.cuda.get_device_name(device) if gpu else host_cpu(),
         "host_cpu": host_cpu(),
+        "host_threads": host_threads(),
         "driver": driver_version(device) if gpu else None,
         "cuda": torch.version.cuda if gpu else None,
         "torch": torch.__version__,

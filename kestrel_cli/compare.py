@@ -83,6 +83,7 @@ def fingerprint(meta: dict) -> dict:
         import torch
 
         out["torch"] = torch.__version__
+        out["host_threads"] = torch.get_num_threads()  # a CPU draft's steps scale with them
         out["cuda"] = torch.version.cuda
         if torch.cuda.is_available():
             out["driver"] = subprocess.run(

@@ -101,6 +101,9 @@ class Fingerprint(BaseModel):
 
     device: str = Field(description="GPU name (e.g. 'NVIDIA H200') or CPU model the target ran on")
     host_cpu: str | None = Field(default=None, description="CPU model of the host")
+    host_threads: int | None = Field(
+        default=None, description="torch's CPU threads when measured (a CPU draft's steps "
+        "scale with them); None in older files")
     driver: str | None = None
     cuda: str | None = None
     torch: str | None = None
