@@ -6,8 +6,8 @@ The runtime's KV cache is one row of `slot_tokens` tokens per sequence in every 
 worker (the target, and the draft when it runs beside it), plus one scratch row (a graph's
 padding writes it). A worker wants `want` slots: min(max_batch, requests) colocated, and in
 disaggregated mode SPARE_SLOTS_PER_BATCH x max_batch more (for KV in transit and queued);
-fewer where the device's memory cannot hold them beside the weights and WORKSPACE_BYTES per
-worker, never fewer than least = min(max_batch, requests) (then the run is refused).
+fewer where the device's memory cannot hold them beside the weights and a workspace per
+worker (workspace_bytes), never fewer than least = min(max_batch, requests) (then the run is refused).
 
 Where slots bind: a colocated worker admits at most max_batch sequences, and holds a slot
 only for those, so its slots (>= max_batch, or every request) never bind: the simulator does
@@ -32,8 +32,18 @@ from kestrel_sim.scenario import Scenario
 # where the device's memory cannot hold them
 SPARE_SLOTS_PER_BATCH = 1
 # what a worker's activations, CUDA graph pools and kernel workspaces may take beside its
-# weights and caches (kept free when its slots are planned)
+# weights and caches (kept free when its slots are planned): a quarter of its weights, at
+# least 256 MB and at most 4 GB (what qwen3-8b + a qwen3-0.6b draft on an H200 gets; a
+# plan that kept nothing free ran out of memory there). They grow with the model: tiny
+# test models keep a few hundred MB, not 4 GB a worker of a CPU host's memory.
 WORKSPACE_BYTES = 4_000_000_000
+WORKSPACE_MIN_BYTES = 256_000_000
+WORKSPACE_SHARE = 0.25
+
+
+def workspace_bytes(weights: int) -> int:
+    """The bytes a worker whose models' weights take `weights` bytes keeps free."""
+    return int(min(WORKSPACE_BYTES, max(WORKSPACE_MIN_BYTES, WORKSPACE_SHARE * weights)))
 
 
 def parameter_count(shape: ModelShape) -> int:
@@ -98,9 +108,9 @@ def device_slots(want: int, least: int, workers: int,
     ((shape, bytes per weight, bytes per KV element) of its target, and of its draft when
     the draft runs there) with caches of `tokens` tokens per slot, in `free` bytes."""
     slot_bytes = sum(kv_b * shape.kv_elements_per_token * tokens for shape, _, kv_b in models)
-    weights = workers * sum(w_b * parameter_count(shape) for shape, w_b, _ in models)
-    return slots_per_worker(want, least, workers, slot_bytes, weights, free, tokens,
-                            WORKSPACE_BYTES)
+    weights = sum(w_b * parameter_count(shape) for shape, w_b, _ in models)  # a worker's
+    return slots_per_worker(want, least, workers, slot_bytes, workers * weights, free, tokens,
+                            workspace_bytes(weights))
 
 
 def free_bytes(hw: Hardware | None) -> int | None:

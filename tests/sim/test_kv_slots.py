@@ -14,7 +14,7 @@ from kestrel_sim import simulate
 from kestrel_sim.costs.shape import model_shape
 from kestrel_sim.hardware import BUNDLED_DIR
 from kestrel_sim.scenario import Scenario
-from kestrel_sim.sim.slots import WORKSPACE_BYTES, parameter_count, slot_tokens
+from kestrel_sim.sim.slots import parameter_count, slot_tokens, workspace_bytes
 
 MAX_BATCH = 4
 
@@ -45,7 +45,7 @@ def tight_gb(sc: Scenario, slots: int) -> float:
     shape = model_shape(sc.model)
     longest = (sc.workload.prompt_tokens.high + sc.workload.output_tokens.high)
     tokens = slot_tokens(longest, 0, sc.serving.prefill_chunk, sc.serving.max_batched_tokens)
-    need = (2 * parameter_count(shape) + WORKSPACE_BYTES
+    need = (2 * parameter_count(shape) + workspace_bytes(2 * parameter_count(shape))
             + (slots + 1) * 2 * shape.kv_elements_per_token * tokens)
     return (need + 1e6) / 1e9
 
@@ -129,8 +129,18 @@ def test_colocated_slots_never_bind(tmp_path):
 
 
 def test_a_plan_past_the_memory_runs_with_max_batch_slots_and_says_so(tmp_path):
-    sc = scenario(hardware(tmp_path, 2.0))  # less than the weights and workspace
+    sc = scenario(hardware(tmp_path, 1.0))  # less than a worker's weights (1.2 GB)
     run = simulate(sc)
     assert run.meta["kv_slots_per_worker"] == MAX_BATCH
     assert run.meta["kv_slots_fit"] is False  # the runtime refuses it
     check_complete(run, sc)
+
+
+def test_the_workspace_grows_with_the_model():
+    from kestrel_sim.sim.slots import WORKSPACE_BYTES, WORKSPACE_MIN_BYTES
+
+    eight = 2 * (parameter_count(model_shape("qwen3-8b")) + parameter_count(model_shape("qwen3-0.6b")))
+    assert workspace_bytes(eight) == WORKSPACE_BYTES  # what the H200 runs needed
+    assert workspace_bytes(10_000_000) == WORKSPACE_MIN_BYTES  # a tiny test model
+    small = 2 * parameter_count(model_shape("qwen3-0.6b"))
+    assert WORKSPACE_MIN_BYTES < workspace_bytes(small) < WORKSPACE_BYTES
