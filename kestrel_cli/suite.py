@@ -37,7 +37,7 @@ from kestrel_cli.suite_summary import entry_of, markdown, summarize
 from kestrel_sim.errors import ConfigError, KestrelError, OutputError
 from kestrel_sim.scenario import Scenario, load_scenario
 
-SUMMARY_FILES = ("summary.md", "summary.json", BUNDLE)
+SUMMARY_FILES = ("summary.md", "summary.json", "summary.html", BUNDLE)
 
 
 class SuiteOn(str, Enum):
@@ -108,10 +108,15 @@ def earlier_problems(out: Path, rerun: set[str]) -> dict[str, str]:
 
 
 def write_summary(out: Path, suite, problems: dict[str, str], title: str) -> dict:
+    """OUT/summary.json, summary.md and summary.html (reports/suite.py: its figures), each
+    replaced whole."""
+    from reports.suite import suite_report
+
     entries = [entry_of(sc, out / sc.name, problems.get(sc.name)) for _, sc in suite]
     doc = summarize(entries)
     for name, text in (("summary.json", json.dumps(doc, indent=2)),
-                       ("summary.md", markdown(doc, title))):
+                       ("summary.md", markdown(doc, title)),
+                       ("summary.html", suite_report(doc, title))):
         tmp = out / f".{name}.{os.getpid()}.tmp"
         tmp.write_text(text)
         tmp.replace(out / name)
