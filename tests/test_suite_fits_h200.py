@@ -38,14 +38,19 @@ def on_h200(monkeypatch) -> None:
     monkeypatch.setattr(build, "default_dtype", lambda folder, device: "bfloat16")
 
 
-@pytest.mark.parametrize("path", ONE_GPU, ids=lambda p: p.stem)
-def test_the_scenario_fits_one_h200(path, monkeypatch):
+def planned(path, monkeypatch):
+    """(scenario, plan_run's plan on an idle H200); skips a scenario for other hardware.
+    plan_run raises KestrelError when the scenario does not fit."""
     sc = load_scenario(path, [])
     if sc.hardware != "h200":
         pytest.skip(f"{path.name} is for {sc.hardware}")
     on_h200(monkeypatch)
-    where = placement(sc.serving, torch.device("cuda"), 1)
-    run = build.plan_run(sc, where, None, None)  # raises KestrelError when it does not fit
+    return sc, build.plan_run(sc, placement(sc.serving, torch.device("cuda"), 1), None, None)
+
+
+@pytest.mark.parametrize("path", ONE_GPU, ids=lambda p: p.stem)
+def test_the_scenario_fits_one_h200(path, monkeypatch):
+    sc, run = planned(path, monkeypatch)
     assert run.slots >= min(sc.serving.max_batch, len(run.seqs))
 
 
@@ -60,11 +65,7 @@ def test_the_check_refuses_what_does_not_fit(monkeypatch):
 
 @pytest.mark.parametrize("path", ONE_GPU, ids=lambda p: p.stem)
 def test_the_simulator_plans_the_slots_the_runtime_plans(path, monkeypatch):
-    sc = load_scenario(path, [])
-    if sc.hardware != "h200":
-        pytest.skip(f"{path.name} is for {sc.hardware}")
-    on_h200(monkeypatch)
-    run = build.plan_run(sc, placement(sc.serving, torch.device("cuda"), 1), None, None)
+    sc, run = planned(path, monkeypatch)
     meta = simulate(sc, trace="none").meta
     assert meta["kv_slots_per_worker"] == run.slots
     assert meta["kv_slots_fit"]
