@@ -78,6 +78,26 @@ def test_plain_serving_gives_greedy_tokens(serving):
         assert sum(s.kind == "kv_transfer" for s in served.trace.spans) == 8
 
 
+@pytest.mark.parametrize("on_kv_full", ["wait", "preempt"])
+def test_a_decode_worker_runs_ahead_across_joins_and_leaves(on_kv_full):
+    """kestrel_rt/serve/ahead.py on a GPU: the next round is launched before the host reads
+    the one in flight, from its ids on the device (a graph's buffer) with the joiners' last
+    tokens copied in beside them; the tokens stay greedy generation's."""
+    changed = []
+
+    def observer(eng, w, plan):
+        if w.in_flight and {q.rid for q in plan.rows} != w.in_flight:
+            changed.append(len(plan.rows))
+
+    sc = scenario("qwen3-0.6b", {"mode": "disaggregated", "devices": ["cuda:0"],
+                                 "max_batch": 3, "prefill_chunk": 64,
+                                 "on_kv_full": on_kv_full}, requests=16, output=(2, 40))
+    served = serve(sc, "cuda", dtype=torch.float32, observer=observer)
+    assert all(r.finish is not None for r in served.trace.requests)
+    assert served.outputs == plain_greedy("qwen3-0.6b", served, torch.float32)
+    assert changed and served.trace.meta["decode_rounds_ahead"] > len(changed)
+
+
 def test_a_finished_run_hands_its_gpu_memory_back():
     """`kestrel validate` serves scenario after scenario in one process: once a run is over,
     its models, caches and graphs are freed, and reclaim hands the cached blocks back (this
