@@ -10,7 +10,8 @@ run on both sides and compared, or only predicted (`--on sim`), then one summary
 
 Each scenario's files go to OUT/NAME/ (those of `kestrel run --on both`, or of `--on sim`);
 a later run replaces a scenario's folder and keeps the others, and the summary
-(OUT/summary.md, OUT/summary.json; kestrel_cli.suite_summary) is rebuilt from every folder
+(OUT/summary.md, summary.json, summary.html; kestrel_cli.suite_summary, reports/suite.py)
+is rebuilt from every folder
 present, so a suite run in chunks adds up; on both sides OUT/measured.json.gz gathers every
 measurement of OUT (kestrel_cli/kept.py: what to keep, and what --measured reads back). A
 scenario that cannot run (validate.pending, a
@@ -127,7 +128,7 @@ def validate(
     folder: Annotated[Path, typer.Argument(help="folder of scenario YAMLs",
                                            show_default=False)],
     out: Annotated[Path, typer.Option("--out", "-o", help="output folder: OUT/NAME per "
-                                      "scenario, OUT/summary.md and summary.json")],
+                                      "scenario, OUT/summary.md, summary.json and summary.html")],
     on: Annotated[SuiteOn, typer.Option(
         "--on", help="both: measure on this machine and predict; sim: predict only")
     ] = SuiteOn.both,
@@ -183,7 +184,8 @@ def validate(
             write_bundle(out, sorted(names))
     doc = write_summary(out, suite, problems, title)
     print(markdown(doc, title))  # plain: a markdown table wraps badly in a rich console
-    console.print(f"wrote {out / 'summary.md'} and {out / 'summary.json'}", highlight=False)
+    console.print(f"wrote {out / 'summary.md'}, summary.json and summary.html (its figures)",
+                  highlight=False)
     failed = [e["name"] for e in doc["scenarios"] if e["status"] in ("fail", "error")]
     if failed:
         console.print(f"[bold red]FAIL[/]: {', '.join(failed)}", highlight=False)

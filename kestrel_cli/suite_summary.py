@@ -19,15 +19,8 @@ from kestrel_sim.comparison import value_of
 from kestrel_sim.metrics import Metrics
 from kestrel_sim.scenario import Scenario
 
-# summary columns: (metric, label); TARGETS: issue 23's median absolute errors, percent
-HEADLINE = [("output_throughput", "output tok/s"), ("request_throughput", "req/s"),
-            ("median_tpot_ms", "TPOT p50 ms"), ("median_ttft_ms", "TTFT p50 ms"),
-            ("p95_ttft_ms", "TTFT p95 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
-            ("p95_e2el_ms", "E2EL p95 ms"), ("duration", "duration s")]
-TARGETS = {"output_throughput": 3.0, "request_throughput": 3.0, "median_tpot_ms": 3.0,
-           "median_ttft_ms": 5.0, "p99_ttft_ms": 5.0}
-EXPLAIN_PCT = 10.0  # a scenario with a headline error past this is listed to be explained
-LADDER_PREFIX = "ladder-"
+# the summary's columns and the suite's targets, shared with reports/suite.py
+from kestrel_sim.validate_spec import EXPLAIN_PCT, HEADLINE, LADDER_PREFIX, TARGETS
 
 
 @dataclass

@@ -78,3 +78,17 @@ class Validate(StrictModel):
     def checks(self) -> dict[str, float]:
         """metric -> tolerance percent, for the metrics checked."""
         return {k: v for k, v in self.tolerance_pct.model_dump().items() if v is not None}
+
+
+# A validation suite's summary (kestrel_cli/suite_summary.py, reports/suite.py): its headline
+# columns (metric, label); TARGETS, issue 23's median absolute errors in percent; a scenario
+# with a headline error past EXPLAIN_PCT is listed to be explained; the deployer's ladder is
+# the scenarios named LADDER_PREFIX...
+HEADLINE = [("output_throughput", "output tok/s"), ("request_throughput", "req/s"),
+            ("median_tpot_ms", "TPOT p50 ms"), ("median_ttft_ms", "TTFT p50 ms"),
+            ("p95_ttft_ms", "TTFT p95 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
+            ("p95_e2el_ms", "E2EL p95 ms"), ("duration", "duration s")]
+TARGETS = {"output_throughput": 3.0, "request_throughput": 3.0, "median_tpot_ms": 3.0,
+           "median_ttft_ms": 5.0, "p99_ttft_ms": 5.0}
+EXPLAIN_PCT = 10.0
+LADDER_PREFIX = "ladder-"

@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kestrel_cli.suite_summary import HEADLINE, LADDER_PREFIX, TARGETS
+from kestrel_sim.validate_spec import HEADLINE, LADDER_PREFIX, TARGETS
 from reports import figures
 from reports.html import fmt, page
 
