@@ -158,7 +158,7 @@ def validate(
     problems = earlier_problems(out, chosen)
     what = ("measured and predicted" if on is SuiteOn.both and measured is None
             else "predicted against kept measurements" if measured is not None else "predicted")
-    title = f"Validation suite {folder.name} ({what})"
+    title = f"Validation suite: {folder.as_posix()} ({what})"
     for path, sc in suite:
         if sc.name not in chosen:
             continue

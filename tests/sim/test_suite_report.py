@@ -152,7 +152,7 @@ def test_validate_writes_summary_html_on_the_simulator(tmp_path, monkeypatch, ca
              "--only", "spec-off,ladder-2-int4")
     text = (out / "summary.html").read_text()
     check_self_contained(text)
-    assert "Validation suite validation (predicted)" in text
+    assert f"Validation suite: {SUITE.as_posix()} (predicted)" in text
     assert headings(text) == ["Suite", "The deployer's ladder"] and text.count(DIV) == 1
     # the same OUT takes a later chunk: summary.html is one of the suite's own files
     validate(monkeypatch, capsys, SUITE, "--on", "sim", "--out", out, "--only", "spec-off")
@@ -166,5 +166,5 @@ def test_validate_writes_summary_html_against_kept_measurements(tmp_path, monkey
     doc = json.loads((out / "summary.json").read_text())
     text = (out / "summary.html").read_text()
     assert [e["status"] in ("pass", "fail") for e in doc["scenarios"]].count(True) == 2
-    assert "Validation suite validation (predicted against kept measurements)" in text
+    assert f"Validation suite: {SUITE.as_posix()} (predicted against kept measurements)" in text
     assert headings(text) == list(SECTIONS) and text.count(DIV) == 4
