@@ -8,7 +8,7 @@
 #
 # STEPS: a comma list of calib_tests, tests, spec, serve, decode, calibrate, calibrate_int4,
 # calibrate_moe, calibrate_organic, gates, validate1..5, beforeafter, predict_k, predict_d1,
-# predict_d2, gemv, probe, clock, ablation, moe_graphs (default
+# predict_d2, gemv, probe, clock, rounds, ablation, moe_graphs (default
 # tests,spec,serve,decode,calibrate). Measured on 2026-12-02 (steps take about half their
 # limits): tests 190 s, calibrate 180 s with spec 100 s, calibrate_organic 60 s with serve
 # 70 s, validate1 220 s, validate3 + validate4 290 s; with the default grid's 469 points
@@ -81,6 +81,8 @@ done
 step probe 120 python3 bench/probes/attention_probe.py
 # are calibration's back-to-back repeats slower than serving's rhythm (clock under load)?
 step clock 150 python3 bench/probes/clock_probe.py
+# the round overhead: calibration's one-round-from-idle timing against back-to-back rounds
+step rounds 150 python3 bench/probes/round_probe.py
 # qwen3-30b-a3b prefill of 512 and 2048 tokens, MoE prefill graphs off and on (not a default)
 step moe_graphs 240 python3 bench/moe_prefill_bench.py --out "$LOG" --commit "$COMMIT"
 step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-0.6b:bf16 --set pdl=true,false --set fold_norms=true,false
