@@ -36,3 +36,19 @@ def test_the_same_round_again_only_while_nothing_changes():
     assert steady(engine(arrival=0.001), worker(role="decode"), ROWS)  # arrivals: not its own
     assert not steady(engine(preempt=True), worker(fits=False), ROWS)  # KV for both rounds
     assert steady(engine(preempt=True), worker(fits=True), ROWS)
+
+
+def test_the_next_inputs_keep_the_staying_rows_ids_and_add_the_joiners_tokens():
+    import torch
+
+    from kestrel_rt.serve.ahead import inputs
+
+    rows = [SimpleNamespace(rid=i, tokens=[100 + i]) for i in range(4)]
+    ids = torch.tensor([[10], [11], [12], [13]])  # [4, 1]: the round in flight's choices
+    assert inputs(rows, ids, rows) is ids  # the same rows: the graph's own buffer
+    first = inputs(rows, ids, rows[:2])  # the last two left: a view of the first rows
+    assert first.tolist() == [[10], [11]] and first.data_ptr() == ids.data_ptr()
+    joiner = SimpleNamespace(rid=9, tokens=[7, 8, 42])
+    got = inputs(rows, ids, [rows[0], rows[2], rows[3], joiner])  # row 1 left, one joined
+    assert got.tolist() == [[10], [12], [13], [42]]
+    assert inputs(rows, ids, [rows[0], rows[1], joiner]).tolist() == [[10], [11], [42]]

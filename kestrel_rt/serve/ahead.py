@@ -30,6 +30,7 @@ from kestrel_rt.model import Chosen
 from kestrel_rt.serve.forward import StepOutput
 from kestrel_rt.serve.postprocess import postprocess
 from kestrel_rt.serve.scheduler import Plan, admit_decode
+from kestrel_rt.spec.round import to_device
 
 
 def runs_ahead(eng, w, plan) -> bool:
@@ -86,22 +87,18 @@ def launch(eng, w, rows, tokens: torch.Tensor, ahead: int) -> Chosen:
 
 def inputs(rows, ids: torch.Tensor, nxt) -> torch.Tensor:
     """The next round's input ids [b', 1]: the ids [b, 1] of the round in flight over `rows`
-    for the rows that stay (on the device), then the last tokens of those that joined."""
+    for the rows that stay (on the device), then the last tokens of those that joined. What
+    the host adds (the kept rows' indices, the joiners' tokens) goes over in one pinned,
+    asynchronous copy: a pageable one would wait for the round in flight."""
     if nxt == rows:
         return ids
     at = {seq.rid: i for i, seq in enumerate(rows)}
     kept = [at[seq.rid] for seq in nxt if seq.rid in at]
-    joined = [[seq.tokens[-1]] for seq in nxt[len(kept):]]
-    parts = []
-    if kept:
-        if kept == list(range(len(kept))):
-            parts.append(ids[:len(kept)])
-        else:
-            parts.append(ids[torch.tensor(kept, device=ids.device)])
-    if joined:  # pinned: the copy does not wait for the stream
-        host = torch.tensor(joined, dtype=torch.long, pin_memory=ids.is_cuda)
-        parts.append(host.to(ids.device, non_blocking=True))
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+    joined = [seq.tokens[-1] for seq in nxt[len(kept):]]
+    if kept == list(range(len(kept))) and not joined:
+        return ids[:len(kept)]  # the first rows stay: a view, no copy
+    host = to_device(kept + joined, ids.device)  # [kept + joined]
+    return torch.cat([ids[:, 0].index_select(0, host[:len(kept)]), host[len(kept):]])[:, None]
 
 
 def steady(eng, w, rows) -> bool:
