@@ -117,4 +117,5 @@ def decode_worker(st: SimState, cfg: StepConfig, w: Worker):
         if len(w.batch):
             yield from decode_round(st, cfg, w)
         else:
+            w.last_rows = -1  # its next round starts from the host, not launched ahead
             yield _sleep(st, w)

@@ -211,12 +211,17 @@ def round_host(st: SimState, cfg: StepConfig, w: Worker, b: int, k: int, changed
                ) -> float:
     """The serving loop's own time in a round (seconds; no stage runs in it): a speculative
     round's overhead; a plain decode round's where it cannot have been launched ahead of the
-    host, as kestrel_rt/serve/ahead.py launches a round of the same rows as the last when
-    nothing waits to join (`changed`: rows joined, or a prompt chunk rides in it)."""
+    host, as kestrel_rt/serve/ahead.py launches them: a colocated worker's round of the same
+    rows as the last when nothing waits to join (`changed`: rows joined, or a prompt chunk
+    rides in it); a decode worker's every round after its first since it was idle, across
+    joins and leaves (under preempt, while both rounds' tokens fit)."""
     if k:
         return cfg.round_overhead.seconds(b) if cfg.round_overhead is not None else 0.0
-    steady = (not changed and w.last_rows == b and not w.prefilling
-              and not (w.queue if w.role == "decode" else st.prefill_queue))
+    if w.role == "decode":  # on from its last round, across joins and leaves
+        steady = w.last_rows > 0 and (not cfg.preempt or w.kv.fits(2 * b))
+    else:
+        steady = (not changed and w.last_rows == b and not w.prefilling
+                  and not st.prefill_queue)
     w.last_rows = b
     if steady or cfg.decode_overhead is None:
         return 0.0

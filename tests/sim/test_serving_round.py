@@ -282,3 +282,26 @@ def test_a_plain_decode_round_pays_the_host_only_where_it_cannot_run_ahead(tmp_p
     assert all(g == pytest.approx(0.0, abs=1e-9) for g in gaps[1:])  # then run ahead
     busy = decode_gaps(40, 200.0)  # arrivals queued behind: rounds change, none ahead
     assert sum(g > 0.9 * DECODE_OVERHEAD[0] for g in busy) > len(busy) / 2
+
+
+def test_a_decode_worker_runs_ahead_across_joins_and_leaves(tmp_path):
+    """A disaggregated decode worker launches its next round before the host reads the last,
+    whatever joins or leaves (kestrel_rt/serve/ahead.py next_rows): only a round after it
+    was idle pays the host."""
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile().model_dump(mode="json", exclude_none=True)))
+    sc = Scenario.load_from_dict({
+        "name": "plain", "model": "qwen3-8b",
+        "serving": {"mode": "disaggregated", "prefill_workers": 1, "decode_workers": 1,
+                    "max_batch": 16, "link": "nvlink"},
+        "costs": {"profile": str(path)},
+        "workload": {"arrivals": {"process": "poisson", "rate": 200.0}, "requests": 40,
+                     "prompt_tokens": {"dist": "fixed", "value": 64},
+                     "output_tokens": {"dist": "uniform", "low": 10, "high": 40}, "seed": 1}})
+    run = simulate(sc, trace="full")
+    spans = sorted((s for s in run.spans if s.kind == "decode"), key=lambda s: s.start)
+    sizes = [len(s.requests) for s in spans]
+    assert len(set(sizes)) > 3  # rows joined and left all along
+    gaps = [(b.start - a.end) * 1e3 for a, b in pairwise(spans)]
+    paid = [g for g in gaps if g > 0.9 * DECODE_OVERHEAD[0]]
+    assert len(paid) <= 2  # after idle only, where the loop starts from the host
