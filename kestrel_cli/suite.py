@@ -21,6 +21,7 @@ is past its tolerance or a run failed; 2 for a bad folder or scenario file.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import traceback
@@ -124,6 +125,21 @@ def write_summary(out: Path, suite, problems: dict[str, str], title: str) -> dic
     return doc
 
 
+def chosen_names(only: str, names: set[str], folder: Path) -> set[str]:
+    """The scenarios `--only` names: comma-separated names or shell patterns ('ladder-*');
+    one that matches no scenario of the folder is an error naming what there is."""
+    chosen, unknown = set(), []
+    for pattern in (n.strip() for n in only.split(",") if n.strip()):
+        hits = fnmatch.filter(names, pattern)
+        chosen.update(hits)
+        if not hits:
+            unknown.append(pattern)
+    if unknown:
+        raise ConfigError(f"--only {only}: no scenario named {', '.join(unknown)} in {folder} "
+                          f"(there are: {', '.join(sorted(names))})")
+    return chosen
+
+
 def validate(
     folder: Annotated[Path, typer.Argument(help="folder of scenario YAMLs",
                                            show_default=False)],
@@ -133,8 +149,8 @@ def validate(
         "--on", help="both: measure on this machine and predict; sim: predict only")
     ] = SuiteOn.both,
     only: Annotated[str | None, typer.Option(
-        "--only", help="comma-separated scenario names to run now (the summary still "
-        "covers every folder in OUT)")] = None,
+        "--only", help="comma-separated scenario names or patterns ('ladder-*') to run "
+        "now (the summary still covers every folder in OUT)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help=SET_HELP)] = None,
     measured: Annotated[Path | None, typer.Option(
         "--measured", help="predict against the measurements kept in this earlier --on "
@@ -148,11 +164,7 @@ def validate(
     kept = None if measured is None else (measured, load_kept(measured))
     suite = load_suite(folder, list(set_ or ()))
     names = {sc.name for _, sc in suite}
-    chosen = names if only is None else {n.strip() for n in only.split(",") if n.strip()}
-    unknown = sorted(chosen - names)
-    if unknown:
-        raise ConfigError(f"--only {only}: no scenario named {', '.join(unknown)} in {folder} "
-                          f"(there are: {', '.join(sorted(names))})")
+    chosen = names if only is None else chosen_names(only, names, folder)
     check_out(out, names)
     out.mkdir(parents=True, exist_ok=True)
     problems = earlier_problems(out, chosen)

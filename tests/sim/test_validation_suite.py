@@ -94,3 +94,14 @@ def test_validate_predicts_the_ladder_on_the_simulator(suite, tmp_path, monkeypa
     ladder = [line.split(" | ")[0].lstrip("| ") for line in md.split("## The deployer's ladder")[1]
               .splitlines() if line.startswith("| ladder-")]
     assert ladder == LADDER
+
+
+def test_only_takes_names_and_shell_patterns():
+    from kestrel_cli.suite import chosen_names
+    from kestrel_sim.errors import ConfigError
+
+    names = {p.stem for p in PATHS}
+    assert chosen_names("ladder-*", names, SUITE) == set(LADDER)
+    assert chosen_names(" spec-off , ladder-1-*", names, SUITE) == {"spec-off", LADDER[0]}
+    with pytest.raises(ConfigError, match=r"no scenario named laddr-\* in .*there are: "):
+        chosen_names("spec-off,laddr-*", names, SUITE)
