@@ -16,12 +16,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kestrel_sim.validate_spec import HEADLINE, LADDER_PREFIX, TARGETS
-from reports import figures
+from reports import figures, parity
 from reports.html import fmt, page
 
 LABELS = dict(HEADLINE)
 GROUPS = (("calibration", "calibration", "#72b7b2"), ("held_out", "held out", "#b279a2"))
-SIDES = (("measured", "#4c78a8"), ("predicted", "#f58518"))  # as in parity.html
+SIDES = tuple((side, color) for side, color, _ in parity.SIDES)  # parity.html's colors
 PARITY_METRICS = ("median_tpot_ms", "median_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
                   "output_throughput", "p95_e2el_ms")
 LADDER_METRICS = ("output_throughput", "p95_e2el_ms", "p95_ttft_ms")

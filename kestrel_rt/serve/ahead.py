@@ -29,7 +29,7 @@ import torch
 from kestrel_rt.model import Chosen
 from kestrel_rt.serve.forward import StepOutput
 from kestrel_rt.serve.postprocess import postprocess
-from kestrel_rt.serve.scheduler import Plan, admit_decode
+from kestrel_rt.serve.scheduler import Plan, admit_decode, merge_joiners
 from kestrel_rt.spec.round import to_device
 
 
@@ -124,10 +124,7 @@ def next_rows(eng, w, rows) -> list | None:
     if w.role != "decode" or w.prefilling or w.joined:
         return None
     admit_decode(eng, w)  # by the scheduler's rule (the rows that finish still count)
-    now = eng.now()
-    for seq in w.merge():
-        if seq.record.decode_start is None:
-            seq.record.decode_start = now
+    merge_joiners(eng, w)
     running = {seq.rid for seq in rows}
     stay = [seq for seq in w.batch if seq.rem >= 2 or seq.rid not in running]
     s = eng.settings

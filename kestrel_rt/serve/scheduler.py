@@ -100,12 +100,18 @@ def admit_decode(eng, w) -> None:
             eng.tracer.add("queue_wait", "queue/decode", [seq.rid], ready, now)
 
 
-def plan_round(eng, w, with_chunks: bool) -> Plan:
-    s = eng.settings
+def merge_joiners(eng, w) -> None:
+    """The requests that joined since the last round enter the batch; their decode starts
+    now (kestrel_rt/serve/ahead.py merges them the same way for a round it runs ahead)."""
     now = eng.now()
     for seq in w.merge():
         if seq.record.decode_start is None:
             seq.record.decode_start = now
+
+
+def plan_round(eng, w, with_chunks: bool) -> Plan:
+    s = eng.settings
+    merge_joiners(eng, w)
     if s.preempt:
         need = len(w.batch) * (s.k + 1)
         while not w.kv.fits(need) and len(w.batch) > 1:
