@@ -93,10 +93,13 @@ def test_bundled_profile_fit_reproduces_its_measurements():
         got = fit.seconds(mm.stage, mm.batch, mm.tokens_per_seq, mm.context) * 1e3
         if mm.stage == "prefill" and mm.batch > 1 and profile.runtime.per_chunk:
             # b chunks priced as b forwards of one (RuntimeInfo.chunks): b x the batch-1
-            # row; measured so, b chunks take 1-4% more than that on the H200
+            # row; measured so, b chunks take 1-4% more than that on the H200, and up to 10%
+            # where the batch-1 row was timed on a cooler GPU (2 x 512 tokens at context 0
+            # in the profile of 271d5cf: back-to-back repeats lower the clock, by 6% for a
+            # 2048-token prefill in bench/probes/clock_probe.py)
             one = fit.seconds("prefill", 1, mm.tokens_per_seq, mm.context) * 1e3
             assert got == pytest.approx(mm.batch * one, rel=1e-9), mm
-            assert got == pytest.approx(mm.ms, rel=0.06), mm
+            assert got == pytest.approx(mm.ms, rel=0.11), mm
         else:
             assert got == pytest.approx(mm.ms, rel=1e-9), mm
         alone = physical.seconds(mm.stage, mm.batch, mm.tokens_per_seq, mm.context) * 1e3

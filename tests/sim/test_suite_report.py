@@ -139,11 +139,12 @@ def test_a_predicted_ladder_shows_its_predictions_alone():
     assert list(fig.data[0].x) == ["1-bf16", "2-int4"]
 
 
-def validate(monkeypatch, capsys, *args) -> None:
+def validate(monkeypatch, capsys, *args, codes=(0,)) -> None:
+    """kestrel validate ARGS exits with one of `codes` (1: a scenario past its tolerance)."""
     monkeypatch.setattr(sys, "argv", ["kestrel", "validate", *map(str, args)])
     with pytest.raises(SystemExit) as info:
         main()
-    assert (info.value.code or 0) == 0, capsys.readouterr().err
+    assert (info.value.code or 0) in codes, capsys.readouterr().err
 
 
 def test_validate_writes_summary_html_on_the_simulator(tmp_path, monkeypatch, capsys):
@@ -161,8 +162,9 @@ def test_validate_writes_summary_html_on_the_simulator(tmp_path, monkeypatch, ca
 
 def test_validate_writes_summary_html_against_kept_measurements(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
+    # exit 1 where a kept run falls past its tolerance with today's profile: still a summary
     validate(monkeypatch, capsys, SUITE, "--out", out, "--measured", KEPT / "measured.json.gz",
-             "--only", "spec-off,ladder-2-int4")
+             "--only", "spec-off,ladder-2-int4", codes=(0, 1))
     doc = json.loads((out / "summary.json").read_text())
     text = (out / "summary.html").read_text()
     assert [e["status"] in ("pass", "fail") for e in doc["scenarios"]].count(True) == 2
