@@ -11,8 +11,9 @@
 # predict_d2, gemv, probe, clock, rounds, ablation, moe_graphs (default
 # tests,spec,serve,decode,calibrate). Measured on 2026-12-02 (steps take about half their
 # limits): tests 190 s, calibrate 180 s with spec 100 s, calibrate_organic 60 s with serve
-# 70 s, validate1 220 s, validate3 + validate4 290 s; with the default grid's 469 points
-# (since 69d91a7) calibrate is estimated at 4.9 minutes and calibrate_int4 at 4.5. A cold
+# 70 s, validate1 220 s, validate3 + validate4 290 s; the default grid's 469 points took 3.6
+# min (calibrate with validate5: 313 s; calibrate_int4 with validate3: 416 s; predict_d1:
+# 414 s); calibration's rests after long runs (since this line) add about a minute. A cold
 # machine takes about 90 s of held time to start; an idle one is released after 30 s, so
 # chain calls without a pause.
 # Only OUT/session.tgz and OUT/summary.txt come back (the device tool returns a limited number

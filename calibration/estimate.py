@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calibration.grid import Point
+from calibration.measure import REST_FROM_MS
 from kestrel_sim.quant_spec import int4_last
 
 
@@ -131,6 +132,8 @@ def point_seconds(p: Point, shape, speed: DeviceSpeed, itemsize: int, quant: str
         if p.stage == "correction":
             step += step_seconds(shape, speed, itemsize, quant, p.batch, p.after_k + 1,
                                  p.context, graphed)
+    if speed is GPU and p.stage != "kv_transfer" and step * 1e3 >= REST_FROM_MS:
+        step *= 2  # each run followed by as long an idle (calibration/measure.py timed)
     return runs * step + speed.point_s
 
 

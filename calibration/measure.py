@@ -13,7 +13,14 @@ consecutive runs read different cache memory where the bench has spare slots.
 
 On a GPU, run n + 1 is enqueued before the host waits for run n (as the serving loop overlaps
 its steps), and each run's time is its CUDA events' interval on the stream: device time plus
-any gap the host leaves. What each stage runs:
+any gap the host leaves. A point whose last warm-up run took REST_FROM_MS or more (prefill
+chunks, mixed steps, big verifies: seconds of full-power matmuls over its runs) is timed
+with a rest instead: each run is waited for and followed by as long an idle, a half duty
+cycle, as serving puts decode steps or idle time between chunks. Back to back, the H200
+lowers its clock under such load: a 2048-token qwen3-8b prefill took 56.9 ms back to back
+against 53.6 ms with 60 ms idle or ten decode steps between (bench/probes/clock_probe.py,
+2026-12-02), which made the profile's prefill rows 4-15% slower than the served chunks.
+What each stage runs:
 
 - decode, verify, draft: `model.forward([b, M] tokens, greedy=True)` (a graph replay on a
   GraphModel for M <= 16 and b <= 64); a draft step of M > 1 as a round's first draft step
@@ -48,6 +55,8 @@ import torch
 from calibration.grid import Point
 from kestrel_rt.kv_cache import KVCache
 from kestrel_rt.model import Qwen3Model
+
+REST_FROM_MS = 20.0  # a GPU point whose runs take this long is timed with rests (docstring)
 
 
 @dataclass
@@ -116,7 +125,7 @@ def timed(bench: Bench, point: Point, setup, run, nbytes: int | None = None,
     timed; warmup + repeats times. Returns the record of the timed runs."""
     times: list[float] = []
     if bench.on_gpu:
-        events, previous = [], None
+        events, previous, rest = [], None, False
         for i in range(bench.warmup + bench.repeats):
             state = setup()
             start = torch.cuda.Event(enable_timing=True)
@@ -129,6 +138,13 @@ def timed(bench: Bench, point: Point, setup, run, nbytes: int | None = None,
             previous = end
             if i >= bench.warmup:
                 events.append((start, end))
+            if rest or i == bench.warmup - 1:
+                end.synchronize()
+                took = start.elapsed_time(end)  # ms
+                rest = rest or took >= REST_FROM_MS
+                if rest:  # idle as long as the run took: a half duty cycle (docstring)
+                    time.sleep(took / 1e3)
+                    previous = None
         torch.cuda.synchronize(bench.model.device)
         times = [s.elapsed_time(e) for s, e in events]
     else:

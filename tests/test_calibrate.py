@@ -183,6 +183,25 @@ def test_default_grid_is_estimated_under_8_minutes_on_an_h200():
     assert est["target@gpu/prefill/b4/m2048/c2048"] > 10 * est["target@gpu/decode/b1/m1/c128"]
 
 
+def test_long_points_are_estimated_with_their_rests():
+    """A GPU point whose runs take REST_FROM_MS or more idles as long after each run
+    (calibration/measure.py timed): its estimate doubles; a short point's does not."""
+    from calibration.estimate import GPU, point_seconds, step_seconds
+    from calibration.grid import Point
+    from calibration.measure import REST_FROM_MS
+    from kestrel_sim.models import preset
+
+    shape = preset("qwen3-8b")
+    long = Point("target", "gpu", "prefill", batch=4, m=2048, context=2048)
+    short = Point("target", "gpu", "decode", batch=1, m=1, context=128)
+    for p, rests in ((long, True), (short, False)):
+        graphed = p.m <= 16  # as point_seconds decides (b <= 64)
+        step = step_seconds(shape, GPU, 2, None, p.batch, p.m, p.context, graphed)
+        assert (step * 1e3 >= REST_FROM_MS) is rests
+        want = 9 * step * (2 if rests else 1) + GPU.point_s
+        assert point_seconds(p, shape, GPU, 2, None, 9) == pytest.approx(want)
+
+
 def test_a_budget_thins_the_repeats_or_is_refused():
     plan = default_plan()
     minutes = plan.estimate.seconds / 60 * 0.8
