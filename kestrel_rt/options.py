@@ -60,6 +60,10 @@ class RuntimeOptions(BaseModel):
                                      "too, their experts past the MoE kernels' 64 tokens on the "
                                      "capture-safe grouped matmul (kestrel_rt/moe.py "
                                      "static_experts_forward; compute capability 9.0+)")
+    mma_verify: bool = Field(default=False, description="cupy: verify attention (more "
+                             "query rows per kv head than the decode kernel's 8) on the "
+                             "tensor-core kernel (kernels/verify_attention.cu; bf16, head_dim "
+                             "64 or 128, compute capability 8.0+) instead of attn_partial")
     attention_min_keys: int = Field(default=DECODE_MIN_KEYS, ge=1, le=4096, description=
                                     "cupy: keys per context split of decode attention, at "
                                     "least")
@@ -67,8 +71,8 @@ class RuntimeOptions(BaseModel):
     @model_validator(mode="after")
     def _cupy_only(self):
         if self.backend == "torch":
-            on = [n for n in ("graphs", "pdl", "bulk_gemv", "ring_gemv", "moe_prefill_graphs")
-                  if getattr(self, n)]
+            on = [n for n in ("graphs", "pdl", "bulk_gemv", "ring_gemv", "moe_prefill_graphs",
+                              "mma_verify") if getattr(self, n)]
             if on:
                 raise ValueError(f"{', '.join(on)} need backend 'cupy' (the torch backend "
                                  "runs no kernels of its own)")

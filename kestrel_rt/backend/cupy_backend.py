@@ -162,7 +162,8 @@ class CupyBackend(TorchBackend):
         try:
             return attn_ops.attention(self.kernels, q, k, v, kc, vc, step.slots,
                                       step.positions, self.num_sms,
-                                      min_keys=self.options.attention_min_keys)
+                                      min_keys=self.options.attention_min_keys,
+                                      mma_verify=self.options.mma_verify)
         except Unsupported:
             return super().attention(q, k, v, layer, step)
 

@@ -8,6 +8,9 @@ attention is one launch:
     query rows (M * Hq / Hkv) and head_dim in DECODE_HEAD_DIMS. It reads the step's new K/V
     from the projections and writes them into the cache itself; its `rope` variant also does
     the q/k RMSNorm + RoPE of qk_norm_rope (rope_attention).
+  * attn_verify (kernels/verify_attention.cu): with RuntimeOptions.mma_verify, more rows than
+    that (verify, M = k + 1 tokens), bf16, head_dim in VERIFY_HEAD_DIMS, on the tensor cores
+    (compute capability 8.0+); after a kv_write launch.
   * attn_partial (kernels/attention_partial.cu): anything else, after a kv_write launch.
 
 Like ops.py, each wrapper raises `Unsupported` when its kernel cannot take the inputs. Shapes
@@ -16,11 +19,12 @@ follow the Backend ops (kestrel_rt/backend/base.py); `km` is the backend's Kerne
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-from kestrel_rt.cuda.module import KernelModules, f32, i32, i64, ptr
+from kestrel_rt.cuda.module import KernelModules, ensure_dynamic_shared, f32, i32, i64, ptr
 from kestrel_rt.cuda.ops import (
     Unsupported,
     aligned,
@@ -38,6 +42,11 @@ DECODE_WARPS = 4  # warps of the warp-per-key decode kernel
 DECODE_MAX_ROWS = 8  # query rows (M * Hq / Hkv) it takes; more go to attn_partial
 DECODE_HEAD_DIMS = (64, 128, 256)  # head_dim = 32 lanes * 2, 4 or 8 elements
 MAX_SPLITS = 64  # context splits (the merge holds one weight per split)
+VERIFY_TILE = 64  # keys per tile of attn_verify (kernels/verify_attention.cu VERIFY_TILE)
+VERIFY_PAD = 8  # elements of padding per shared row (VERIFY_PAD)
+VERIFY_HEAD_DIMS = (64, 128)
+VERIFY_MAX_ROWS = 64  # query rows per attn_verify block (4 m-tiles of 16); more: row groups
+VERIFY_BLOCKS_PER_SM = 2  # its launch bounds' blocks per SM, what its splits aim at
 
 
 def kv_write(km: KernelModules, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -79,6 +88,28 @@ def attention_plan(B: int, M: int, Hq: int, Hkv: int, D: int, max_len: int,
     return rb, groups, tile, splits, tpd
 
 
+def verify_plan(B: int, M: int, Hq: int, Hkv: int, D: int, max_len: int,
+                num_sms: int) -> tuple[int, int, int]:
+    """(m-tiles of 16 rows per block, row groups, splits) for attn_verify. Static for a given
+    cache, like attention_plan: each block sizes its slice of the context at run time."""
+    rows = M * (Hq // Hkv)
+    groups = math.ceil(rows / VERIFY_MAX_ROWS)
+    mt = math.ceil(math.ceil(rows / groups) / 16)
+    base = B * Hkv * groups
+    splits = max(1, min(MAX_SPLITS, math.ceil(VERIFY_BLOCKS_PER_SM * num_sms / base),
+                        math.ceil(max_len / VERIFY_TILE)))
+    return mt, groups, splits
+
+
+def verify_launch(mt: int, D: int) -> tuple[int, int]:
+    """(threads, dynamic shared bytes) of attn_verify with mt m-tiles (VerifyShape): 4 warps
+    per m-tile up to 2 m-tiles, else 2; Q [16 mt, D + pad] and two stages of K, V
+    [VERIFY_TILE, D + pad], bf16."""
+    warps = mt * (4 if mt <= 2 else 2)
+    stride = D + VERIFY_PAD
+    return 32 * warps, 2 * (16 * mt * stride + 2 * 2 * VERIFY_TILE * stride)
+
+
 # Blocks per SM the warp-per-key kernel's context splits aim at. It waits on memory latency far
 # more than on bandwidth, so more blocks help long contexts (docs/performance.md).
 DECODE_BLOCKS_PER_SM = 4
@@ -114,6 +145,58 @@ def _warp_kernel_takes(M: int, Hq: int, Hkv: int, D: int, k_cache: torch.Tensor,
     """True when attn_decode (one warp per key) takes these shapes."""
     return (Hq % Hkv == 0 and M * (Hq // Hkv) <= DECODE_MAX_ROWS and D in DECODE_HEAD_DIMS
             and k_cache.is_contiguous() and v_cache.is_contiguous())
+
+
+@functools.cache
+def _tensor_cores(device_index: int) -> bool:
+    """bf16 mma.sync and cp.async: compute capability 8.0+."""
+    return torch.cuda.get_device_capability(device_index) >= (8, 0)
+
+
+def _verify_kernel_takes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+                         ) -> bool:
+    """True when attn_verify (tensor cores) takes these shapes (the caller has ruled out
+    attn_decode)."""
+    Hq, D, Hkv = q.shape[2], q.shape[3], k_cache.shape[2]
+    return (q.dtype == torch.bfloat16 and Hq % Hkv == 0 and D in VERIFY_HEAD_DIMS
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and aligned(k_cache, v_cache)
+            and _tensor_cores(q.device.index if q.device.index is not None
+                              else torch.cuda.current_device()))
+
+
+def _verify(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            slots: torch.Tensor, positions: torch.Tensor, num_sms: int,
+            out: torch.Tensor) -> torch.Tensor:
+    """attn_verify: q [B, M, Hq, D] over the cache (new K/V already written) -> out."""
+    B, M, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    rows = M * (Hq // Hkv)
+    mt, groups, splits = verify_plan(B, M, Hq, Hkv, D, k_cache.shape[1], num_sms)
+    threads, smem = verify_launch(mt, D)
+    q = q.contiguous()
+    if not aligned(q):
+        q = q.clone()  # a fresh allocation: its 16-byte loads are aligned
+    part_acc, part_ml = _partials(B * Hkv * rows * splits, D, q.device)
+    name = f"attn_verify_bf16_d{D}_t{mt}"
+    _allow_shared(km, "verify_attention", name, smem)
+    km.launch("verify_attention", name, (B * Hkv, groups, splits), (threads,),
+              (ptr(q), ptr(k_cache), ptr(v_cache), ptr(slots.contiguous()),
+               ptr(positions.contiguous()), i64(k_cache.stride(0)), i64(k_cache.stride(1)),
+               ptr(part_acc), ptr(part_ml), ptr(out),
+               ptr(_tickets(km, B * Hkv * groups, q.device)), i32(M), i32(Hq), i32(Hkv),
+               f32(D ** -0.5 / math.log(2))),
+              shared_mem=smem)
+    return out
+
+
+def _allow_shared(km: KernelModules, file: str, name: str, smem: int) -> None:
+    """Let kernel `name` launch with `smem` dynamic shared bytes (past 48 KiB it must ask),
+    once per KernelModules: an entry's size is fixed (its name holds the shape), and
+    `km.workspaces` records that it was asked (an empty tensor: nothing kept on the device)."""
+    key = ("dynamic_shared", file, name)
+    if key not in km.workspaces:
+        ensure_dynamic_shared(km.function(file, name), smem)
+        km.workspaces[key] = torch.empty(0)
 
 
 def _lane_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -167,9 +250,11 @@ def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Te
 
 def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-                     num_sms: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                     num_sms: int, out: torch.Tensor | None = None,
+                     mma_verify: bool = False) -> torch.Tensor:
     """q [B, M, Hq, D] over one layer's cache [slots, max_len, Hkv, D] (new K/V already
-    written) -> [B, M, Hq, D]; key p visible to (b, m) iff p <= positions[b, m]."""
+    written) -> [B, M, Hq, D]; key p visible to (b, m) iff p <= positions[b, m]. mma_verify:
+    rows past attn_decode's go to attn_verify where it takes them (RuntimeOptions)."""
     sfx = dtype_suffix(q, k_cache, v_cache)
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -180,6 +265,8 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
         return out
     if _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache):
         return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out)
+    if mma_verify and _verify_kernel_takes(q, k_cache, v_cache):
+        return _verify(km, q, k_cache, v_cache, slots, positions, num_sms, out)
     q = q.contiguous()
     rows = M * (Hq // Hkv)
     rb, groups, tile, splits, tpd = attention_plan(B, M, Hq, Hkv, D, k_cache.shape[1], num_sms)
@@ -199,18 +286,20 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
 def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
               positions: torch.Tensor, num_sms: int, out: torch.Tensor | None = None,
-              min_keys: int = DECODE_MIN_KEYS) -> torch.Tensor:
+              min_keys: int = DECODE_MIN_KEYS, mma_verify: bool = False) -> torch.Tensor:
     """The attention op: write k, v [B, M, Hkv, D] into one layer's cache at (slots[b],
     positions[b, m]) and attend q [B, M, Hq, D] over it -> [B, M, Hq, D].
 
     Where attn_decode takes the shapes it writes the cache itself (one launch; each context
-    split holds at least min_keys keys); otherwise kv_write + decode_attention (two)."""
+    split holds at least min_keys keys); otherwise kv_write + decode_attention (two; with
+    mma_verify, its tensor-core kernel where it takes the shapes)."""
     sfx = dtype_suffix(q, k, v, k_cache, v_cache)
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     if not _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache) or B * M == 0:
         kv_write(km, k, v, k_cache, v_cache, slots, positions)
-        return decode_attention(km, q, k_cache, v_cache, slots, positions, num_sms, out=out)
+        return decode_attention(km, q, k_cache, v_cache, slots, positions, num_sms, out=out,
+                                mma_verify=mma_verify)
     out = dest(out, q.shape, q.dtype, q.device)
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
                         new=(k, v), min_keys=min_keys)
