@@ -10,6 +10,8 @@ on both, whichever requests share its batch:
 - per_position: p_i = P(position i accepted | positions before it accepted);
                 P(n) = p_0 ... p_{n-1} (1 - p_n), P(k) = p_0 ... p_{k-1}
 - trace:        frequencies of measured accepted lengths (values above k count as k)
+- from_profile: per_position, the rates a calibration measured for the pair on the device
+                (kestrel_sim/measured_acceptance.py)
 
 Leviathan et al.'s expected tokens per round, (1 - alpha^(k+1)) / (1 - alpha), equals
 `expected_tokens()` for the alpha model; it is a check, not the model.
@@ -110,8 +112,12 @@ def pmf_from_rates(rates) -> np.ndarray:
 def build_acceptance(acc: Acceptance, k: int) -> AcceptanceModel:
     if acc.alpha is not None:
         return AcceptanceModel(pmf_from_rates([acc.alpha] * k))
-    if acc.per_position is not None:
-        return AcceptanceModel(pmf_from_rates(acc.per_position[:k]))
+    rates = acc.rates(k)  # per_position, or from_profile's measured rates
+    if rates is not None:
+        if len(rates) < k:
+            raise ConfigError(f"spec.acceptance has {len(rates)} per-position rates "
+                              f"({describe_acceptance(acc)}) but k is {k}")
+        return AcceptanceModel(pmf_from_rates(rates))
     values = read_numbers(acc.trace, "acceptance trace")
     if (values < 0).any() or (values != np.rint(values)).any():
         raise ConfigError(
@@ -119,3 +125,26 @@ def build_acceptance(acc: Acceptance, k: int) -> AcceptanceModel:
         )
     counts = np.bincount(np.minimum(values.astype(np.int64), k), minlength=k + 1)
     return AcceptanceModel(counts.astype(float))
+
+
+def describe_acceptance(acc: Acceptance, k: int | None = None) -> str:
+    """Where a scenario's accepted lengths come from, in a line (the run's header)."""
+    if acc.alpha is not None:
+        text = f"alpha {acc.alpha:g} per token (given)"
+    elif acc.per_position is not None:
+        rates = acc.per_position[:k] if k else acc.per_position
+        text = "per position " + " ".join(f"{r:.2f}" for r in rates) + " (given)"
+    elif acc.trace is not None:
+        text = f"accepted lengths replayed from {acc.trace}"
+    elif acc.measured is not None:
+        path, block = acc.measured
+        rates = block.conditional_rates[:k] if k else block.conditional_rates
+        text = ("per position " + " ".join(f"{r:.2f}" for r in rates)
+                + f", {block.describe()}, from profile {path}")
+    else:
+        text = "from a profile (not resolved)"
+    if acc.on_hardware == "organic":
+        text += "; on hardware: organic (what the target accepts)"
+    elif acc.on_hardware == "controlled":
+        text += "; on hardware: controlled (drawn from these rates)"
+    return text

@@ -47,7 +47,8 @@ only, and the overlap fields to overlap rows only, so that each row has one read
 Overlap rows were added to version 2 without changing it (optional fields, a new stage).
 
 `runtime` (optional) says how the runtime that measured ran its steps: kestrel_sim/
-runtime_info.py.
+runtime_info.py. `acceptance` (optional) is the draft pair's acceptance measured on the
+device (`kestrel calibrate --draft-quant ...`): kestrel_sim/measured_acceptance.py.
 
 Version 1 files (no `schema_version`; bench/h200_decode.py wrote them) load as version 2:
 the new fields take their defaults and a preset model's shape hash is derived from the
@@ -70,6 +71,7 @@ from pydantic import (
 )
 
 from kestrel_sim.errors import ConfigError
+from kestrel_sim.measured_acceptance import MeasuredAcceptance, combine
 from kestrel_sim.quant_spec import check_quant
 from kestrel_sim.runtime_info import RuntimeInfo
 from kestrel_sim.yamlio import count_problems, describe_errors, key_name, read_yaml
@@ -237,6 +239,9 @@ class Profile(BaseModel):
         default=None, description="how the measuring runtime pads steps and runs prompt "
         "chunks (module docstring)")
     measurements: list[Measurement] = Field(min_length=1)
+    acceptance: MeasuredAcceptance | None = Field(
+        default=None, description="the draft pair's acceptance per position, measured on "
+        "the device as served (kestrel_sim/measured_acceptance.py)")
     parts: list[Fingerprint] = Field(
         default_factory=list,
         description="fingerprints of profiles merged in whose commit, date or versions differ")
@@ -277,9 +282,13 @@ class Profile(BaseModel):
             raise ConfigError(f"cannot merge profiles whose runtimes ran steps differently "
                               f"(runtime: {self.runtime} vs {other.runtime}): step graphs "
                               "and prompt chunks must be the same")
+        try:
+            acceptance = combine(self.acceptance, other.acceptance)
+        except ValueError as err:
+            raise ConfigError(f"cannot merge profiles: {err}") from None
         return Profile(fingerprint=a.model_copy(update={"grid": grid}), runtime=self.runtime,
                        measurements=list(self.measurements) + list(other.measurements),
-                       parts=parts)
+                       acceptance=acceptance, parts=parts)
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:

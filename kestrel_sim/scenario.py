@@ -29,14 +29,15 @@ from pydantic import (
 )
 
 from kestrel_sim.costs_spec import Costs, RooflineCosts, StageTime, TableCosts  # noqa: F401
-from kestrel_sim.datafiles import read_counts
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import bundled_names, load_hardware
+from kestrel_sim.measured_acceptance import resolve_measured
 from kestrel_sim.models import PRESETS
 from kestrel_sim.profile import Profile
 from kestrel_sim.quant_spec import check_quant
-from kestrel_sim.schema_base import StrictModel, in_base_dir, resolve_file
+from kestrel_sim.schema_base import StrictModel, in_base_dir
 from kestrel_sim.serving_spec import Link, Serving, Slo  # noqa: F401  (re-exported)
+from kestrel_sim.speculation_spec import Acceptance, Spec  # noqa: F401  (re-exported)
 from kestrel_sim.validate_spec import Validate
 from kestrel_sim.workload_spec import (  # noqa: F401  (re-exported: the Scenario's parts)
     Arrivals,
@@ -94,88 +95,7 @@ ModelName = Annotated[str, AfterValidator(resolve_model)]
 HardwareName = Annotated[str, AfterValidator(resolve_hardware)]
 
 
-# ---------------------------------------------------------------- speculative decoding
-
-
-class Acceptance(StrictModel):
-    """Exactly one of: `alpha` (each draft token accepted with probability alpha, independent),
-    `per_position` (probability that draft position i is accepted given 0..i-1 were; at
-    least k entries), `trace` (a file of measured accepted lengths per round, whole numbers
-    0..k, sampled with replacement). A trace measured at a larger k than the scenario's
-    says so in `measured_k`; a length L then counts as min(L, k), which is exact: whether
-    the first k drafts are accepted does not depend on the ones after them."""
-
-    alpha: float | None = Field(default=None, ge=0, le=1)
-    per_position: list[Annotated[float, Field(ge=0, le=1)]] | None = None
-    trace: str | None = None
-    measured_k: int | None = Field(
-        default=None, ge=1, le=64,
-        description="trace only: the k the trace was measured at (its lengths are 0..measured_k)",
-    )
-    on_hardware: Literal["auto", "controlled", "organic"] = Field(
-        default="auto",
-        description="how `--on hardware` accepts drafts: controlled (the real draft, verify "
-        "and correction work, the number accepted drawn from these rates), organic (what the "
-        "target really accepts: the rates here are then the simulator's, e.g. measured), or "
-        "auto: controlled when a model has random (preset) weights, which never agree, "
-        "organic otherwise",
-    )
-
-    @field_validator("trace")
-    @classmethod
-    def _exists(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
-            return None
-        path = resolve_file(v, info, "acceptance trace")
-        try:
-            read_counts(path, "acceptance trace", low=0)  # the bound on lengths: see Spec
-        except ConfigError as err:
-            raise ValueError(str(err)) from None
-        return path
-
-    @model_validator(mode="after")
-    def _exactly_one(self):
-        given = [n for n in ("alpha", "per_position", "trace") if getattr(self, n) is not None]
-        if len(given) != 1:
-            raise ValueError(
-                "give exactly one of alpha, per_position or trace"
-                + (f" (got {', '.join(given)})" if given else "")
-            )
-        if self.measured_k is not None and self.trace is None:
-            raise ValueError("measured_k only applies to an acceptance trace")
-        return self
-
-
-class Spec(StrictModel):
-    k: int = Field(ge=1, le=64, description="draft tokens proposed per round")
-    correction: Literal["separate", "fused"] = "fused"
-    acceptance: Acceptance
-
-    @field_validator("acceptance")
-    @classmethod
-    def _fits_k(cls, acc: Acceptance, info: ValidationInfo) -> Acceptance:
-        k = info.data.get("k")
-        if k is None:
-            return acc  # k itself is invalid, and says so
-        pp = acc.per_position
-        if pp is not None and len(pp) < k:
-            raise ValueError(f"per_position has {len(pp)} rates but k is {k}: give at least k")
-        if acc.trace is not None:
-            measured = acc.measured_k
-            if measured is not None and measured < k:
-                raise ValueError(
-                    f"k is {k} but the acceptance trace was measured at k = {measured} "
-                    "(measured_k): it cannot say how often the drafts after position "
-                    f"{measured} would be accepted; lower k or measure at k = {k}")
-            hint = (f" (measured_k = {measured})" if measured else
-                    f" (k = {k}); if the trace was measured at a larger k, say which in "
-                    "acceptance.measured_k (lengths then count as min(length, k))")
-            try:
-                read_counts(acc.trace, "acceptance trace", low=0, high=measured or k,
-                            high_hint=hint)
-            except ConfigError as err:
-                raise ValueError(str(err)) from None
-        return acc
+# ---------------------------------------------------------------- the draft
 
 
 Quant = Annotated[str, AfterValidator(check_quant), Field(
@@ -271,6 +191,13 @@ class Scenario(StrictModel):
                 raise ValueError(
                     f"costs.table lacks {', '.join(missing)}, needed by this scenario"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _acceptance_from_profile(self):
+        """spec.acceptance.from_profile: the measured rates of this pair, found now."""
+        if self.spec is not None and self.spec.acceptance.from_profile is not False:
+            self.spec.acceptance._measured = resolve_measured(self)
         return self
 
     @classmethod

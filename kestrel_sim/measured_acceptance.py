@@ -1,0 +1,206 @@
+"""A draft pair's acceptance as calibration measured it on the device: the Profile's optional
+`acceptance` block, and how a scenario's `spec.acceptance: {from_profile: ...}` finds it.
+
+`kestrel calibrate` with an organic draft (--draft-quant: a quantized copy of the target)
+runs greedy speculative rounds of the pair as serving builds it (same device, dtype and
+backend: bf16 cupy on a GPU, the torch backend on a CPU; calibration/acceptance.py) and
+records, per draft position i = 0..k-1 (the scenario's positions 1..k):
+
+  reached[i]   drafts (one sequence's proposal in one round) whose positions 0..i-1 were
+               all accepted: the samples behind rate i
+  accepted[i]  ... that had position i accepted too
+  conditional_rates[i] = accepted[i] / reached[i] (0 where nothing reached position i):
+               P(position i accepted | positions before it accepted), the quantity a
+               scenario's `per_position` acceptance gives
+
+Every draft proposes k tokens (the sequences have room for them), so reached[0] = drafts and
+reached[i + 1] = accepted[i]. A scenario at k' <= k takes the first k' rates: whether a
+greedy draft's position i is accepted does not depend on the positions after it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from kestrel_sim.quant_spec import check_quant
+
+RATE_DIGITS = 6  # conditional_rates are stored rounded to this many decimals
+
+
+class MeasuredAcceptance(BaseModel):
+    """A Profile's `acceptance` block: see the module docstring."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    draft_model: str = Field(description="the draft, as the fingerprint's draft_model")
+    draft_quant: Annotated[str, AfterValidator(check_quant)] = Field(
+        description="the draft's weights: none, int8, int4 or int4-last-N")
+    device: str = Field(description="where the target ran (GPU name, or the host CPU)")
+    draft_device: Literal["gpu", "cpu"] = Field(description="where the draft ran")
+    dtype: str = Field(description="the target's dtype as served")
+    backend: str = Field(description="the target's backend as served (cupy+graphs, torch)")
+    method: Literal["greedy"] = "greedy"
+    k: int = Field(ge=1, le=64, description="draft tokens proposed per round")
+    prompts: int = Field(ge=1, description="sequences, prompt ids drawn as serving draws them")
+    prompt_tokens: int = Field(ge=1, description="tokens per prompt")
+    rounds: int = Field(ge=1, description="speculative rounds per sequence")
+    drafts: int = Field(ge=1, description="proposals in all (prompts x rounds)")
+    reached: list[Annotated[int, Field(ge=0)]] = Field(
+        description="[k] drafts whose positions before i were accepted (samples of rate i)")
+    accepted: list[Annotated[int, Field(ge=0)]] = Field(
+        description="[k] ... with position i accepted too")
+    conditional_rates: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+        description="[k] accepted[i] / reached[i]: P(i accepted | 0..i-1 accepted)")
+    seconds: float | None = Field(default=None, ge=0, description="the measurement's wall time")
+
+    @model_validator(mode="after")
+    def _counts_add_up(self):
+        k = self.k
+        for name in ("reached", "accepted", "conditional_rates"):
+            if len(getattr(self, name)) != k:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries: expected "
+                                 f"k = {k}, one per draft position")
+        if self.drafts != self.prompts * self.rounds or self.reached[0] != self.drafts:
+            raise ValueError(f"drafts ({self.drafts}) must equal prompts x rounds "
+                             f"({self.prompts} x {self.rounds}) and reached[0] "
+                             f"({self.reached[0]}): every draft reaches position 0")
+        for i, (r, a) in enumerate(zip(self.reached, self.accepted)):
+            if a > r:
+                raise ValueError(f"accepted[{i}] = {a} exceeds reached[{i}] = {r}")
+            if i + 1 < k and self.reached[i + 1] != a:
+                raise ValueError(f"reached[{i + 1}] = {self.reached[i + 1]} must equal "
+                                 f"accepted[{i}] = {a} (a draft reaches position {i + 1} "
+                                 f"when position {i} is accepted)")
+            rate = self.conditional_rates[i]
+            if abs(rate - ratio(a, r)) > 10 ** -RATE_DIGITS:
+                raise ValueError(f"conditional_rates[{i}] = {rate} but accepted[{i}] / "
+                                 f"reached[{i}] = {a} / {r}")
+        return self
+
+    @classmethod
+    def from_lengths(cls, lengths: list[int], k: int, **fields) -> MeasuredAcceptance:
+        """The block of drafts that each proposed k tokens and kept the first `lengths[j]`."""
+        reached = [sum(n >= i for n in lengths) for i in range(k)]
+        accepted = [sum(n > i for n in lengths) for i in range(k)]
+        return cls(k=k, drafts=len(lengths), reached=reached, accepted=accepted,
+                   conditional_rates=[round(ratio(a, r), RATE_DIGITS)
+                                      for a, r in zip(accepted, reached)], **fields)
+
+    def unconditional_rates(self) -> list[float]:
+        """[k] fraction of drafts with position i accepted (vLLM's per-position rates)."""
+        return [a / self.drafts for a in self.accepted]
+
+    def acceptance_length(self) -> float:
+        """Tokens per round at this k: 1 + accepted / drafts."""
+        return 1.0 + sum(self.accepted) / self.drafts
+
+    def describe(self) -> str:
+        return (f"measured on {self.device} ({self.dtype}, {self.backend}, draft "
+                f"{self.draft_model} {self.draft_quant} on the {self.draft_device}): "
+                f"{self.drafts} greedy drafts at k = {self.k}")
+
+
+def ratio(a: int, r: int) -> float:
+    return a / r if r else 0.0
+
+
+def combine(a: MeasuredAcceptance | None, b: MeasuredAcceptance | None
+            ) -> MeasuredAcceptance | None:
+    """The block of two profiles merged: the one there is, or both when they are the same
+    measurement; None when neither has one. Two different ones raise ValueError."""
+    if a is None or b is None or a == b:
+        return a or b
+    raise ValueError("both profiles hold an acceptance measurement, and they differ: keep "
+                     "the one measured with the profile you merge into")
+
+
+def calibrate_command(model: str, draft: str, quant: str, device: str = "gpu") -> str:
+    """The command that measures a pair's acceptance into a profile."""
+    return (f"kestrel calibrate --model {model} --draft {draft} --draft-quant {quant} "
+            f"--draft-device {device} --out PROFILE.json")
+
+
+def profile_for(from_profile: bool | str, costs_profile: str | None, hardware: str
+                ) -> str | None:
+    """The Profile file spec.acceptance.from_profile names: a path of its own, else the
+    scenario's costs.profile, else its hardware when that is a Profile JSON; None if none."""
+    if isinstance(from_profile, str):
+        return from_profile
+    if costs_profile is not None:
+        return costs_profile
+    return hardware if str(hardware).endswith(".json") else None
+
+
+def same_model(name: str, other: str, hash_of_other: str | None) -> bool:
+    """Whether scenario model `name` is the one a profile names `other` (with its shape
+    hash): presets by name, folders (paths differ between machines) by shape."""
+    from kestrel_sim.costs.shape import model_shape
+    from kestrel_sim.models import PRESETS, shape_hash
+
+    if name in PRESETS or other.lower() in PRESETS:
+        return name == other.lower()
+    return hash_of_other is None or shape_hash(model_shape(name)) == hash_of_other
+
+
+def resolve_measured(sc) -> tuple[str, MeasuredAcceptance]:
+    """(profile file, its acceptance block) for a Scenario `sc` whose spec.acceptance has
+    from_profile; ValueError, naming the key, the file and the command that measures it,
+    where there is none of this pair (its target, draft, draft quant and device) and k."""
+    from kestrel_sim.errors import ConfigError
+    from kestrel_sim.profile import Profile
+
+    acc, key = sc.spec.acceptance, "spec.acceptance.from_profile"
+    costs_profile = sc.costs.profile if sc.costs is not None else None
+    path = profile_for(acc.from_profile, costs_profile, sc.hardware)
+    draft = sc.draft
+    command = calibrate_command(sc.model, draft.model, draft.quant, draft.device)
+    if path is None:
+        raise ValueError(f"{key}: the scenario names no Profile to take the acceptance from "
+                         "(no costs.profile, and its hardware is not a Profile JSON): give "
+                         f"one ({key}: PROFILE.json, or costs: {{profile: PROFILE.json}}), "
+                         f"measured by `{command}`")
+    try:
+        profile = Profile.load(path)
+    except ConfigError as err:
+        raise ValueError(f"{key}: {err}") from None
+    fp, block = profile.fingerprint, profile.acceptance
+    if block is None:
+        raise ValueError(f"{key}: profile {path} holds no acceptance measurement (its "
+                         "calibration had no --draft-quant, or predates it): measure the pair "
+                         f"with `{command}` and use that profile")
+    if not same_model(sc.model, fp.model, fp.model_shape_hash):
+        raise ValueError(f"{key}: profile {path} measured target {fp.model}, not the "
+                         f"scenario's model {sc.model}: measure this pair (`{command}`)")
+    if not same_model(draft.model, block.draft_model, fp.draft_shape_hash):
+        raise ValueError(f"{key}: profile {path} measured draft {block.draft_model}, not the "
+                         f"scenario's draft.model {draft.model}: measure this pair "
+                         f"(`{command}`)")
+    try:
+        check_pair(block, path, sc.spec.k, draft.quant, draft.device, command)
+    except ValueError as err:
+        raise ValueError(f"{key}: {err}") from None
+    return path, block
+
+
+def check_pair(block: MeasuredAcceptance, path: str | Path, k: int, draft_quant: str,
+               draft_device: str, command: str) -> None:
+    """ValueError where a profile's measured acceptance is of another draft quant or draft
+    device than the scenario's, or of fewer positions than its k."""
+    if block.k < k:
+        raise ValueError(f"profile {path} measured acceptance at k = {block.k}, fewer "
+                         f"positions than the scenario's spec.k = {k}: lower spec.k, or "
+                         f"measure with a grid whose largest verify k is at least {k} "
+                         f"(`{command} --grid GRID`)")
+    if block.draft_quant != draft_quant:
+        raise ValueError(f"profile {path} measured the acceptance of draft "
+                         f"{block.draft_model} quantized {block.draft_quant}, but the "
+                         f"scenario's draft.quant is {draft_quant}: measure that pair "
+                         f"(`{command}`)")
+    if block.draft_device != draft_device:
+        raise ValueError(f"profile {path} measured the acceptance with the draft on the "
+                         f"{block.draft_device}, but the scenario's draft.device is "
+                         f"{draft_device} (another dtype and backend, so other numbers): "
+                         f"measure it there (`{command}`)")
