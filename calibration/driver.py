@@ -35,6 +35,7 @@ class Outcome:
     records: list = field(default_factory=list)  # calibration.measure.Record
     failures: dict[str, str] = field(default_factory=dict)  # point id -> why
     seconds: float = 0.0
+    acceptance: object | None = None  # kestrel_sim MeasuredAcceptance (calibration/acceptance.py)
 
 
 def kv_layout(bp: BenchPlan, model, prefill_buckets: tuple[int, ...]) -> tuple[int, int]:
@@ -155,6 +156,8 @@ class Silent:
     def built(self, bp, error) -> None: ...
     def measuring(self, point) -> None: ...
     def measured(self, point, record, error) -> None: ...
+    def measuring_acceptance(self, plan) -> None: ...
+    def measured_acceptance(self, plan, block, error) -> None: ...
 
 
 def run_bench(bp: BenchPlan, grid: Grid, outcome: Outcome, reporter,
@@ -211,6 +214,10 @@ def run(plan: Plan, reporter, max_minutes: float | None = None) -> Outcome:
     outcome = Outcome()
     for bp in plan.benches:
         run_bench(bp, plan.request.grid, outcome, reporter, deadline)
+    if plan.acceptance is not None:  # the organic pair's acceptance, as served
+        from calibration.acceptance import measure_planned
+
+        measure_planned(plan.acceptance, outcome, reporter, deadline)
     outcome.seconds = time.monotonic() - t0
     return outcome
 

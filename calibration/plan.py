@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from calibration.acceptance import AcceptancePlan, acceptance_seconds, plan_acceptance
 from calibration.estimate import (
     COLD_COMPILE_S,
     CPU,
@@ -73,6 +74,7 @@ class Plan:
     benches: list[BenchPlan]
     estimate: Estimate
     notes: list[str] = field(default_factory=list)  # what the plan leaves out, and why
+    acceptance: AcceptancePlan | None = None  # the organic pair's (calibration/acceptance.py)
 
     @property
     def points(self) -> list[Point]:
@@ -154,11 +156,15 @@ def make_plan(request: Request) -> Plan:
         check_reach(spec, draft.shape, f"draft {request.draft}", request.grid_file)
         benches.append(BenchPlan("spec@gpu", request.model, request.device, dtype,
                                  request.quant, shape, spec, replace(draft, points=[])))
+    acceptance = plan_acceptance(request, benches)
     benches = [b for b in benches if b.points]
     if not benches:
         raise ConfigError(f"grid {request.grid_file} has no point to measure for this model "
                           "(no stage section, or only draft steps without --draft)")
-    return Plan(request, benches, estimate(benches, request.grid), plan_notes(request))
+    notes = plan_notes(request) + ([f"also measured: {acceptance.describe()}"]
+                                   if acceptance else [])
+    return Plan(request, benches, estimate(benches, request.grid, acceptance), notes,
+                acceptance)
 
 
 def peer_gpu(device: str) -> str | None:
@@ -192,11 +198,14 @@ def itemsize(dtype: str) -> int:
     return 4 if "32" in dtype else 2
 
 
-def estimate(benches: list[BenchPlan], grid: Grid) -> Estimate:
+def estimate(benches: list[BenchPlan], grid: Grid,
+             acceptance: AcceptancePlan | None = None) -> Estimate:
     from kestrel_rt.options import kernel_cache_filled
 
     t = grid.timing
     out = Estimate({}, {})
+    if acceptance is not None:  # its own builds of both models, and its rounds
+        out.builds[acceptance.name] = acceptance_seconds(acceptance)
     for b in benches:
         gpu = b.device.startswith("cuda")
         speed, runs = (GPU, t.warmup + t.repeats) if gpu else (CPU, t.cpu_warmup + t.cpu_repeats)
@@ -240,7 +249,8 @@ def fit_budget(plan: Plan, minutes: float) -> Plan:
         timing = t.model_copy(update={"warmup": 1, "repeats": repeats, "cpu_warmup": 1,
                                       "cpu_repeats": min(t.cpu_repeats, repeats)})
         request = replace(plan.request, grid=grid.model_copy(update={"timing": timing}))
-        thinned = replace(plan, request=request, estimate=estimate(plan.benches, request.grid))
+        thinned = replace(plan, request=request,
+                          estimate=estimate(plan.benches, request.grid, plan.acceptance))
         if thinned.estimate.seconds <= 60 * minutes:
             return thinned
     raise ConfigError(

@@ -72,8 +72,9 @@ def _is_moe(model: str | None) -> bool:
         return False
 
 
-def to_profile(records, fingerprint: dict) -> Profile:
-    """The Profile of a calibration: its fingerprint, its runtime (runtime_info) and one
-    Measurement per record."""
+def to_profile(records, fingerprint: dict, acceptance=None) -> Profile:
+    """The Profile of a calibration: its fingerprint, its runtime (runtime_info), one
+    Measurement per record and the pair's measured acceptance, if any
+    (calibration/acceptance.py)."""
     return Profile(fingerprint=Fingerprint(**fingerprint), runtime=runtime_info(fingerprint),
-                   measurements=[to_measurement(r) for r in records])
+                   measurements=[to_measurement(r) for r in records], acceptance=acceptance)

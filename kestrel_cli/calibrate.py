@@ -80,6 +80,23 @@ class ProgressReporter:
             self.console.print(f"[bold red]failed[/] {point.id}: {escape(error)}",
                                highlight=False)
 
+    def measuring_acceptance(self, ap) -> None:
+        self.bar.update(self.task, description=f"{ap.name}: building the pair, "
+                        f"{ap.prompts * ap.rounds} drafts at k = {ap.k}")
+
+    def measured_acceptance(self, ap, block, error: str | None) -> None:
+        self.bar.advance(self.task, self.plan.estimate.builds.get(ap.name, 0.0))
+        if error:
+            self.console.print(f"[bold red]failed[/] {ap.name}: {escape(error)}",
+                               highlight=False)
+            return
+        rates = " ".join(f"{r:.2f}" for r in block.conditional_rates)
+        self.console.print(f"measured the pair's acceptance in {block.seconds:.1f} s "
+                           f"(estimated {self.plan.estimate.builds.get(ap.name, 0):.0f} s): "
+                           f"{block.drafts} drafts at k = {block.k}, conditional per "
+                           f"position {rates}, acceptance length "
+                           f"{block.acceptance_length():.2f}", highlight=False)
+
 
 def check_out(out: Path) -> None:
     """Refuse, before measuring, an --out that cannot be written."""
@@ -270,7 +287,7 @@ def measure_and_write(plan, out: Path, console: Console, max_minutes: float | No
     if not outcome.records:
         console.print("[bold red]no point was measured[/]: no profile written")
         raise typer.Exit(1)
-    profile = to_profile(outcome.records, fingerprint(plan))
+    profile = to_profile(outcome.records, fingerprint(plan), outcome.acceptance)
     profile.save(out)
     console.print(f"wrote {out} ({len(profile.measurements)} measurements)", highlight=False)
     print_fit_report(console, plan, profile, str(out))

@@ -72,9 +72,11 @@ def test_an_int8_copy_of_the_target_is_measured_as_the_draft(tied, tmp_path,
     assert fp.options["draft@cpu"]["quant"] == "int8"
     assert {(m.stage, m.batch) for m in profile.rows("draft", "cpu")} == {("draft", 1),
                                                                           ("draft", 2)}
-    # two builds: the target as it is, then the draft, every projection of it in int8
-    assert [mode for mode, _ in quantized_builds] == [None, "int8"]
-    target, draft = (weights for _, weights in quantized_builds)
+    # two builds: the target as it is, then the draft, every projection of it in int8; and
+    # the pair again, built as served, for its acceptance (tests/test_calibrate_acceptance.py)
+    assert [mode for mode, _ in quantized_builds] == [None, "int8"] * 2
+    assert profile.acceptance is not None and profile.acceptance.draft_quant == "int8"
+    target, draft = (weights for _, weights in quantized_builds[:2])
     assert not any(isinstance(w, QuantizedWeight) for w in target.values())
     projections = [n for n in draft if n.endswith("_proj.weight")]
     assert len(projections) == 7 * 2  # q, k, v, o, gate, up, down of both layers
