@@ -124,6 +124,8 @@ def run(
         what = f"simulated {metrics.duration:.2f} s in {wall:.2f} s wall{speed}"
     console.print(f"{what}; wrote {', '.join(files)} to {out}{trace_note(run_)}",
                   highlight=False)
+    if sc.spec is not None and on is not OnChoice.hardware:
+        console.print(acceptance_line(sc), highlight=False)
     note = slots_note(run_)
     if note is not None:
         console.print(f"[yellow]warning:[/] {note}", highlight=False)
@@ -153,6 +155,8 @@ def run_both_command(sc: Scenario, out: Path, overrides: list[str], scenario: Pa
     Console().print(comparison_table(both.rows, title))
     for line in comparison_notes(both.rows):
         console.print(f"note: {line}", highlight=False)
+    if sc.spec is not None:
+        console.print(f"note: predicted with {acceptance_line(sc)}", highlight=False)
     checked = sum(r.status in ("pass", "fail") for r in both.rows)
     console.print(f"wrote hardware/, sim/, parity.html and comparison.json to {out}",
                   highlight=False)
@@ -164,6 +168,13 @@ def run_both_command(sc: Scenario, out: Path, overrides: list[str], scenario: Pa
         raise typer.Exit(1)
     console.print(f"[green]PASS[/]: all {checked} checked metrics within tolerance",
                   highlight=False)
+
+
+def acceptance_line(sc: Scenario) -> str:
+    """Where the simulator's accepted lengths come from (given, or measured on a device)."""
+    from kestrel_sim.acceptance import describe_acceptance
+
+    return f"acceptance: {describe_acceptance(sc.spec.acceptance, sc.spec.k)}"
 
 
 def schema() -> None:

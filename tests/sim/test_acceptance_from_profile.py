@@ -202,3 +202,42 @@ workload: {{arrivals: {{process: poisson, rate: 2}}, requests: 4}}
         load_scenario(yaml)
     text = str(err.value)
     assert str(yaml) in text and "spec.acceptance.from_profile" in text and COMMAND in text
+
+
+def test_a_kept_organic_measurement_is_predicted_again_with_measured_rates(tmp_path):
+    """An organic run never reads the rates (the target accepts for real), so a measurement
+    kept with given rates stands for the scenario that takes them from a profile; a
+    controlled run draws from them, so there they count."""
+    from kestrel_cli.kept import differing
+
+    path = profile_with(tmp_path, block())
+    costs = {"profile": str(path)}
+    kept = scenario({"per_position": [0.49, 0.76, 0.89, 0.77], "on_hardware": "organic"},
+                    costs=costs).model_dump(mode="json")
+    now = scenario({"from_profile": True, "on_hardware": "organic"}, costs=costs)
+    assert differing(kept, now.model_dump(mode="json")) == []
+    controlled = scenario({"from_profile": True, "on_hardware": "controlled"}, costs=costs)
+    assert differing(kept, controlled.model_dump(mode="json")) == ["spec"]
+    longer = scenario({"from_profile": True, "on_hardware": "organic"}, k=5, costs=costs)
+    assert differing(kept, longer.model_dump(mode="json")) == ["spec"]  # k is run
+
+
+def test_kestrel_run_says_where_the_acceptance_came_from(tmp_path):
+    from typer.testing import CliRunner
+
+    from kestrel_cli.app import app
+
+    path = profile_with(tmp_path, block())
+    yaml = tmp_path / "organic.yaml"
+    yaml.write_text(f"""name: organic
+model: qwen3-0.6b
+draft: {{model: qwen3-0.6b, quant: int4-last-14}}
+spec: {{k: 3, acceptance: {{from_profile: true, on_hardware: organic}}}}
+costs: {{profile: {path}}}
+workload: {{arrivals: {{process: poisson, rate: 5}}, requests: 6}}
+""")
+    result = CliRunner().invoke(app, ["run", str(yaml), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    rates = " ".join(f"{r:.2f}" for r in block().conditional_rates[:3])
+    assert f"acceptance: per position {rates}, measured on NVIDIA H200" in result.output
+    assert f"from profile {path}" in " ".join(result.output.split())
