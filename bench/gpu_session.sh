@@ -84,6 +84,8 @@ step probe 120 python3 bench/probes/attention_probe.py
 step clock 150 python3 bench/probes/clock_probe.py
 # the round overhead: calibration's one-round-from-idle timing against back-to-back rounds
 step rounds 150 python3 bench/probes/round_probe.py
+# verify forwards with the tensor-core verify attention (mma_verify) off and on
+step verify 150 python3 bench/probes/verify_probe.py
 # qwen3-30b-a3b prefill of 512 and 2048 tokens, MoE prefill graphs off and on (not a default)
 step moe_graphs 240 python3 bench/moe_prefill_bench.py --out "$LOG" --commit "$COMMIT"
 step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-0.6b:bf16 --set pdl=true,false --set fold_norms=true,false

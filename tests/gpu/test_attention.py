@@ -9,7 +9,10 @@ the kernels' KV caches are NaN past each sequence's length (never to be read, ne
 and so is the partials workspace (nan_partials: the last-block merge reads only what the
 launch wrote); calling the same attention over and over with other lengths, eagerly and as
 graph replays, checks the merge's tickets; relative error ||out - ref|| / ||ref|| <= 1e-5 in
-fp32 and <= 1e-2 with bf16 operands; NaN never passes.
+fp32 and <= 1e-2 with bf16 operands; NaN never passes. attn_verify (the tensor-core verify
+kernel, RuntimeOptions.mma_verify) is checked the same way, and a whole model's forwards with
+it on against it off (tests/test_verify_attention_algorithm.py checks its algorithm on the
+CPU).
 """
 
 from __future__ import annotations
@@ -144,9 +147,11 @@ def _cached(kv, positions, slots):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("M,Hq,Hkv", [(1, 32, 8), (2, 32, 8), (9, 32, 4)])  # last: attn_partial
+@pytest.mark.parametrize("M,Hq,Hkv,mma", [
+    (1, 32, 8, False), (2, 32, 8, False), (9, 32, 4, False),  # last: attn_partial
+    (5, 32, 8, True), (16, 32, 8, True), (9, 32, 4, True)])  # attn_verify (bf16; f32: partial)
 @pytest.mark.parametrize("graph", [False, True])
-def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph):
+def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, mma, graph):
     """The same attention op again and again with other lengths, eagerly or as replays of one
     captured graph (inputs changed in place): each launch leaves the merge's tickets at zero
     for the next."""
@@ -161,7 +166,7 @@ def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, graph):
 
     def call():
         attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
-                            out=out)
+                            out=out, mma_verify=mma)
 
     if graph:
         side = torch.cuda.Stream()
@@ -193,6 +198,118 @@ def test_attention_plan_does_not_depend_on_lengths(sms):
     rb, groups, tile, splits, tpd = a
     assert rb * 128 <= attention.ATTN_ELEMS and splits >= 1 and groups == 1
     assert rb * tile * tpd <= attention.ATTN_THREADS and 32 % tpd == 0
+
+
+# -- attn_verify: verify rows (M * Hq / Hkv > 8) on the tensor cores ---------------------------
+def _record_launches(km, monkeypatch) -> list[str]:
+    """The names of the kernels km launches from now on, in order (until the test ends)."""
+    names: list[str] = []
+    real = km.launch
+
+    def launch(file, kernel, *args, **kwargs):
+        names.append(kernel)
+        return real(file, kernel, *args, **kwargs)
+
+    monkeypatch.setattr(km, "launch", launch)
+    return names
+
+
+@pytest.fixture
+def launched(km, monkeypatch):
+    """The names of the kernels km launches during the test."""
+    return _record_launches(km, monkeypatch)
+
+
+def _ragged(B: int, most: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, most, (B,), generator=g).tolist()
+
+
+# (lengths before the step, M, Hq, Hkv, D, max_len): M 3..16, batch 1..64, ragged contexts with
+# lengths 0 and 1 and ends on either side of the 64-key tiles, one split to many
+VERIFY_CASES = [
+    ([0], 3, 32, 8, 128, 64),                       # 12 rows, context = M
+    ([1, 0, 61, 63, 64, 65, 127, 130], 5, 32, 8, 128, 200),  # qwen3-8b k = 4, tile ends
+    ([1019], 5, 32, 8, 128, 2048),                 # batch 1, many splits
+    ([100, 7, 2000], 9, 32, 8, 128, 2100),          # 36 rows: 3 m-tiles
+    ([3000, 17], 16, 32, 8, 128, 4096),             # 64 rows: 4 m-tiles
+    ([0, 40, 9], 9, 32, 4, 128, 4096),              # 72 rows: two row groups
+    ([5, 900], 4, 16, 4, 64, 1000),                 # head_dim 64
+    ([33, 1], 12, 8, 8, 128, 80),                   # no GQA: 12 rows
+    ([2], 6, 32, 8, 128, 4096),                     # short context, large cache
+    (_ragged(32, 2000, 1), 7, 32, 8, 128, 2048),    # batch 32: one or two splits
+    (_ragged(64, 2040, 2), 5, 32, 8, 128, 2048),    # batch 64: one split, two waves
+    (_ragged(17, 600, 3), 8, 16, 8, 64, 700),       # qwen3-0.6b heads, 16 rows
+]
+
+
+@pytest.mark.parametrize("case", range(len(VERIFY_CASES)))
+def test_verify_attention(km, sms, nan_partials, launched, case):
+    lengths, M, Hq, Hkv, D, max_len = VERIFY_CASES[case]
+    dtype, B = torch.bfloat16, len(lengths)
+    slots = list(range(B))[::-1]
+    kv, ref_kv = _caches(B, max_len, Hkv, D, dtype, lengths, slots)
+    step = kv.step(slots, M, [M] * B)
+    q, k, v = _qkv(B, M, Hq, Hkv, D, dtype, scale=2)
+    out = poisoned(B, M, Hq, D, dtype=dtype)
+    got = attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
+                              out=out, mma_verify=True)
+    mt, _, _ = attention.verify_plan(B, M, Hq, Hkv, D, max_len, sms)
+    assert got is out and launched == ["kv_write_bf16", f"attn_verify_bf16_d{D}_t{mt}"]
+    ref = TorchBackend.attention(types.SimpleNamespace(kv=ref_kv), q, k, v, 0, step)
+    _written_where_expected(kv, ref_kv, slots, lengths, M)
+    check(out, ref, dtype)
+    again = poisoned(B, M, Hq, D, dtype=dtype)  # the decode_attention entry, on the same cache
+    attention.decode_attention(km, q, kv.k[0], kv.v[0], step.slots, step.positions, sms,
+                               out=again, mma_verify=True)
+    assert torch.equal(again, out)  # deterministic
+
+
+@pytest.mark.parametrize("what", ["off", "decode_rows", "fp32", "head_dim_256"])
+def test_verify_attention_routing(km, sms, launched, what):
+    """attn_verify only where mma_verify asks and it takes the shapes; elsewhere the kernels of
+    before, the same output."""
+    M, Hq, Hkv, D, dtype = {"decode_rows": (2, 32, 8, 128, torch.bfloat16),
+                            "fp32": (5, 32, 8, 128, torch.float32),
+                            "head_dim_256": (5, 8, 2, 256, torch.bfloat16)}.get(
+        what, (5, 32, 8, 128, torch.bfloat16))
+    lengths, max_len = [70, 3], 128
+    slots = [1, 0]
+    kv, ref_kv = _caches(2, max_len, Hkv, D, dtype, lengths, slots)
+    step = kv.step(slots, M, [M] * 2)
+    q, k, v = _qkv(2, M, Hq, Hkv, D, dtype)
+    out = attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
+                              mma_verify=what != "off")
+    assert not any(n.startswith("attn_verify") for n in launched)
+    check(out, TorchBackend.attention(types.SimpleNamespace(kv=ref_kv), q, k, v, 0, step), dtype)
+
+
+@pytest.mark.parametrize("name", ["wide", "wide128"])
+@pytest.mark.parametrize("verify_m", [3, 5, 9])
+def test_model_forwards_with_mma_verify(name, verify_m, monkeypatch):
+    """A tiny model's script (ragged prefill, decode steps, a verify forward of verify_m tokens
+    a sequence, rollback, decode) with mma_verify on: its verify ran attn_verify, and its
+    logits are as close to the fp32 model's as with mma_verify off (head_dim 64 and 128,
+    Hq / Hkv = 4: 12, 20 and 36 verify rows)."""
+    import gpu_models as gm
+
+    from kestrel_rt.backend.cupy_backend import CupyBackend
+    from kestrel_rt.options import default_options
+
+    lengths = [5, 9, 3, 20]
+    exact = gm.run_script(gm.model(name, TorchBackend("cuda", torch.float32)), lengths, 6,
+                          verify_m=verify_m)
+    runs = {}
+    for on in (False, True):
+        be = CupyBackend("cuda", torch.bfloat16,
+                         options=default_options("cuda", backend="cupy", mma_verify=on))
+        names = _record_launches(be.kernels, monkeypatch)
+        runs[on] = gm.run_script(gm.model(name, be), lengths, 6, verify_m=verify_m)
+        assert any(n.startswith("attn_verify") for n in names) == on
+    for got, ref, e in zip(runs[True], runs[False], exact):
+        err_on, err_off = gm.rel_err(got, e), gm.rel_err(ref, e)
+        assert err_on <= 1.5 * err_off + 1e-3, (err_on, err_off)
+        assert gm.rel_err(got, ref) <= 3e-2
 
 
 # -- rope_attention: q/k norm + RoPE inside the decode kernel -----------------------------------
