@@ -48,6 +48,19 @@ def _caches(B, max_len, Hkv, D, dtype, lengths, slots):
     return kv, ref
 
 
+def _stand_in(kv: KVCache, device, **fields) -> types.SimpleNamespace:
+    """What TorchBackend.attention reads of its backend: the cache, the device and its
+    attention_gathered method (plus `fields`)."""
+    be = types.SimpleNamespace(kv=kv, device=torch.device(device), **fields)
+    be.attention_gathered = types.MethodType(TorchBackend.attention_gathered, be)
+    return be
+
+
+def _torch_attention(kv: KVCache, q, k, v, step):
+    """TorchBackend.attention of layer 0 (writes k, v into kv) -> [B, M, Hq, D]."""
+    return TorchBackend.attention(_stand_in(kv, q.device), q, k, v, 0, step)
+
+
 def _copy(kv: KVCache) -> KVCache:
     """A second cache with the same contents (NaN included)."""
     other = KVCache(1, kv.num_slots, kv.max_len, kv.k.shape[3], kv.k.shape[4], kv.device,
@@ -129,7 +142,7 @@ def test_decode_attention(km, sms, nan_partials, dtype, lengths, M, Hq, Hkv, D, 
         attention.kv_write(km, k, v, kv.k[0], kv.v[0], step.slots, step.positions)
         attention.decode_attention(km, q, kv.k[0], kv.v[0], step.slots, step.positions, sms,
                                    out=out)
-    ref = TorchBackend.attention(types.SimpleNamespace(kv=ref_kv), q, k, v, 0, step)
+    ref = _torch_attention(ref_kv, q, k, v, step)
     _written_where_expected(kv, ref_kv, slots, lengths, M)
     check(out, ref, dtype)
 
@@ -188,7 +201,7 @@ def test_attention_repeated(km, sms, nan_partials, dtype, M, Hq, Hkv, mma, graph
             x.copy_(y)
         out.fill_(float("nan"))
         call()
-        ref = TorchBackend.attention(types.SimpleNamespace(kv=kv), q, k, v, 0, now)
+        ref = _torch_attention(kv, q, k, v, now)
         check(out, ref, dtype)
 
 
@@ -256,7 +269,7 @@ def test_verify_attention(km, sms, nan_partials, launched, case):
                               out=out, mma_verify=True)
     mt, _, _ = attention.verify_plan(B, M, Hq, Hkv, D, max_len, sms)
     assert got is out and launched == ["kv_write_bf16", f"attn_verify_bf16_d{D}_t{mt}"]
-    ref = TorchBackend.attention(types.SimpleNamespace(kv=ref_kv), q, k, v, 0, step)
+    ref = _torch_attention(ref_kv, q, k, v, step)
     _written_where_expected(kv, ref_kv, slots, lengths, M)
     check(out, ref, dtype)
     again = poisoned(B, M, Hq, D, dtype=dtype)  # the decode_attention entry, on the same cache
@@ -281,7 +294,7 @@ def test_verify_attention_routing(km, sms, launched, what):
     out = attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
                               mma_verify=what != "off")
     assert not any(n.startswith("attn_verify") for n in launched)
-    check(out, TorchBackend.attention(types.SimpleNamespace(kv=ref_kv), q, k, v, 0, step), dtype)
+    check(out, _torch_attention(ref_kv, q, k, v, step), dtype)
 
 
 @pytest.mark.parametrize("name", ["wide", "wide128"])
@@ -323,8 +336,8 @@ def _rope_inputs(D, max_len, dtype):
 def _torch_rope_attention(q, k, v, qw, kw, cos, sin, ref_kv, step):
     """The TorchBackend composition: qk_norm_rope then attention (writes ref_kv)."""
     weights = {"layers.0.q_norm": qw, "layers.0.k_norm": kw}
-    be = types.SimpleNamespace(weight=weights.__getitem__, _cos=cos, _sin=sin, kv=ref_kv,
-                               shape=types.SimpleNamespace(rms_norm_eps=EPS))
+    be = _stand_in(ref_kv, q.device, weight=weights.__getitem__, _cos=cos, _sin=sin,
+                   shape=types.SimpleNamespace(rms_norm_eps=EPS))
     be.rms_norm = types.MethodType(TorchBackend.rms_norm, be)
     qr, kr = TorchBackend.qk_norm_rope(be, q, k, 0, step)
     return TorchBackend.attention(be, qr, kr, v, 0, step)
