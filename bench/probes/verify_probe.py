@@ -16,7 +16,7 @@ sequence at `context` cached tokens, CUDA events, median of `reps` after two war
 outputs: both models' logits of the same forward (max abs difference, relative error, argmax
 agreement). Contexts run longest first, so no forward reads a position another one of a
 different model state wrote. M = 2 (8 rows) stays on the decode kernel either way: a control.
-A second table times the attention op alone (one layer's cache, 36 calls in a CUDA graph).
+A first table times the attention op alone (one layer's cache, 36 calls in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -47,10 +47,13 @@ def set_lengths(model, slots: list[int], length: int) -> None:
     model.kv.advance(slots, [length] * len(slots))
 
 
-def timed(fn, reps: int, warmup: int = 2) -> float:
-    """Median ms of fn() between CUDA events, after `warmup` calls."""
+def timed(fn, reps: int, warmup: int = 2, setup=None) -> float:
+    """Median ms of fn() between CUDA events, after `warmup` calls; setup() before each,
+    untimed."""
     times = []
     for i in range(warmup + reps):
+        if setup is not None:
+            setup()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -65,11 +68,10 @@ def time_forward(model, tokens: torch.Tensor, slots: list[int], context: int,
                  reps: int) -> tuple[float, torch.Tensor]:
     """(median ms of the greedy forward of tokens [b, M] at `context` cached tokens, its
     logits [b, M, V] from the same state)."""
-    def step() -> None:
+    def setup() -> None:
         set_lengths(model, slots, context)
-        model.forward(tokens, slots, greedy=True)
 
-    ms = timed(step, reps)
+    ms = timed(lambda: model.forward(tokens, slots, greedy=True), reps, setup=setup)
     set_lengths(model, slots, context)
     return ms, model.forward(tokens, slots).float()
 
@@ -159,9 +161,16 @@ def main() -> None:
         cache.normal_(generator=g)
         getattr(models[True].kv, kind).copy_(cache)
     torch.cuda.synchronize()
-    forwards = forward_table(models, taken[False], args)
-    attn = attention_table(models[False], args)
     Hq, Hkv = shape.num_attention_heads, shape.num_key_value_heads
+    attn = attention_table(models[False], args)  # first: kernel numbers even if time runs out
+    print("\nattention op alone (one layer's cache, decode_attention), us per call; "
+          "plan = attn_verify's (m-tiles, row groups, splits)\n")
+    print("| batch | M | context | plan | us off | us on | speedup |")
+    print("| ---: | ---: | ---: | --- | ---: | ---: | ---: |")
+    for b, m, c, plan, off, on in attn:
+        print(f"| {b} | {m} | {c} | {plan} | {off:.1f} | {on:.1f} | {off / on:.2f}x |")
+    print(flush=True)
+    forwards = forward_table(models, taken[False], args)
     print(f"\n{args.model} verify forwards, mma_verify off / on, every sequence at `context` "
           f"cached tokens; ms, median of {args.reps} graph replays "
           f"({torch.cuda.get_device_name()})\n")
@@ -171,12 +180,6 @@ def main() -> None:
     for b, m, c, off, on, diff, rel, agree in forwards:
         print(f"| {b} | {m} | {c} | {m * Hq // Hkv} | {off:.2f} | {on:.2f} | {off / on:.2f}x | "
               f"{diff:.3g} | {rel:.2g} | {agree:.3f} |")
-    print("\nattention op alone (one layer's cache, decode_attention), us per call; "
-          "plan = attn_verify's (m-tiles, row groups, splits)\n")
-    print("| batch | M | context | plan | us off | us on | speedup |")
-    print("| ---: | ---: | ---: | --- | ---: | ---: | ---: |")
-    for b, m, c, plan, off, on in attn:
-        print(f"| {b} | {m} | {c} | {plan} | {off:.1f} | {on:.1f} | {off / on:.2f}x |")
 
 
 if __name__ == "__main__":
