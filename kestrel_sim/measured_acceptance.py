@@ -1,5 +1,6 @@
 """A draft pair's acceptance as calibration measured it on the device: the Profile's optional
-`acceptance` block, and how a scenario's `spec.acceptance: {from_profile: ...}` finds it.
+`acceptance` block, and the checks a scenario's `spec.acceptance: {from_profile: ...}` makes
+of it (kestrel_sim/speculation_spec.py resolves it).
 
 `kestrel calibrate` with an organic draft (--draft-quant: a quantized copy of the target)
 runs greedy speculative rounds of the pair as serving builds it (same device, dtype and
@@ -132,57 +133,6 @@ def profile_for(from_profile: bool | str, costs_profile: str | None, hardware: s
     if costs_profile is not None:
         return costs_profile
     return hardware if str(hardware).endswith(".json") else None
-
-
-def same_model(name: str, other: str, hash_of_other: str | None) -> bool:
-    """Whether scenario model `name` is the one a profile names `other` (with its shape
-    hash): presets by name, folders (paths differ between machines) by shape."""
-    from kestrel_sim.costs.shape import model_shape
-    from kestrel_sim.models import PRESETS, shape_hash
-
-    if name in PRESETS or other.lower() in PRESETS:
-        return name == other.lower()
-    return hash_of_other is None or shape_hash(model_shape(name)) == hash_of_other
-
-
-def resolve_measured(sc) -> tuple[str, MeasuredAcceptance]:
-    """(profile file, its acceptance block) for a Scenario `sc` whose spec.acceptance has
-    from_profile; ValueError, naming the key, the file and the command that measures it,
-    where there is none of this pair (its target, draft, draft quant and device) and k."""
-    from kestrel_sim.errors import ConfigError
-    from kestrel_sim.profile import Profile
-
-    acc, key = sc.spec.acceptance, "spec.acceptance.from_profile"
-    costs_profile = sc.costs.profile if sc.costs is not None else None
-    path = profile_for(acc.from_profile, costs_profile, sc.hardware)
-    draft = sc.draft
-    command = calibrate_command(sc.model, draft.model, draft.quant, draft.device)
-    if path is None:
-        raise ValueError(f"{key}: the scenario names no Profile to take the acceptance from "
-                         "(no costs.profile, and its hardware is not a Profile JSON): give "
-                         f"one ({key}: PROFILE.json, or costs: {{profile: PROFILE.json}}), "
-                         f"measured by `{command}`")
-    try:
-        profile = Profile.load(path)
-    except ConfigError as err:
-        raise ValueError(f"{key}: {err}") from None
-    fp, block = profile.fingerprint, profile.acceptance
-    if block is None:
-        raise ValueError(f"{key}: profile {path} holds no acceptance measurement (its "
-                         "calibration had no --draft-quant, or predates it): measure the pair "
-                         f"with `{command}` and use that profile")
-    if not same_model(sc.model, fp.model, fp.model_shape_hash):
-        raise ValueError(f"{key}: profile {path} measured target {fp.model}, not the "
-                         f"scenario's model {sc.model}: measure this pair (`{command}`)")
-    if not same_model(draft.model, block.draft_model, fp.draft_shape_hash):
-        raise ValueError(f"{key}: profile {path} measured draft {block.draft_model}, not the "
-                         f"scenario's draft.model {draft.model}: measure this pair "
-                         f"(`{command}`)")
-    try:
-        check_pair(block, path, sc.spec.k, draft.quant, draft.device, command)
-    except ValueError as err:
-        raise ValueError(f"{key}: {err}") from None
-    return path, block
 
 
 def check_pair(block: MeasuredAcceptance, path: str | Path, k: int, draft_quant: str,

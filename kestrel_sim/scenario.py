@@ -31,13 +31,16 @@ from pydantic import (
 from kestrel_sim.costs_spec import Costs, RooflineCosts, StageTime, TableCosts  # noqa: F401
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import bundled_names, load_hardware
-from kestrel_sim.measured_acceptance import resolve_measured
 from kestrel_sim.models import PRESETS
 from kestrel_sim.profile import Profile
 from kestrel_sim.quant_spec import check_quant
 from kestrel_sim.schema_base import StrictModel, in_base_dir
 from kestrel_sim.serving_spec import Link, Serving, Slo  # noqa: F401  (re-exported)
-from kestrel_sim.speculation_spec import Acceptance, Spec  # noqa: F401  (re-exported)
+from kestrel_sim.speculation_spec import (  # noqa: F401  (Acceptance, Spec: re-exported)
+    Acceptance,
+    Spec,
+    resolve_measured,
+)
 from kestrel_sim.validate_spec import Validate
 from kestrel_sim.workload_spec import (  # noqa: F401  (re-exported: the Scenario's parts)
     Arrivals,

@@ -5,6 +5,7 @@ kestrel_sim.acceptance, and by the runtime's controlled mode (kestrel_rt/spec/co
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -18,7 +19,14 @@ from pydantic import (
 
 from kestrel_sim.datafiles import read_counts
 from kestrel_sim.errors import ConfigError
-from kestrel_sim.measured_acceptance import MeasuredAcceptance
+from kestrel_sim.measured_acceptance import (
+    MeasuredAcceptance,
+    calibrate_command,
+    check_pair,
+    profile_for,
+)
+from kestrel_sim.models import PRESETS
+from kestrel_sim.profile import Profile
 from kestrel_sim.schema_base import StrictModel, resolve_file
 
 
@@ -145,3 +153,48 @@ class Spec(StrictModel):
             except ConfigError as err:
                 raise ValueError(str(err)) from None
         return acc
+
+
+def same_model(name: str, other: str) -> bool:
+    """Whether scenario model `name` is the one a profile names `other`: presets by name,
+    folders by the folder's own name (the measuring machine's path is not this one's)."""
+    if name in PRESETS or other.lower() in PRESETS:
+        return name == other.lower()
+    return Path(name).name == Path(other).name
+
+
+def resolve_measured(sc) -> tuple[str, MeasuredAcceptance]:
+    """(profile file, its acceptance block) for a Scenario `sc` whose spec.acceptance has
+    from_profile; ValueError, naming the key, the file and the command that measures it,
+    where there is none of this pair (its target, draft, draft quant and device) and k."""
+    acc, key = sc.spec.acceptance, "spec.acceptance.from_profile"
+    costs_profile = sc.costs.profile if sc.costs is not None else None
+    path = profile_for(acc.from_profile, costs_profile, sc.hardware)
+    draft = sc.draft
+    command = calibrate_command(sc.model, draft.model, draft.quant, draft.device)
+    if path is None:
+        raise ValueError(f"{key}: the scenario names no Profile to take the acceptance from "
+                         "(no costs.profile, and its hardware is not a Profile JSON): give "
+                         f"one ({key}: PROFILE.json, or costs: {{profile: PROFILE.json}}), "
+                         f"measured by `{command}`")
+    try:
+        profile = Profile.load(path)
+    except ConfigError as err:
+        raise ValueError(f"{key}: {err}") from None
+    fp, block = profile.fingerprint, profile.acceptance
+    if block is None:
+        raise ValueError(f"{key}: profile {path} holds no acceptance measurement (its "
+                         "calibration had no --draft-quant, or predates it): measure the pair "
+                         f"with `{command}` and use that profile")
+    if not same_model(sc.model, fp.model):
+        raise ValueError(f"{key}: profile {path} measured target {fp.model}, not the "
+                         f"scenario's model {sc.model}: measure this pair (`{command}`)")
+    if not same_model(draft.model, block.draft_model):
+        raise ValueError(f"{key}: profile {path} measured draft {block.draft_model}, not the "
+                         f"scenario's draft.model {draft.model}: measure this pair "
+                         f"(`{command}`)")
+    try:
+        check_pair(block, path, sc.spec.k, draft.quant, draft.device, command)
+    except ValueError as err:
+        raise ValueError(f"{key}: {err}") from None
+    return path, block

@@ -185,6 +185,12 @@ def test_bad_combinations_are_refused_naming_the_key(tmp_path):
                  draft={"model": "qwen3-1.7b", "quant": "int4-last-14"})
     with pytest.raises(ValueError, match="acceptance profile file 'nope.json' not found"):
         scenario({"from_profile": "nope.json"})
+    other_target = tmp_path / "8b.json"
+    Profile.load(ROOT / "calibration" / "profiles" / "qwen3-8b_h200.json").model_copy(
+        update={"acceptance": block()}).save(other_target)
+    with pytest.raises(ValueError, match="measured target qwen3-8b, not the scenario's model "
+                       "qwen3-0.6b"):
+        scenario({"from_profile": str(other_target)}, costs={"roofline": {}})
 
 
 def test_a_yaml_error_names_the_file_and_the_key(tmp_path):
