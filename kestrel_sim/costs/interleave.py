@@ -14,7 +14,16 @@ fitted per side to a profile's overlap rows (least squares of log(f - 1) on
 log(T_j / T_i)). A law may also be kept for a side beside one other side ("prefill/draft":
 a prefill chunk beside the draft's steps, which slow it far less than a verify does):
 `law_for` picks the most particular law a table holds, falling back to the side's own and
-the draft's to the decode side's. contention.fit_contention keeps whichever law, this or the shares model,
+the draft's to the decode side's.
+
+b may be fitted per law, or once per family of laws (`fit_family`: decode-like steps,
+"decode" and "draft"; prefill chunks, "prefill" and "prefill/draft"), a factor a per law:
+how a step's slowdown grows with the other's length against its own is the interleaving
+itself, which a step of the target and one of the draft share, and a law with few rows (the
+draft's four in the default grid) borrows its exponent from the others'. On the H200
+profiles of 2026-12-02 that took the rows' held-out median from 9.2% to 8.9% (bf16) and
+from 9.0% to 7.7% (int4): `python -m kestrel_sim.costs.report PROFILE`.
+overlap_fit.fit_contention keeps whichever law, this (either fit) or the shares model,
 predicts the rows better when each is left out of its fit.
 """
 
@@ -64,6 +73,41 @@ def fit_ratio(pairs: list[tuple[float, float, float]]) -> Ratio | None:
     a = np.column_stack([np.ones(len(xs)), xs])
     (log_a, b), *_ = np.linalg.lstsq(a, np.array(ys), rcond=None)
     return Ratio(float(math.exp(log_a)), float(b))
+
+
+def family(key: str) -> str:
+    """The kind of step a law's key slows: a prefill chunk ("prefill", "prefill/draft":
+    few large kernels) or a decode-like step ("decode", "draft": many small ones)."""
+    return "prefill" if key.split("/")[0] == "prefill" else "decode"
+
+
+def fit_family(pairs: dict[str, list[tuple[float, float, float]]]) -> dict[str, Ratio] | None:
+    """Ratio per key of one family with ONE exponent b for all of them and a factor a per
+    key: least squares of log(f - 1) on a key's log a + b log(T_other / T). How a step's
+    slowdown grows with the other's length against its own is the interleaving itself
+    (small kernels waiting behind large ones), which a step of the target and one of the
+    draft share; how much each waits (a) is the step's own. A key with one row then has a
+    law; None where the rows cannot tell b (one ratio of times in all)."""
+    keys = [k for k, rows in pairs.items() if any(o > 0 and t > 0 for t, o, _ in rows)]
+    xs, ys, cols = [], [], []
+    for i, key in enumerate(keys):
+        for own, other, f in pairs[key]:
+            if own > 0.0 and other > 0.0:
+                xs.append(math.log(other / own))
+                ys.append(math.log(max(f - 1.0, MIN_EXCESS)))
+                cols.append(i)
+    spread = [max(x for x, c in zip(xs, cols) if c == i) - min(x for x, c in zip(xs, cols)
+                                                                if c == i)
+              for i in range(len(keys))]
+    if not keys or max(spread) < 1e-9:  # b shows only within a key's rows
+        return None
+    a = np.zeros((len(xs), len(keys) + 1))  # [rows, keys + 1]: one-hot log a, then x
+    a[np.arange(len(xs)), cols] = 1.0
+    a[:, -1] = xs
+    sol, *_ = np.linalg.lstsq(a, np.array(ys), rcond=None)
+    if not np.isfinite(sol).all():
+        return None
+    return {key: Ratio(float(math.exp(sol[i])), float(sol[-1])) for i, key in enumerate(keys)}
 
 
 def ratio_slowdowns(times: list[float], sides: list[str], laws: dict[str, Ratio]
