@@ -32,9 +32,11 @@ def pair_points(name: str = "default") -> list[Point]:
 
 def test_the_default_grid_times_each_side_beside_the_other_on_a_gpu_only():
     points = pair_points()
-    assert len(points) == 16 and {p.bench for p in points} == {"pair@gpu"}
+    assert len(points) == 24 and {p.bench for p in points} == {"pair@gpu"}
     ids = {p.id for p in points}
     assert "pair@gpu/overlap/b32/m5/c1024/chunk2048@0/timed-decode" in ids
+    # and the decode side as served (overlap_grid.py served_*): small batches at 2048
+    assert "pair@gpu/overlap/b1/m1/c2048/chunk2048@0/timed-prefill" in ids
     assert "pair@gpu/overlap/b4/m1/c1024/chunk512@0/timed-prefill" in ids
     grid, _ = load_grid("default")
     assert not [p for p in expand(grid, "cpu") if p.stage == "overlap"]
@@ -59,7 +61,7 @@ def test_the_plan_has_a_pair_bench_of_two_builds():
     grid, _ = load_grid("default")
     plan = make_plan(Request("qwen3-8b", grid, "default", "default", "cuda"))
     pair = [b for b in plan.benches if b.name == "pair@gpu"]
-    assert len(pair) == 1 and len(pair[0].points) == 16
+    assert len(pair) == 1 and len(pair[0].points) == 24
     target = plan.estimate.builds["target@gpu"] - plan.estimate.compile
     # two instances: one more model's weights to make (fast on a GPU: the H200 built
     # qwen3-30b-a3b's target in 4.6 s and its pair in 5.2 s)
@@ -76,8 +78,8 @@ def test_the_plan_has_a_pair_bench_of_two_builds():
 def test_each_instance_is_laid_out_for_its_side():
     points = pair_points()
     decode = layout(points, "decode", ())
-    assert decode["batches"] == (4, 32) and decode["new_tokens"] == (1, 5)
-    assert decode["slots"] == 64 and decode["max_len"] == 1024 + 5 + 1
+    assert decode["batches"] == (1, 4, 8, 32) and decode["new_tokens"] == (1, 5)
+    assert decode["slots"] == 64 and decode["max_len"] == 2048 + 5 + 1
     prefill = layout(points, "prefill", (512, 768, 2048, 3072))
     assert prefill["prefill"] == (512, 2048) and prefill["slots"] == 2
     assert prefill["max_len"] == 2048 + 1
@@ -100,7 +102,7 @@ def test_records_become_overlap_rows_the_simulator_fits():
                                      alone * slowdown * 1.01, alone_ms=alone))
     profile = to_profile(records, fingerprint)
     rows = profile.rows("overlap")
-    assert len(rows) == 16
+    assert len(rows) == 24
     verify = [m for m in rows if m.step_stage == "verify"]
     assert verify and all(m.tokens_per_seq == 5 and m.other_stage == "prefill"
                           and m.other_batch == 1 for m in verify)
@@ -111,4 +113,4 @@ def test_records_become_overlap_rows_the_simulator_fits():
     merged = Profile(fingerprint=profile.fingerprint,
                      measurements=[*Profile.load(BUNDLED).measurements, *rows])
     fitted = ProfileFits(merged).contention()
-    assert fitted.rows == 16 and 0.0 <= fitted.serial["decode"] <= 1.0
+    assert fitted.rows == 24 and 0.0 <= fitted.serial["decode"] <= 1.0

@@ -29,7 +29,7 @@ def draft_points(devices=("gpu", "cpu")):
 
 def test_the_default_grid_times_draft_steps_beside_chunks_with_a_draft_on_the_gpu():
     points = draft_points()
-    assert len(points) == 8 and {p.bench for p in points} == {"pair@gpu"}
+    assert len(points) == 12 and {p.bench for p in points} == {"pair@gpu"}
     assert all(p.stage == "overlap" and p.m == 1 for p in points)
     ids = {p.id for p in points}
     assert "pair@gpu/overlap/b4/m1/c1024/chunk2048@0/timed-draft" in ids
@@ -42,7 +42,7 @@ def test_the_plan_builds_the_draft_beside_the_pair_within_five_minutes():
     plan = make_plan(Request("qwen3-8b", grid, "default", "default", "cuda",
                              draft="qwen3-0.6b"))
     pair = next(b for b in plan.benches if b.name == "pair@gpu")
-    assert len(pair.points) == 24 and pair.draft.model == "qwen3-0.6b"
+    assert len(pair.points) == 36 and pair.draft.model == "qwen3-0.6b"
     assert [role for role, _, _ in instances(pair)] == ["decode", "prefill", "draft"]
     est = plan.estimate.points
     draft = est["pair@gpu/overlap/b4/m1/c1024/chunk2048@0/timed-draft"]
@@ -51,7 +51,7 @@ def test_the_plan_builds_the_draft_beside_the_pair_within_five_minutes():
     assert plan.estimate.seconds < 5 * 60
     plain = make_plan(Request("qwen3-8b", grid, "default", "default", "cuda"))
     pair = next(b for b in plain.benches if b.name == "pair@gpu")
-    assert len(pair.points) == 16 and pair.draft is None
+    assert len(pair.points) == 24 and pair.draft is None
     assert [role for role, _, _ in instances(pair)] == ["decode", "prefill"]
 
 
@@ -76,7 +76,7 @@ def test_draft_records_become_rows_that_fit_the_drafts_own_law():
         ("decode", "prefill"), ("verify", "prefill"), ("draft", "prefill"),
         ("prefill", "decode"), ("prefill", "verify"), ("prefill", "draft")}
     timed_draft = [m for m in rows if m.step_stage == "draft"]
-    assert len(timed_draft) == 4 and all(m.other_tokens_per_seq in (512, 2048)
+    assert len(timed_draft) == 6 and all(m.other_tokens_per_seq in (512, 2048)
                                          for m in timed_draft)
     contention = ProfileFits(Profile(fingerprint=base.fingerprint,
                                      measurements=[*base.measurements, *rows])).contention()
