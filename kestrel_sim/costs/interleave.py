@@ -23,7 +23,7 @@ itself, which a step of the target and one of the draft share, and a law with fe
 draft's four in the default grid) borrows its exponent from the others'. On the H200
 profiles of 2026-12-02 that took the rows' held-out median from 9.2% to 8.9% (bf16) and
 from 9.0% to 7.7% (int4): `python -m kestrel_sim.costs.report PROFILE`.
-overlap_fit.fit_contention keeps whichever law, this (either fit) or the shares model,
+contention.fit_contention keeps whichever law, this (either fit) or the shares model,
 predicts the rows better when each is left out of its fit.
 """
 
@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+SIDES = ("decode", "prefill")  # every law has these; "draft", "prefill/draft" where fitted
+PER_FAMILY = "interleave, one exponent per family"  # Contention.law_held_out's name
 MIN_EXCESS = 1e-3  # f - 1 floor: a row that did not slow says little about the law's shape
 FALLBACK = {"draft": "decode"}  # a side without a law of its own takes this side's
 
@@ -120,3 +122,40 @@ def ratio_slowdowns(times: list[float], sides: list[str], laws: dict[str, Ratio]
         out.append(1.0 + sum(law_for(laws, side, sides[j]).excess(own, other)
                              for j, other in enumerate(times) if j != i))
     return out
+
+
+def family_laws(rows) -> dict[str, Ratio]:
+    """The law of every key with overlap rows (contention.OverlapRow), one exponent per
+    family (fit_family); a side without rows of its own takes the fit of all rows, as
+    contention.fit_keyed gives it."""
+    laws: dict[str, Ratio] = {}
+    for fam in ("decode", "prefill"):
+        pairs: dict[str, list] = {}
+        for r in rows:
+            if family(r.key) == fam:
+                pairs.setdefault(r.key, []).append(r.pair())
+        laws.update(fit_family(pairs) or {})
+    pooled = fit_ratio([r.pair() for r in rows])
+    for side in SIDES:
+        if side not in laws and pooled is not None:
+            laws[side] = pooled
+    return laws
+
+
+def fit_interleave_family(rows) -> tuple[dict[str, Ratio] | None, list[tuple[str, float]]]:
+    """family_laws of overlap rows, and each row's (key, |error| %) when left out of the
+    whole fit, priced by the law its step takes (law_for); (None, []) where the rows do not
+    price both steps' times or leave a side without a law."""
+    if not rows or any(r.timed_ms <= 0 or r.other_ms <= 0 for r in rows):
+        return None, []
+    laws = family_laws(rows)
+    if any(side not in laws for side in SIDES):
+        return None, []
+    held = []
+    for i, r in enumerate(rows):
+        rest = family_laws([q for j, q in enumerate(rows) if j != i])
+        if any(k in rest for k in (f"{r.side}/{r.other_side}", r.side, FALLBACK.get(r.side))):
+            law = law_for(rest, r.side, r.other_side)
+            f = 1.0 + law.excess(r.timed_ms, r.other_ms)
+            held.append((r.key, abs(f / r.observed - 1) * 100))
+    return laws, held

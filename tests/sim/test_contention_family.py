@@ -1,5 +1,5 @@
 """The interleave law with one exponent per family of steps (kestrel_sim/costs/interleave.py
-fit_family, overlap_fit.fit_interleave_family): fitted from synthetic rows it recovers a
+fit_family, fit_interleave_family): fitted from synthetic rows it recovers a
 shared exponent and each law's factor, fit_contention keeps it where it predicts rows held
 out better, and the H200 profile's law slows a 1 ms draft step beside a 60 ms chunk as it
 says, more the longer the chunk."""
@@ -14,8 +14,15 @@ import simpy
 
 from kestrel_sim.costs.base import Shares
 from kestrel_sim.costs.contention import Contention, OverlapRow, fit_contention
-from kestrel_sim.costs.interleave import Ratio, family, fit_family, fit_ratio, law_for
-from kestrel_sim.costs.overlap_fit import PER_FAMILY, family_laws
+from kestrel_sim.costs.interleave import (
+    PER_FAMILY,
+    Ratio,
+    family,
+    family_laws,
+    fit_family,
+    fit_ratio,
+    law_for,
+)
 from kestrel_sim.costs.profile import ProfileFits
 from kestrel_sim.profile import Profile
 from kestrel_sim.sim.device import SharedDevice
