@@ -32,7 +32,9 @@ class Step:
     start: torch.Tensor  # [B] tokens already in the cache before this step
     n_new: torch.Tensor  # [B] valid new tokens (<= M); rows i >= n_new[b] are padding
     positions: torch.Tensor  # [B, M] start[b] + i: RoPE position and cache index of token i
-    max_ctx: int  # host bound: max over b of start[b] + M (torch reference slices keys to it)
+    max_ctx: int  # host bound: max over b of start[b] + M (the torch backend's batched
+    # attention, on CUDA, gathers this many keys per sequence; on the CPU each sequence
+    # reads its own start[b] + M in place)
 
 
 class KVCache:
