@@ -8,7 +8,7 @@
 #
 # STEPS: a comma list of calib_tests, tests, spec, serve, decode, calibrate, calibrate_int4,
 # calibrate_moe, calibrate_organic, gates, validate1..5, beforeafter, predict_k, predict_d1,
-# predict_d2, gemv, probe, clock, rounds, ablation, moe_graphs (default
+# predict_d2, gemv, probe, clock, rounds, verify, ablation, moe_graphs (default
 # tests,spec,serve,decode,calibrate). Measured on 2026-12-02 (steps take about half their
 # limits): tests 190 s, calibrate 180 s with spec 100 s, calibrate_organic 60 s with serve
 # 70 s, validate1 220 s, validate3 + validate4 290 s; the default grid's 469 points took 3.6
@@ -35,6 +35,13 @@ step() {  # step NAME SECONDS COMMAND...: run, log to LOG/NAME.log, report its e
   timeout "$limit" "$@" > "$LOG/$name.log" 2>&1
   echo "$name: exit $? (limit ${limit}s)" | tee -a "$LOG/summary.txt"
   pack  # after each step: a call cut short keeps it
+  # a profile just measured replaces the bundled one in this copy of the tree, so the
+  # validation steps of the same call predict with it (the runs and their profile share a
+  # session: the CPU draft's steps and the stages drift between sessions)
+  local f
+  for f in "$LOG"/qwen3*_h200.json; do
+    [[ -f $f && $name == calibrate* ]] && cp "$f" calibration/profiles/
+  done
 }
 # what comes back (at most 16 MiB a file): the logs, tables, profiles and each validated
 # scenario's measured metrics and comparison; not the reports, traces or predicted runs
@@ -49,7 +56,7 @@ step serve 200 python3 bench/serve_bench.py --out "$LOG" --commit "$COMMIT"
 step gemv 120 python3 bench/gemv_bench.py --out "$LOG" --ms 1 --kinds bf16,int4 --paths table,tuned
 step decode 330 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
 step calibrate 540 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --commit "$COMMIT" --max-minutes 8 --out "$LOG/qwen3-8b_h200.json"
-step calibrate_int4 420 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --draft-device gpu --quant int4 --commit "$COMMIT" --max-minutes 5.5 --out "$LOG/qwen3-8b-int4_h200.json"
+step calibrate_int4 480 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --draft-device gpu --quant int4 --commit "$COMMIT" --max-minutes 6.5 --out "$LOG/qwen3-8b-int4_h200.json"
 step calibrate_moe 540 python3 -m kestrel_cli.app calibrate --model qwen3-30b-a3b --draft qwen3-0.6b --draft-device gpu --grid moe --commit "$COMMIT" --max-minutes 7 --out "$LOG/qwen3-30b-a3b_h200.json"
 # the organic pair (scenarios/validation/spec-organic-int4-copy.yaml): qwen3-0.6b and its
 # int4-last-14 copy as the draft; the default grid, estimated 2.3 min (--dry-run)
@@ -99,5 +106,6 @@ grep -E "^(FAILED|ERROR)" "$LOG/tests.log" 2>/dev/null | head -20
 cat "$LOG/summary.txt"
 tail -n 8 "$LOG/ablation.log" 2>/dev/null
 tail -n 8 "$LOG/moe_graphs.log" 2>/dev/null
+tail -n 30 "$LOG/verify.log" 2>/dev/null
 grep -A12 "^| section" "$LOG/h200_decode.md" 2>/dev/null | grep "decode b=1"
 tail -n 3 "$LOG/spec_bench.md" "$LOG/serve_bench.md" 2>/dev/null

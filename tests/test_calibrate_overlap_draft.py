@@ -37,7 +37,7 @@ def test_the_default_grid_times_draft_steps_beside_chunks_with_a_draft_on_the_gp
     assert not draft_points(("cpu",)) and not draft_points(())
 
 
-def test_the_plan_builds_the_draft_beside_the_pair_within_five_minutes():
+def test_the_plan_builds_the_draft_beside_the_pair_within_the_budget():
     grid, _ = load_grid("default")
     plan = make_plan(Request("qwen3-8b", grid, "default", "default", "cuda",
                              draft="qwen3-0.6b"))
@@ -48,7 +48,7 @@ def test_the_plan_builds_the_draft_beside_the_pair_within_five_minutes():
     draft = est["pair@gpu/overlap/b4/m1/c1024/chunk2048@0/timed-draft"]
     target = est["pair@gpu/overlap/b4/m1/c1024/chunk2048@0/timed-decode"]
     assert 0 < draft < target  # the draft's step is shorter than the target's decode
-    assert plan.estimate.seconds < 5 * 60
+    assert plan.estimate.seconds < 8 * 60  # issue 23: the default grid under 8 minutes
     plain = make_plan(Request("qwen3-8b", grid, "default", "default", "cuda"))
     pair = next(b for b in plain.benches if b.name == "pair@gpu")
     assert len(pair.points) == 24 and pair.draft is None
