@@ -16,6 +16,22 @@ SpecDecoder), all sequences in one batch. k is the grid's largest k (verify, rou
 profile prices takes the first k rates (kestrel_sim/measured_acceptance.py). Each sequence
 has room for every round's k proposals, so every draft proposes k: a round that emits n + 1
 tokens accepted n.
+
+On dummy weights the first tokens of a generation agree least (organic.py's rates below count
+each sequence's first 32 tokens only), so the rounds cover about as many tokens as a served
+request (32 rounds: ~150 tokens at k = 8). Measured 2026-12-02 for qwen3-0.6b and its
+int4-last-14 copy, conditional acceptance at positions 1..4:
+
+| where                                                         | rates                     |
+| ------------------------------------------------------------- | ------------------------- |
+| this measurement, CPU fp32 torch, k = 8, 256 drafts           | 0.63 / 0.81 / 0.96 / 0.94 |
+| served on the H200 (bf16 cupy), spec-organic-int4-copy, k = 4 | 0.58 / 0.86 / 0.91 / 0.93 |
+| kestrel_rt/spec/organic.py: 6 x 16-token prompts, 32 tokens   | 0.49 / 0.76 / 0.89 / 0.77 |
+
+(the first row: `kestrel calibrate --model qwen3-0.6b --draft qwen3-0.6b --draft-quant
+int4-last-14 --device cpu --grid G` with G holding only `verify: {batches: [1], k: [4, 8],
+contexts: [8]}`; 48 minutes on 2 shared cores, the draft's projections dequantized at every
+forward. The H200's row: bench/results/validation/measured.json.gz.)
 """
 
 from __future__ import annotations
@@ -24,7 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from calibration.estimate import CPU, GPU, build_seconds, step_seconds
+from calibration.estimate import CPU, GPU, build_seconds, param_counts, step_seconds
 
 if TYPE_CHECKING:
     from calibration.grid import Grid
@@ -38,6 +54,10 @@ MIN_PROMPT_TOKENS = 4
 PREFILL_TOKENS = 4096  # prompt tokens per prefill forward, at most (whole prompts)
 SEED = 0  # the workload seed the prompts are drawn with
 CAPTURES = 12  # graphs a GPU measurement captures on the way (prefill, steps, verify)
+# the torch backend dequantizes a quantized projection at every forward: qwen3-0.6b's
+# int4-last-14 copy (0.44 G projection params) took 1.1-1.5 s a forward on 2 CPU cores
+# (a batch-8 draft step 1.7-2 s, the fp32 target's 0.44 s), 2026-12-02
+CPU_DEQUANT_S_PER_PARAM = 3e-9
 
 
 @dataclass
@@ -114,10 +134,19 @@ def acceptance_seconds(ap: AcceptancePlan) -> float:
                + build_seconds(d.shape, d_speed, d_size, d.quant, 0)
                + step_seconds(t.shape, t_speed, t_size, t.quant, b, ap.prompt_tokens, 0, False)
                + step_seconds(d.shape, d_speed, d_size, d.quant, b, ap.prompt_tokens, 0, False))
-    per_round = (ap.k * step_seconds(d.shape, d_speed, d_size, d.quant, b, 1, context, True)
-                 + step_seconds(t.shape, t_speed, t_size, t.quant, b, ap.k + 1, context, True))
+    per_round = (ap.k * (step_seconds(d.shape, d_speed, d_size, d.quant, b, 1, context, True)
+                         + dequantize_seconds(d))
+                 + step_seconds(t.shape, t_speed, t_size, t.quant, b, ap.k + 1, context, True)
+                 + dequantize_seconds(t))
     captures = CAPTURES * 0.1 if t_speed is GPU else 0.0
     return seconds + ap.rounds * per_round + captures
+
+
+def dequantize_seconds(bp: BenchPlan) -> float:
+    """Per forward of a quantized model on a CPU: its projections dequantized (torch)."""
+    if bp.device.startswith("cuda") or bp.quant in (None, "none"):
+        return 0.0
+    return param_counts(bp.shape)[0] * CPU_DEQUANT_S_PER_PARAM
 
 
 def measure_pair(target, draft, prompts: list[list[int]], k: int, rounds: int):
