@@ -167,6 +167,16 @@ def make_plan(request: Request) -> Plan:
                 acceptance)
 
 
+def without_acceptance(plan: Plan, why: str) -> Plan:
+    """The plan less its acceptance measurement (its note says `why`), re-estimated."""
+    if plan.acceptance is None:
+        return plan
+    notes = [n for n in plan.notes if not n.startswith("also measured: ")]
+    notes.append(f"not measured: {plan.acceptance.describe()} ({why})")
+    return replace(plan, notes=notes, acceptance=None,
+                   estimate=estimate(plan.benches, plan.request.grid))
+
+
 def peer_gpu(device: str) -> str | None:
     """The GPU a kv_transfer between GPUs copies to from `device` (cuda:0 -> cuda:1, the
     next one), or None on a machine with fewer than two (or the CPU)."""

@@ -173,7 +173,7 @@ def calibrate(
 ) -> None:
     """Measure the runtime's stage costs over a grid and write a Profile for the simulator."""
     from calibration.grid import load_grid
-    from calibration.plan import Request, fit_budget, make_plan, peer_gpu
+    from calibration.plan import Request, fit_budget, make_plan, peer_gpu, without_acceptance
 
     console = Console(stderr=True, soft_wrap=True)
     the_grid, name = load_grid(grid)  # before torch: a bad grid fails fast
@@ -198,6 +198,8 @@ def calibrate(
                       peer=None if ray is not None else peer_gpu(device),
                       draft_quant=check_draft_quant_option(draft_quant, draft))
     plan = make_plan(request)
+    if ray is not None:  # the workers measure grid points; the acceptance is not one
+        plan = without_acceptance(plan, "run without --ray to measure it")
     for line in plan.notes:
         console.print(f"note: {line}", highlight=False)
     if max_minutes is not None:

@@ -115,3 +115,20 @@ def test_a_plan_for_the_h200_measures_the_organic_pair_there():
     assert (ap.target.dtype, ap.draft.dtype, ap.draft.quant) == ("bfloat16", "bfloat16",
                                                                   "int4-last-14")
     assert plan.estimate.builds["acceptance"] < 60  # a small part of the calibration
+
+
+def test_ray_leaves_the_acceptance_out_and_says_so():
+    """Ray's workers measure grid points only: a plan for --ray drops the acceptance step,
+    its time and its 'also measured' note, and says it is not measured."""
+    from calibration.plan import without_acceptance
+
+    grid, name = load_grid("default")
+    plan = make_plan(Request("qwen3-0.6b", grid, name, "default", "cuda", "qwen3-0.6b", "gpu",
+                             draft_quant="int4-last-14"))
+    ray = without_acceptance(plan, "run without --ray to measure it")
+    assert ray.acceptance is None and "acceptance" not in ray.estimate.builds
+    assert ray.estimate.seconds < plan.estimate.seconds
+    assert not [n for n in ray.notes if n.startswith("also measured")]
+    assert any(n.startswith("not measured: the pair's acceptance") and "--ray" in n
+               for n in ray.notes)
+    assert without_acceptance(ray, "again") is ray
