@@ -30,7 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
 
+from calibration.measure import set_lengths
 from kestrel_rt.cuda import attention
+from kestrel_rt.cuda.timing import time_graph
 from kestrel_rt.loading import resolve
 from kestrel_rt.options import default_options
 from kestrel_rt.runner import build_model, prepare
@@ -38,13 +40,6 @@ from kestrel_rt.runner import build_model, prepare
 
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
-
-
-def set_lengths(model, slots: list[int], length: int) -> None:
-    """Every slot holds `length` cached tokens (bookkeeping only)."""
-    for s in slots:
-        model.kv.rollback(s, 0)
-    model.kv.advance(slots, [length] * len(slots))
 
 
 def timed(fn, reps: int, warmup: int = 2, setup=None) -> float:
@@ -69,10 +64,10 @@ def time_forward(model, tokens: torch.Tensor, slots: list[int], context: int,
     """(median ms of the greedy forward of tokens [b, M] at `context` cached tokens, its
     logits [b, M, V] from the same state)."""
     def setup() -> None:
-        set_lengths(model, slots, context)
+        set_lengths(model.kv, slots, context)
 
     ms = timed(lambda: model.forward(tokens, slots, greedy=True), reps, setup=setup)
-    set_lengths(model, slots, context)
+    set_lengths(model.kv, slots, context)
     return ms, model.forward(tokens, slots).float()
 
 
@@ -106,15 +101,7 @@ def time_attention(km, q, kc, vc, slots, positions, sms: int, on: bool, reps: in
             attention.decode_attention(km, q, kc, vc, slots, positions, sms, out=out,
                                        mma_verify=on)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile and warm up outside the capture
-        layers()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        layers()
-    return timed(graph.replay, reps) * 1e3 / calls
+    return time_graph(layers, reps) * 1e6 / calls  # warmed outside the capture, then replayed
 
 
 def attention_table(model, args) -> list[tuple]:
