@@ -6,7 +6,7 @@
 #
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
-# STEPS: a comma list of calib_tests, tests, spec, serve, decode, calibrate, calibrate_int4,
+# STEPS: a comma list of calib_tests, attn_tests, tests, spec, serve, decode, calibrate, calibrate_int4,
 # calibrate_moe, calibrate_organic, gates, validate1..5, beforeafter, predict_k, predict_d1,
 # predict_d2, gemv, probe, clock, rounds, verify, ablation, moe_graphs (default
 # tests,spec,serve,decode,calibrate). Measured on 2026-12-02 (steps take about half their
@@ -50,6 +50,7 @@ pack() {
     --exclude='timeseries.json' --exclude='kestrel_trace.json' --exclude='sim' session
 }
 step calib_tests 240 python3 -m pytest -o addopts="" -q -p no:cacheprovider tests/test_calibrate_gpu.py tests/test_moe_grouped.py "tests/gpu/test_torch_backend_cuda.py::test_cuda_matches_cpu[moe]"
+step attn_tests 200 python3 -m pytest -o addopts="" -q -n 8 -p no:cacheprovider tests/gpu/test_attention.py tests/gpu/test_calibrate_overlap_gpu.py
 step tests 330 python3 -m pytest -o addopts="" -q -n 12 --durations=25 -p no:cacheprovider tests/gpu tests/test_cli_generate.py tests/test_calibrate_gpu.py
 step spec 240 python3 bench/spec_bench.py --out "$LOG" --commit "$COMMIT"
 step serve 200 python3 bench/serve_bench.py --out "$LOG" --commit "$COMMIT"
@@ -92,7 +93,7 @@ step clock 150 python3 bench/probes/clock_probe.py
 # the round overhead: calibration's one-round-from-idle timing against back-to-back rounds
 step rounds 150 python3 bench/probes/round_probe.py
 # verify forwards with the tensor-core verify attention (mma_verify) off and on
-step verify 150 python3 bench/probes/verify_probe.py
+step verify 240 python3 bench/probes/verify_probe.py
 # qwen3-30b-a3b prefill of 512 and 2048 tokens, MoE prefill graphs off and on (not a default)
 step moe_graphs 240 python3 bench/moe_prefill_bench.py --out "$LOG" --commit "$COMMIT"
 step ablation 200 python3 bench/ablation.py --models qwen3-8b:bf16,qwen3-0.6b:bf16 --set pdl=true,false --set fold_norms=true,false

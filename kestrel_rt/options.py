@@ -64,6 +64,11 @@ class RuntimeOptions(BaseModel):
                              "query rows per kv head than the decode kernel's 8) on the "
                              "tensor-core kernel (kernels/verify_attention.cu; bf16, head_dim "
                              "64 or 128, compute capability 8.0+) instead of attn_partial")
+    mma_decode_min_batch: int | None = Field(default=None, ge=1, description="cupy, with "
+                                             "mma_verify: decode-shaped attention (the decode "
+                                             "kernel's 8 query rows per kv head or fewer) at "
+                                             "this batch or more runs on attn_verify too, after "
+                                             "qk_norm_rope and kv_write (None: never)")
     attention_min_keys: int = Field(default=DECODE_MIN_KEYS, ge=1, le=4096, description=
                                     "cupy: keys per context split of decode attention, at "
                                     "least")
@@ -76,6 +81,9 @@ class RuntimeOptions(BaseModel):
             if on:
                 raise ValueError(f"{', '.join(on)} need backend 'cupy' (the torch backend "
                                  "runs no kernels of its own)")
+        if self.mma_decode_min_batch is not None and not self.mma_verify:
+            raise ValueError("mma_decode_min_batch routes decode attention to the verify "
+                             "kernel: it needs mma_verify")
         if self.moe_prefill_graphs and not self.graphs:
             raise ValueError("moe_prefill_graphs replays prefill chunks as CUDA graphs: it "
                              "needs graphs=True")

@@ -71,23 +71,51 @@ def time_forward(model, tokens: torch.Tensor, slots: list[int], context: int,
     return ms, model.forward(tokens, slots).float()
 
 
-def forward_table(models: dict, taken: list[int], args) -> list[tuple]:
-    """(batch, M, context, ms off, ms on, max abs diff, relative error, argmax agreement);
-    taken: KV slots allocated (the same in both models)."""
+def one_at_a_time(model, tokens: torch.Tensor, slots: list[int], context: int
+                  ) -> torch.Tensor:
+    """The reference for a verify forward: its M tokens [b, M] fed one decode step at a time
+    from `context` cached tokens -> logits [b, M, V] (fp32)."""
+    set_lengths(model.kv, slots, context)
+    return torch.cat([model.forward(tokens[:, j:j + 1], slots).float()
+                      for j in range(tokens.shape[1])], dim=1)
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(relative error, argmax agreement) of logits got against ref [b, M, V]."""
+    return (((got - ref).norm() / ref.norm()).item(),
+            (got.argmax(-1) == ref.argmax(-1)).float().mean().item())
+
+
+def forward_table(models: dict, taken: list[int], args, batches: list[int], ms: list[int],
+                  pair: tuple[str, str], reference: bool) -> list[tuple]:
+    """(batch, M, context, ms a, ms b, errors) for models pair = (a, b); errors: rel err and
+    argmax agreement of b against a, and with `reference`, of a and of b against the tokens
+    decoded one at a time on model a. taken: KV slots allocated (the same in all models)."""
     g = torch.Generator().manual_seed(0)
     rows = []
     for c in sorted(args.contexts, reverse=True):
-        for b in args.batches:
-            for m in args.ms:
+        for b in batches:
+            for m in ms:
                 tokens = torch.randint(0, 1000, (b, m), generator=g)  # [b, M]
-                (off, lo), (on, hi) = (time_forward(models[x], tokens, taken[:b], c, args.reps)
-                                       for x in (False, True))
-                diff = (hi - lo).abs().max().item()
-                rel = ((hi - lo).norm() / lo.norm()).item()
-                agree = (hi.argmax(-1) == lo.argmax(-1)).float().mean().item()
-                rows.append((b, m, c, off, on, diff, rel, agree))
-                print(f"b={b} M={m} c={c}: {off:.2f} -> {on:.2f} ms", flush=True)
+                (ta, la), (tb, lb) = (time_forward(models[x], tokens, taken[:b], c, args.reps)
+                                      for x in pair)
+                errs = compare(lb, la)
+                if reference:
+                    ref = one_at_a_time(models[pair[0]], tokens, taken[:b], c)
+                    errs += compare(la, ref) + compare(lb, ref)
+                rows.append((b, m, c, ta, tb, errs))
+                print(f"{pair} b={b} M={m} c={c}: {ta:.2f} -> {tb:.2f} ms", flush=True)
     return rows
+
+
+def print_forwards(rows: list[tuple], head: str, errors: list[str]) -> None:
+    print(head)
+    print("| batch | M | context | ms before | ms after | speedup | "
+          + " | ".join(errors) + " |")
+    print("| ---: " * (6 + len(errors)) + "|")
+    for b, m, c, ta, tb, errs in rows:
+        print(f"| {b} | {m} | {c} | {ta:.2f} | {tb:.2f} | {ta / tb:.2f}x | "
+              + " | ".join(f"{e:.3g}" for e in errs) + " |", flush=True)
 
 
 def time_attention(km, q, kc, vc, slots, positions, sms: int, on: bool, reps: int,
@@ -130,26 +158,32 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--batches", type=ints, default=[1, 8, 32, 64])
     ap.add_argument("--ms", type=ints, default=[2, 5, 9])
+    ap.add_argument("--decode-batches", type=ints, default=[1, 2, 4, 8, 16, 32, 64])
     ap.add_argument("--contexts", type=ints, default=[512, 2048])
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     shape, _ = resolve(args.model)
-    slots, max_len = max(args.batches), max(args.contexts) + max(args.ms) + 1
+    batches = sorted(set(args.batches) | set(args.decode_batches))
+    ms = sorted(set(args.ms) | {1, 2})
+    slots, max_len = max(batches), max(args.contexts) + max(ms) + 1
+    # off: attn_partial for verify rows; on: attn_verify for them; decode: and for decode rows
+    settings = {"off": {"mma_verify": False}, "on": {"mma_verify": True},
+                "decode": {"mma_verify": True, "mma_decode_min_batch": 1}}
     models, taken = {}, {}
-    for on in (False, True):
-        options = default_options("cuda", shape, mma_verify=on)
-        models[on] = build_model(args.model, "cuda", options=options, seed=0)
-        prepare(models[on], slots, max_len, tuple(args.batches), tuple(args.ms), ())
-        taken[on] = [models[on].kv.allocate() for _ in range(slots)]
-    assert taken[False] == taken[True]
+    for name, extra in settings.items():
+        options = default_options("cuda", shape, **extra)
+        models[name] = build_model(args.model, "cuda", options=options, seed=0)
+        prepare(models[name], slots, max_len, tuple(batches), tuple(ms), ())
+        taken[name] = [models[name].kv.allocate() for _ in range(slots)]
+    assert taken["off"] == taken["on"] == taken["decode"]
     g = torch.Generator(device="cuda").manual_seed(1)
-    for kind in ("k", "v"):  # the same cache contents in both
-        cache = getattr(models[False].kv, kind)
+    for kind in ("k", "v"):  # the same cache contents in all
+        cache = getattr(models["off"].kv, kind)
         cache.normal_(generator=g)
-        getattr(models[True].kv, kind).copy_(cache)
+        for name in ("on", "decode"):
+            getattr(models[name].kv, kind).copy_(cache)
     torch.cuda.synchronize()
-    Hq, Hkv = shape.num_attention_heads, shape.num_key_value_heads
-    attn = attention_table(models[False], args)  # first: kernel numbers even if time runs out
+    attn = attention_table(models["off"], args)  # first: kernel numbers even if time runs out
     print("\nattention op alone (one layer's cache, decode_attention), us per call; "
           "plan = attn_verify's (m-tiles, row groups, splits)\n")
     print("| batch | M | context | plan | us off | us on | speedup |")
@@ -157,16 +191,19 @@ def main() -> None:
     for b, m, c, plan, off, on in attn:
         print(f"| {b} | {m} | {c} | {plan} | {off:.1f} | {on:.1f} | {off / on:.2f}x |")
     print(flush=True)
-    forwards = forward_table(models, taken[False], args)
-    print(f"\n{args.model} verify forwards, mma_verify off / on, every sequence at `context` "
-          f"cached tokens; ms, median of {args.reps} graph replays "
-          f"({torch.cuda.get_device_name()})\n")
-    print("| batch | M | context | rows R | ms off | ms on | speedup | max abs diff | rel err "
-          "| argmax agree |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for b, m, c, off, on, diff, rel, agree in forwards:
-        print(f"| {b} | {m} | {c} | {m * Hq // Hkv} | {off:.2f} | {on:.2f} | {off / on:.2f}x | "
-              f"{diff:.3g} | {rel:.2g} | {agree:.3f} |")
+    gpu = torch.cuda.get_device_name()
+    decode = forward_table(models, taken["off"], args, args.decode_batches, [1, 2],
+                           ("on", "decode"), reference=False)
+    verify = forward_table(models, taken["off"], args, args.batches,
+                           [m for m in args.ms if m > 2], ("off", "on"), reference=True)
+    print_forwards(decode, f"\n{args.model} decode forwards (M = 1, 2), the decode kernel "
+                   f"(before) against attn_verify (after, mma_decode_min_batch 1); ms, median "
+                   f"of {args.reps} graph replays ({gpu})\n", ["rel err", "argmax agree"])
+    print_forwards(verify, f"\n{args.model} verify forwards, mma_verify off (before) / on "
+                   f"(after); errors against each other and against the same tokens decoded "
+                   f"one at a time (model off); ms, median of {args.reps} graph replays "
+                   f"({gpu})\n", ["rel err", "agree", "off vs seq", "agree", "on vs seq",
+                                   "agree"])
 
 
 if __name__ == "__main__":

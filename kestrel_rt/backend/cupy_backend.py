@@ -163,13 +163,20 @@ class CupyBackend(TorchBackend):
             return attn_ops.attention(self.kernels, q, k, v, kc, vc, step.slots,
                                       step.positions, self.num_sms,
                                       min_keys=self.options.attention_min_keys,
-                                      mma_verify=self.options.mma_verify)
+                                      mma_verify=self.options.mma_verify,
+                                      mma_decode=self._mma_decode(q.shape[0]))
         except Unsupported:
             return super().attention(q, k, v, layer, step)
 
+    def _mma_decode(self, batch: int) -> bool:
+        """Decode-shaped attention of this batch on attn_verify (RuntimeOptions)?"""
+        least = self.options.mma_decode_min_batch
+        return least is not None and batch >= least
+
     def rope_attention(self, q, k, v, layer, step):
-        """q/k norm + RoPE inside the decode attention kernel (one launch fewer)."""
-        if q.shape[1] <= MAX_KERNEL_M:
+        """q/k norm + RoPE inside the decode attention kernel (one launch fewer); where the
+        decode rows go to the tensor-core kernel instead, the ops one after the other."""
+        if q.shape[1] <= MAX_KERNEL_M and not self._mma_decode(q.shape[0]):
             try:
                 return attn_ops.rope_attention(
                     self.kernels, q, k, v, self.weight(f"layers.{layer}.q_norm"),

@@ -251,10 +251,11 @@ def _warp_decode(km: KernelModules, sfx: str, q: torch.Tensor, k_cache: torch.Te
 def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                      num_sms: int, out: torch.Tensor | None = None,
-                     mma_verify: bool = False) -> torch.Tensor:
+                     mma_verify: bool = False, mma_decode: bool = False) -> torch.Tensor:
     """q [B, M, Hq, D] over one layer's cache [slots, max_len, Hkv, D] (new K/V already
     written) -> [B, M, Hq, D]; key p visible to (b, m) iff p <= positions[b, m]. mma_verify:
-    rows past attn_decode's go to attn_verify where it takes them (RuntimeOptions)."""
+    rows past attn_decode's go to attn_verify where it takes them (RuntimeOptions);
+    mma_decode: attn_decode's rows too."""
     sfx = dtype_suffix(q, k_cache, v_cache)
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -263,6 +264,8 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
     out = dest(out, q.shape, q.dtype, q.device)
     if B * M == 0:
         return out
+    if mma_decode and _verify_kernel_takes(q, k_cache, v_cache):
+        return _verify(km, q, k_cache, v_cache, slots, positions, num_sms, out)
     if _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache):
         return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out)
     if mma_verify and _verify_kernel_takes(q, k_cache, v_cache):
@@ -286,20 +289,24 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
 def attention(km: KernelModules, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
               positions: torch.Tensor, num_sms: int, out: torch.Tensor | None = None,
-              min_keys: int = DECODE_MIN_KEYS, mma_verify: bool = False) -> torch.Tensor:
+              min_keys: int = DECODE_MIN_KEYS, mma_verify: bool = False,
+              mma_decode: bool = False) -> torch.Tensor:
     """The attention op: write k, v [B, M, Hkv, D] into one layer's cache at (slots[b],
     positions[b, m]) and attend q [B, M, Hq, D] over it -> [B, M, Hq, D].
 
     Where attn_decode takes the shapes it writes the cache itself (one launch; each context
     split holds at least min_keys keys); otherwise kv_write + decode_attention (two; with
-    mma_verify, its tensor-core kernel where it takes the shapes)."""
+    mma_verify, its tensor-core kernel where it takes the shapes; mma_decode: there too
+    where attn_decode would take them)."""
     sfx = dtype_suffix(q, k, v, k_cache, v_cache)
     B, M, Hq, D = q.shape
     Hkv = k_cache.shape[2]
-    if not _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache) or B * M == 0:
+    mma_decode = mma_decode and _verify_kernel_takes(q, k_cache, v_cache)
+    if (mma_decode or not _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache)
+            or B * M == 0):
         kv_write(km, k, v, k_cache, v_cache, slots, positions)
         return decode_attention(km, q, k_cache, v_cache, slots, positions, num_sms, out=out,
-                                mma_verify=mma_verify)
+                                mma_verify=mma_verify, mma_decode=mma_decode)
     out = dest(out, q.shape, q.dtype, q.device)
     return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out,
                         new=(k, v), min_keys=min_keys)

@@ -278,6 +278,35 @@ def test_verify_attention(km, sms, nan_partials, launched, case):
     assert torch.equal(again, out)  # deterministic
 
 
+# (lengths, M, Hq, Hkv, D, max_len): decode-shaped rows (M * G <= 8) on attn_verify
+# (RuntimeOptions.mma_decode_min_batch): one m-tile mostly padding
+DECODE_ON_MMA_CASES = [
+    ([0, 1, 63, 64, 65, 2000], 1, 32, 8, 128, 2048),  # qwen3-8b decode: 4 rows
+    ([1019], 2, 32, 8, 128, 2048),                    # 8 rows, many splits
+    (_ragged(64, 2040, 4), 1, 32, 8, 128, 2048),      # batch 64
+    ([5, 900, 0], 1, 16, 8, 64, 1000),                # qwen3-0.6b heads: 2 rows
+    ([33, 1], 1, 8, 8, 128, 80),                      # no GQA: 1 row
+]
+
+
+@pytest.mark.parametrize("case", range(len(DECODE_ON_MMA_CASES)))
+def test_decode_rows_on_verify_kernel(km, sms, nan_partials, launched, case):
+    """attention(mma_decode=True): kv_write then attn_verify for rows attn_decode would take,
+    the torch reference's output."""
+    lengths, M, Hq, Hkv, D, max_len = DECODE_ON_MMA_CASES[case]
+    dtype, B = torch.bfloat16, len(lengths)
+    slots = list(range(B))[::-1]
+    kv, ref_kv = _caches(B, max_len, Hkv, D, dtype, lengths, slots)
+    step = kv.step(slots, M, [M] * B)
+    q, k, v = _qkv(B, M, Hq, Hkv, D, dtype, scale=2)
+    out = poisoned(B, M, Hq, D, dtype=dtype)
+    attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
+                        out=out, mma_verify=True, mma_decode=True)
+    assert launched == ["kv_write_bf16", f"attn_verify_bf16_d{D}_t1"]
+    _written_where_expected(kv, ref_kv, slots, lengths, M)
+    check(out, _torch_attention(ref_kv, q, k, v, step), dtype)
+
+
 @pytest.mark.parametrize("what", ["off", "decode_rows", "fp32", "head_dim_256"])
 def test_verify_attention_routing(km, sms, launched, what):
     """attn_verify only where mma_verify asks and it takes the shapes; elsewhere the kernels of
@@ -299,11 +328,13 @@ def test_verify_attention_routing(km, sms, launched, what):
 
 @pytest.mark.parametrize("name", ["wide", "wide128"])
 @pytest.mark.parametrize("verify_m", [3, 5, 9])
-def test_model_forwards_with_mma_verify(name, verify_m, monkeypatch):
+@pytest.mark.parametrize("decode_too", [False, True])
+def test_model_forwards_with_mma_verify(name, verify_m, decode_too, monkeypatch):
     """A tiny model's script (ragged prefill, decode steps, a verify forward of verify_m tokens
-    a sequence, rollback, decode) with mma_verify on: its verify ran attn_verify, and its
-    logits are as close to the fp32 model's as with mma_verify off (head_dim 64 and 128,
-    Hq / Hkv = 4: 12, 20 and 36 verify rows)."""
+    a sequence, rollback, decode) with mma_verify on (decode_too: and mma_decode_min_batch 1,
+    the decode steps on attn_verify as well): its verify ran attn_verify, and its logits are
+    as close to the fp32 model's as with mma_verify off (head_dim 64 and 128, Hq / Hkv = 4:
+    12, 20 and 36 verify rows)."""
     import gpu_models as gm
 
     from kestrel_rt.backend.cupy_backend import CupyBackend
@@ -314,11 +345,13 @@ def test_model_forwards_with_mma_verify(name, verify_m, monkeypatch):
                           verify_m=verify_m)
     runs = {}
     for on in (False, True):
-        be = CupyBackend("cuda", torch.bfloat16,
-                         options=default_options("cuda", backend="cupy", mma_verify=on))
+        extra = {"mma_decode_min_batch": 1} if on and decode_too else {}
+        be = CupyBackend("cuda", torch.bfloat16, options=default_options(
+            "cuda", backend="cupy", mma_verify=on, **extra))
         names = _record_launches(be.kernels, monkeypatch)
         runs[on] = gm.run_script(gm.model(name, be), lengths, 6, verify_m=verify_m)
         assert any(n.startswith("attn_verify") for n in names) == on
+        assert any(n.startswith("attn_decode") for n in names) == (not decode_too or not on)
     for got, ref, e in zip(runs[True], runs[False], exact):
         err_on, err_off = gm.rel_err(got, e), gm.rel_err(ref, e)
         assert err_on <= 1.5 * err_off + 1e-3, (err_on, err_off)

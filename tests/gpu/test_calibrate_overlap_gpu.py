@@ -26,6 +26,7 @@ overlap:
   contexts: [256]
   chunks: [512]
   timed: [decode, prefill]
+  served_contexts: []  # the grid's own points only (tests/test_calibrate_overlap.py plans the rest)
 """
 
 
