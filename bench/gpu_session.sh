@@ -102,11 +102,13 @@ cp "$LOG/summary.txt" "$OUT/" 2>/dev/null
 KEEP=$(mktemp -d)
 mv "$LOG" "$KEEP/"  # the logs travel in the archive only
 LOG=$KEEP/session
-grep -E "passed|failed" "$LOG/tests.log" 2>/dev/null | tail -1
-grep -E "^(FAILED|ERROR)" "$LOG/tests.log" 2>/dev/null | head -20
+for t in tests attn_tests; do
+  grep -E "passed|failed" "$LOG/$t.log" 2>/dev/null | tail -1
+  grep -E "^(FAILED|ERROR)" "$LOG/$t.log" 2>/dev/null | head -20
+done
 cat "$LOG/summary.txt"
 tail -n 8 "$LOG/ablation.log" 2>/dev/null
 tail -n 8 "$LOG/moe_graphs.log" 2>/dev/null
-tail -n 30 "$LOG/verify.log" 2>/dev/null
+tail -n 45 "$LOG/verify.log" 2>/dev/null
 grep -A12 "^| section" "$LOG/h200_decode.md" 2>/dev/null | grep "decode b=1"
 tail -n 3 "$LOG/spec_bench.md" "$LOG/serve_bench.md" 2>/dev/null
