@@ -124,6 +124,12 @@ def fold_helps(shape: ModelShape, quant: str | None, bulk: bool) -> bool:
     return bulk or shape.is_moe or shape.hidden_size <= FOLD_DENSE_HIDDEN
 
 
+# The batch from which decode steps run attn_verify by default: on the H200 (qwen3-8b, verify
+# probe at e9f71a8) it was 0.97-1.01x the warp-per-key kernel at batches 1-2, 1.02x (context
+# 512) to 1.19x (2048) at batch 4 and 2.6x at batch 64, context 2048.
+MMA_DECODE_MIN_BATCH = 4
+
+
 def default_options(device: str | torch.device, shape: ModelShape | None = None,
                     quant: str | None = None, **overrides) -> RuntimeOptions:
     """The options this device runs `shape` (quantized as `quant`) fastest with, then
@@ -138,9 +144,13 @@ def default_options(device: str | torch.device, shape: ModelShape | None = None,
     if backend == "cupy" and cc is not None:
         hopper = cc >= (9, 0)
         values.update(graphs=True, pdl=hopper, bulk_gemv=hopper, ring_gemv=not hopper)
+        if cc >= (8, 0):  # bf16 mma.sync: the tensor-core attention for verify and decode
+            values.update(mma_verify=True, mma_decode_min_batch=MMA_DECODE_MIN_BATCH)
         if shape is not None:
             values["fold_norms"] = fold_helps(shape, quant, hopper)
     values.update(overrides)
+    if not values.get("mma_verify") and "mma_decode_min_batch" not in overrides:
+        values.pop("mma_decode_min_batch", None)  # mma_verify turned off: decode follows
     try:
         options = RuntimeOptions(**values)
     except ValidationError as err:

@@ -167,7 +167,8 @@ def main() -> None:
     ms = sorted(set(args.ms) | {1, 2})
     slots, max_len = max(batches), max(args.contexts) + max(ms) + 1
     # off: attn_partial for verify rows; on: attn_verify for them; decode: and for decode rows
-    settings = {"off": {"mma_verify": False}, "on": {"mma_verify": True},
+    settings = {"off": {"mma_verify": False},
+                "on": {"mma_verify": True, "mma_decode_min_batch": None},
                 "decode": {"mma_verify": True, "mma_decode_min_batch": 1}}
     models, taken = {}, {}
     for name, extra in settings.items():

@@ -303,8 +303,9 @@ def test_decode_rows_on_verify_kernel(km, sms, nan_partials, launched, case):
     attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
                         out=out, mma_verify=True, mma_decode=True)
     assert launched == ["kv_write_bf16", f"attn_verify_bf16_d{D}_t1"]
+    ref = _torch_attention(ref_kv, q, k, v, step)  # writes ref_kv
     _written_where_expected(kv, ref_kv, slots, lengths, M)
-    check(out, _torch_attention(ref_kv, q, k, v, step), dtype)
+    check(out, ref, dtype)
 
 
 @pytest.mark.parametrize("what", ["off", "decode_rows", "fp32", "head_dim_256"])
@@ -345,7 +346,7 @@ def test_model_forwards_with_mma_verify(name, verify_m, decode_too, monkeypatch)
                           verify_m=verify_m)
     runs = {}
     for on in (False, True):
-        extra = {"mma_decode_min_batch": 1} if on and decode_too else {}
+        extra = {"mma_decode_min_batch": 1 if decode_too else None} if on else {}
         be = CupyBackend("cuda", torch.bfloat16, options=default_options(
             "cuda", backend="cupy", mma_verify=on, **extra))
         names = _record_launches(be.kernels, monkeypatch)
