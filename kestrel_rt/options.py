@@ -126,8 +126,9 @@ def fold_helps(shape: ModelShape, quant: str | None, bulk: bool) -> bool:
 
 # The batch from which decode steps run attn_verify by default: on the H200 (qwen3-8b, verify
 # probe at e9f71a8) it was 0.97-1.01x the warp-per-key kernel at batches 1-2, 1.02x (context
-# 512) to 1.19x (2048) at batch 4 and 2.6x at batch 64, context 2048.
-MMA_DECODE_MIN_BATCH = 4
+# 512) to 1.19x (2048) at batch 4 and 2.6x at batch 64, context 2048. 3, not 4: a graph runs
+# batch 3 in its bucket of 4, so eager steps of 3 take the same kernel as the graph's.
+MMA_DECODE_MIN_BATCH = 3
 
 
 def default_options(device: str | torch.device, shape: ModelShape | None = None,
