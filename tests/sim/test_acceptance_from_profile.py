@@ -21,6 +21,9 @@ from kestrel_sim.scenario import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 ORGANIC_PROFILE = ROOT / "calibration" / "profiles" / "qwen3-0.6b-organic_h200.json"
+# measured before profiles held an acceptance block (kept for the runs of that runtime)
+OLDER_PROFILE = (ROOT / "calibration" / "profiles" / "archive"
+                 / "qwen3-0.6b-organic_h200_8fbd978.json")
 PAIR = {"draft_model": "qwen3-0.6b", "draft_quant": "int4-last-14", "device": "NVIDIA H200",
         "draft_device": "gpu", "dtype": "bfloat16", "backend": "cupy+graphs",
         "prompts": 4, "prompt_tokens": 512, "rounds": 5}
@@ -67,7 +70,10 @@ def test_the_block_counts_the_drafts_lengths():
 def test_the_profile_saves_and_reads_the_block(tmp_path):
     path = profile_with(tmp_path, block())
     assert Profile.load(path).acceptance == block()
-    assert Profile.load(ORGANIC_PROFILE).acceptance is None  # optional: older files read
+    assert Profile.load(OLDER_PROFILE).acceptance is None  # optional: older files read
+    bundled = Profile.load(ORGANIC_PROFILE).acceptance  # kestrel calibrate on the H200
+    assert bundled.draft_quant == "int4-last-14" and bundled.k == 8
+    assert 0.3 <= bundled.conditional_rates[0] <= 0.9
     text = path.read_text()
     assert '"conditional_rates"' in text and '"reached"' in text
 
@@ -92,7 +98,7 @@ def test_a_block_whose_counts_do_not_add_up_is_refused(tmp_path, change, message
 
 def test_merged_profiles_keep_the_one_block(tmp_path):
     with_block = Profile.load(profile_with(tmp_path, block()))
-    without = Profile.load(ORGANIC_PROFILE)
+    without = Profile.load(ORGANIC_PROFILE).model_copy(update={"acceptance": None})
     assert with_block.merge(without).acceptance == block()
     assert without.merge(with_block).acceptance == block()
     same = Profile.load(profile_with(tmp_path, block(), "q.json"))
