@@ -28,6 +28,7 @@ STEPS=,${3:-tests,spec,serve,decode,calibrate},
 LOG=$OUT/session
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
+export KESTREL_COMMIT=$COMMIT  # the runs' fingerprints (kestrel_cli/compare.py git_commit)
 step() {  # step NAME SECONDS COMMAND...: run, log to LOG/NAME.log, report its exit status
   local name=$1 limit=$2
   shift 2

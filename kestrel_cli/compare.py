@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import subprocess
 from dataclasses import dataclass
@@ -63,7 +64,12 @@ class Both:
 
 
 def git_commit() -> str | None:
-    """This tree's commit (with '+dirty' when files differ), or None outside git."""
+    """This tree's commit (with '+dirty' when files differ), or None outside git. The
+    environment's KESTREL_COMMIT, where set, says it instead: a copy of the tree whose .git is
+    older than its files (the GPU machine's) would name the wrong commit."""
+    given = os.environ.get("KESTREL_COMMIT", "").strip()
+    if given:
+        return given
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, timeout=10, check=True).stdout.strip()

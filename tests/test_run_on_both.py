@@ -391,3 +391,15 @@ def test_the_comparison_says_what_lies_between_each_loops_steps(folder, tmp_path
                            *sets(f"model={folder}", *GENEROUS))
     assert code == 0, err
     assert json.loads((tmp_path / "again" / "comparison.json").read_text())["gaps"] == gaps
+
+
+def test_the_fingerprint_takes_the_commit_it_is_given(monkeypatch):
+    """KESTREL_COMMIT names the commit where the tree's .git is older than its files (the GPU
+    machine's copy); unset, git says it."""
+    from kestrel_cli.compare import git_commit
+
+    monkeypatch.delenv("KESTREL_COMMIT", raising=False)
+    found = git_commit()
+    assert found is None or len(found.split("+")[0]) == 40
+    monkeypatch.setenv("KESTREL_COMMIT", "e261c2b")
+    assert git_commit() == "e261c2b"
