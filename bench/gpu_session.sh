@@ -13,9 +13,11 @@
 # limits): tests 190 s, calibrate 180 s with spec 100 s, calibrate_organic 60 s with serve
 # 70 s, validate1 220 s, validate3 + validate4 290 s; the default grid's 469 points took 3.6
 # min (calibrate with validate5: 313 s; calibrate_int4 with validate3: 416 s; predict_d1:
-# 414 s); calibration's rests after long runs (since this line) add about a minute. A cold
-# machine takes about 90 s of held time to start; an idle one is released after 30 s, so
-# chain calls without a pause.
+# 414 s); calibration's rests after long runs (since this line) add about a minute. At
+# e261c2b (tensor-core attention on, sixth session): tests 147 s, spec + serve ~200 s,
+# calibrate (487 points, 3.1 min) + validate1 412 s, calibrate_organic 59 s, validate5 76 s,
+# attn_tests 33 s, verify ~75 s. A cold machine takes about 90 s of held time to start; an
+# idle one is released after 30 s, so chain calls without a pause.
 # Only OUT/session.tgz and OUT/summary.txt come back (the device tool returns a limited number
 # of files: a profile written beside many logs was once left behind).
 # The tests step compiles every kernel module first, in parallel (tests/conftest.py,
