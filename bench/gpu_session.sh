@@ -43,9 +43,17 @@ step() {  # step NAME SECONDS COMMAND...: run, log to LOG/NAME.log, report its e
   # session: the CPU draft's steps and the stages drift between sessions)
   if [[ $name == calibrate* ]]; then
     cp "$LOG"/qwen3*_h200.json calibration/profiles/ 2>/dev/null
+    mkdir -p "$FRESH" && cp "$LOG"/qwen3*_h200.json "$FRESH"/ 2>/dev/null
   fi
   return 0
 }
+# ... and so do the later calls to the same (warm) machine: the device copies the tracked
+# profiles over on each call, but keeps ignored folders such as runs/ while it stays warm
+FRESH=runs/fresh-profiles
+if compgen -G "$FRESH/*.json" > /dev/null; then
+  cp "$FRESH"/*.json calibration/profiles/
+  echo "profiles measured earlier on this machine: $(ls "$FRESH" | tr '\n' ' ')" | tee -a "$LOG/summary.txt"
+fi
 # what comes back (at most 16 MiB a file): the logs, tables, profiles and each validated
 # scenario's measured metrics and comparison; not the reports, traces or predicted runs
 pack() {
