@@ -6,6 +6,8 @@ hand-over alike."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -225,6 +227,22 @@ def test_a_decode_worker_runs_ahead_while_requests_join_and_leave(folder, refere
     check_run(served, reference, sc)  # the joiners' first inputs are their own last tokens
     assert seen.changed > 0 and seen.ahead > seen.changed
     assert served.trace.meta["decode_rounds_ahead"] == seen.ahead
+
+
+def test_threads_run_under_the_switch_interval_asked_for(folder, reference):
+    """serve(switch_interval_s=...): the workers' threads step under it; the interpreter's
+    own value comes back after the run."""
+    sc = scenario(folder, {"mode": "disaggregated", "max_batch": 3, "max_batched_tokens": 32,
+                           "prefill_chunk": 16, "kv_capacity_tokens": 400}, requests=6,
+                  output=(2, 8), arrivals=all_at_once(6))
+    before, seen = sys.getswitchinterval(), set()
+
+    def observe(eng, w, plan):
+        seen.add(sys.getswitchinterval())
+
+    served = serve(sc, "cpu", observer=observe, threads=True, switch_interval_s=2.5e-4)
+    check_run(served, reference, sc)
+    assert seen == {2.5e-4} and sys.getswitchinterval() == before
 
 
 def test_closed_loop_keeps_concurrency(folder, reference):

@@ -164,13 +164,15 @@ def build_worker(sc: Scenario, run: RunPlan, prefix: str, role: str, device: tor
 
 def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, observer=None,
           threads: bool | None = None, controlled: bool | None = None,
-          link_type=Link, progress=None, status=None) -> Served:
+          link_type=Link, progress=None, status=None,
+          switch_interval_s: float | None = None) -> Served:
     """Run `scenario` on `device` ("cpu", "cuda": the machine's GPUs, "cuda:N"; the workers
     placed by serving.devices); observer(engine, worker, plan) sees every step (tests).
     threads (default: on a GPU) runs several workers in a thread each; controlled (default:
     with dummy weights) draws accepted lengths from spec.acceptance; link_type is the KV
     hand-over's Link class (tests delay transfers with a subclass); progress(finished, total)
-    is called as requests finish, status(text) before each phase (the CLI's progress bar)."""
+    is called as requests finish, status(text) before each phase (the CLI's progress bar);
+    switch_interval_s: the GIL's switch interval while threads run (engine.py; None: Python's)."""
     sc = scenario
     wall0 = time.perf_counter()
     refuse_unsupported(sc)
@@ -187,7 +189,7 @@ def serve(scenario: Scenario, device: str | torch.device = "cpu", dtype=None, ob
     if threads is None:
         threads = any(d.type == "cuda" for d in run.where.values())
     engine = ServingEngine(run.settings, workers, run.seqs, Arrivals(run.drawn), observer,
-                           threads, link_type, progress)
+                           threads, link_type, progress, switch_interval_s)
     warm = captures(workers)
     spans, records = engine.run()
     meta = trace_meta(sc, run, engine, engine.devices[0])

@@ -16,14 +16,18 @@ calling thread; several take turns in it, or with `threads` each runs in its own
 thread on its own CUDA stream of its device, so their forwards overlap (graph replays and
 kernel launches release the GIL). Shared state changes only under `lock`; a forward runs
 outside it. Every request finishes: KV pressure waits or preempts (recompute), never drops;
-a run that can make no progress raises StalledError rather than hang.
+a run that can make no progress raises StalledError rather than hang. `switch_interval_s`
+sets how long a thread waiting for the GIL waits before the holder is asked to give it up
+(Python's default 5 ms; restored after the run): a decode loop whose round has finished can
+otherwise wait that long behind the other loop's host work.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import deque
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -42,10 +46,25 @@ class StalledError(RuntimeError):
     """No worker can run, nothing is on its way, and requests are unfinished (a bug)."""
 
 
+@contextmanager
+def switch_interval(seconds: float | None):
+    """sys.setswitchinterval(seconds) inside, the previous value after (None: unchanged)."""
+    if seconds is None:
+        yield
+        return
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
 class ServingEngine:
     def __init__(self, settings: ServeSettings, workers: list, seqs: list[Sequence],
                  arrivals: Arrivals, observer=None, threads: bool = False, link_type=Link,
-                 progress=None):
+                 progress=None, switch_interval_s: float | None = None):
+        self.switch_interval_s = switch_interval_s  # with threads: the GIL's (None: Python's)
         self.progress = progress  # progress(finished, total) as requests finish (the CLI's bar)
         self.settings = settings
         self.workers = workers  # colocated ones, or prefill ones then decode ones
@@ -82,10 +101,11 @@ class ServingEngine:
         if self.threads:
             threads = [threading.Thread(target=self.work, args=(w,), name=w.name)
                        for w in self.workers]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            with switch_interval(self.switch_interval_s):
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
             if self.failed is not None:
                 raise self.failed
         else:
