@@ -1,7 +1,9 @@
 """Batched speculative generation of a closed set of prompts: what `kestrel generate --draft`
 runs. Continuous batching over a fixed number of slots, as kestrel_rt.engine.generate: a
 sequence leaves at max_new_tokens, an end-of-sequence token or the context, and a waiting
-prompt takes its slots (one in each model's cache)."""
+prompt takes its slots (one in each model's cache). Greedy controlled rounds with the fused
+correction run ahead of the host (kestrel_rt/spec/ahead.py); the others are
+SpecDecoder.round, one at a time."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 
 from kestrel_rt.engine import GenerateResult, check_prompts, sync
 from kestrel_rt.model import Qwen3Model
+from kestrel_rt.spec.ahead import ahead_rounds, runs_ahead
 from kestrel_rt.spec.config import SpecConfig
 from kestrel_rt.spec.round import SpecDecoder
 from kestrel_rt.spec.stats import SpecStats
@@ -20,9 +23,11 @@ from kestrel_sim.errors import KestrelError
 
 @dataclass
 class SpecResult(GenerateResult):
-    """GenerateResult (decode_steps counts rounds) with the speculative statistics."""
+    """GenerateResult (decode_steps counts rounds) with the speculative statistics;
+    rounds_ahead of the rounds were launched before the host read the round before."""
 
     stats: SpecStats | None = None
+    rounds_ahead: int = 0
 
 
 def check_request(decoder: SpecDecoder, prompts: list[list[int]], max_new: list[int]) -> None:
@@ -45,12 +50,15 @@ def speculative_generate(
     eos_token_id: int | list[int] | None = None,
     max_batch: int | None = None,
     tracer: Tracer | None = None,
+    run_ahead: bool = True,
 ) -> SpecResult:
     """Generate up to max_new_tokens (one for all, or one per prompt) for every prompt,
     speculatively with `draft`; greedy output equals kestrel_rt.engine.generate's token for
     token. At most max_batch sequences run at once (default: all). The generated ids include
     the end-of-sequence token that stops a sequence; prompt + generated never exceed the
-    context (the smaller max_position_embeddings of the two models)."""
+    context (the smaller max_position_embeddings of the two models). With run_ahead, rounds
+    that can run ahead of the host do (kestrel_rt/spec/ahead.py: the same tokens, statistics
+    and spans); False runs every round with SpecDecoder.round (for comparison)."""
     config = config or SpecConfig()
     decoder = SpecDecoder(target, draft, config, tracer)
     max_new = ([max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int)
@@ -70,9 +78,10 @@ def speculative_generate(
     longest = max(len(prompts[i]) + max_new[i] for i in waiting)
     decoder.allocate_kv(min(len(waiting), max_batch or len(waiting)),
                         min(longest, decoder.context))
+    ahead = run_ahead and runs_ahead(decoder, eos)
     running = []
     prefill_s = decode_s = 0.0
-    rounds = 0
+    rounds = rounds_ahead = 0
     while waiting or running:
         admitted = []
         while waiting and decoder.can_allocate():
@@ -87,13 +96,19 @@ def speculative_generate(
             running += admitted
         if running := finish(decoder, running, out):
             t0 = time.perf_counter()
-            decoder.round(running)
+            if ahead:  # until a round leaves a row done: no slot frees before
+                n, n_ahead = ahead_rounds(decoder, running)
+            else:
+                decoder.round(running)
+                n, n_ahead = 1, 0
             sync(target.device)
             sync(draft.device)
             decode_s += time.perf_counter() - t0
-            rounds += 1
+            rounds += n
+            rounds_ahead += n_ahead
             running = finish(decoder, running, out)
-    return SpecResult(out, sum(map(len, prompts)), prefill_s, decode_s, rounds, decoder.stats)
+    return SpecResult(out, sum(map(len, prompts)), prefill_s, decode_s, rounds, decoder.stats,
+                      rounds_ahead)
 
 
 def finish(decoder: SpecDecoder, running: list, out: list[list[int]]) -> list:

@@ -190,13 +190,18 @@ class SpecDecoder:
             return None
         return torch.stack([torch.rand(2 * self.k + 1, generator=s.generator) for s in seqs])
 
-    def propose(self, seqs: list[SpecSequence], uniforms: torch.Tensor | None
+    def propose(self, seqs: list[SpecSequence], uniforms: torch.Tensor | None,
+                first: tuple[torch.Tensor, list[int]] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """k draft steps -> proposals [B, k] on the target's device and, sampled, their
-        draft probabilities q [B, k, V] there too (None when greedy)."""
+        draft probabilities q [B, k, V] there too (None when greedy). The first step feeds
+        the tokens the draft has not cached, or `first` (tokens [B, M] on the draft's
+        device, n_new) where the caller has them there (kestrel_rt/spec/ahead.py)."""
         draft, B, k = self.draft, len(seqs), self.k
         slots = [s.draft_slot for s in seqs]
-        tokens, n_new = padded([s.tokens[draft.kv.length(s.draft_slot):] for s in seqs])
+        if first is None:
+            first = padded([s.tokens[draft.kv.length(s.draft_slot):] for s in seqs])
+        tokens, n_new = first
         drafts = torch.empty(B, k, dtype=torch.long, device=draft.device)  # [B, k]
         q = []
         if uniforms is not None:
