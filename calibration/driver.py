@@ -243,8 +243,12 @@ def fingerprint(plan: Plan) -> dict:
 
     req, target = plan.request, plan.benches[0]
     drafts = [b for b in plan.benches if b.name.startswith("draft@")]
+    # a draft measured only beside its target (its steps timed inside rounds: spec@cpu)
+    beside = {b.draft.name: b.draft for b in plan.benches if b.draft is not None}
+    drafts += [d for name, d in beside.items() if name not in {b.name for b in drafts}]
     options = {b.name: {"dtype": b.dtype, "quant": b.quant or "none",
-                        **bench_options(b).model_dump(mode="json")} for b in plan.benches}
+                        **bench_options(b).model_dump(mode="json")}
+               for b in plan.benches + drafts}
     mine = options[target.name]
     backend = mine["backend"] + ("+graphs" if mine["graphs"] else "")
     return {

@@ -151,6 +151,27 @@ def spec_round_seconds(p: Point, shape, draft_shape, speed: DeviceSpeed, itemsiz
     return round_seconds(draft, verify, p.m - 1, runs) + speed.point_s
 
 
+def draft_round_seconds(p: Point, shape, draft_shape, speed: DeviceSpeed,
+                        draft_speed: DeviceSpeed, itemsize: int, draft_itemsize: int,
+                        quant: str | None, draft_quant: str | None, runs: int) -> float:
+    """A draft step point timed inside rounds (calibration/draft_rounds.py): `runs` rounds
+    of DRAFT_ROUND_K draft steps (the first of M tokens) on the draft's device and a verify
+    of k + 1 tokens per sequence on the target's, and the host's time per round."""
+    from calibration.round_grid import DRAFT_ROUND_K, round_seconds
+
+    k = DRAFT_ROUND_K
+    gpu = draft_speed is GPU
+
+    def draft(m: int) -> float:
+        return step_seconds(draft_shape, draft_speed, draft_itemsize, draft_quant, p.batch,
+                            m, p.context, gpu)
+
+    verify = step_seconds(shape, speed, itemsize, quant, p.batch, k + 1, p.context,
+                          speed is GPU)
+    steps = (draft(p.m) + (k - 1) * draft(1)) / k  # round_seconds counts k alike
+    return round_seconds(steps, verify, k, runs) + speed.point_s
+
+
 def overlap_draft_seconds(p: Point, shape, draft_shape, speed: DeviceSpeed, itemsize: int,
                           draft_itemsize: int, quant: str | None, runs: int,
                           draft_quant: str | None = None) -> float:

@@ -18,6 +18,7 @@ Errors name the file, line and key (kestrel_sim.yamlio, as for scenarios).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -124,11 +125,23 @@ class DraftSteps(StepGrid):
                                         "the prompts (stage draft_prefill)")
 
 
+class CpuDraftSteps(DraftSteps):
+    """The draft's steps on the host CPU. `timed: alone` times each step back to back on a
+    host that runs nothing else; `in_rounds` times it where serving runs it, inside
+    speculative rounds whose verify runs on the target's device between the draft's steps
+    (calibration/draft_rounds.py): the serving process's host, the GPU's wait and the round
+    loop around each step."""
+
+    timed: Literal["alone", "in_rounds"] = Field(
+        default="alone", description="alone: each step back to back; in_rounds: each step "
+        "inside speculative rounds with the target verifying (bench spec@cpu)")
+
+
 class DraftGrid(StrictModel):
     """Draft model steps (one token per sequence by default) on each device."""
 
     gpu: DraftSteps | None = None
-    cpu: DraftSteps | None = None
+    cpu: CpuDraftSteps | None = None
 
 
 class TransferGrid(StrictModel):

@@ -41,7 +41,8 @@ What each stage runs:
 - overlap: a decode worker's step and a prefill worker's chunk at once, on two instances of
   the target on two streams of one GPU (calibration/overlap.py);
 - round: a whole speculative round of the target and the draft, by the host clock
-  (calibration/rounds.py).
+  (calibration/rounds.py); a draft step of the bench spec@cpu, inside such rounds
+  (calibration/draft_rounds.py).
 """
 
 from __future__ import annotations
@@ -176,6 +177,10 @@ def measure(bench: Bench, point: Point) -> Record:
         from calibration.rounds import measure_round
 
         return measure_round(bench, point)
+    if point.model == "spec" and stage == "draft":  # timed inside rounds: draft_rounds.py
+        from calibration.draft_rounds import measure_draft_in_rounds
+
+        return measure_draft_in_rounds(bench, point)
     if stage == "kv_transfer":
         return measure_transfer(bench, point)
     if stage == "mixed":

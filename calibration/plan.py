@@ -10,7 +10,9 @@ on the GPU, the draft on the CPU; its points are the grid points that instance m
 bench `pair@gpu` is two instances of the target on one GPU, for the overlap points
 (calibration/overlap.py; with draft overlap points, its `draft` the draft's BenchPlan, a
 third instance); the bench `spec@gpu` the target and the draft on one GPU (its
-`draft` the draft's BenchPlan), for the whole speculative rounds (calibration/rounds.py).
+`draft` the draft's BenchPlan), for the whole speculative rounds (calibration/rounds.py);
+the bench `spec@cpu` the target and the draft on the CPU, for the draft's steps timed
+inside rounds (grid draft.cpu.timed: in_rounds; calibration/draft_rounds.py).
 Only shapes are read here (kestrel_rt.loading.resolve), never weights, and no device is
 touched: a plan for a GPU can be made (`kestrel calibrate --dry-run`) on a machine without
 one.
@@ -27,6 +29,7 @@ from calibration.estimate import (
     GPU,
     Estimate,
     build_seconds,
+    draft_round_seconds,
     overlap_draft_seconds,
     point_seconds,
     spec_round_seconds,
@@ -149,13 +152,14 @@ def make_plan(request: Request) -> Plan:
             draft = replace(draft, points=[])
         benches.append(BenchPlan("pair@gpu", request.model, request.device, dtype,
                                  request.quant, shape, pair, draft))
-    spec = [p for p in points if p.model == "spec"]  # whole rounds: the target and the draft
-    if spec:
-        draft = next(b for b in benches if b.name == "draft@gpu")
-        check_reach(spec, shape, f"model {request.model}", request.grid_file)
-        check_reach(spec, draft.shape, f"draft {request.draft}", request.grid_file)
-        benches.append(BenchPlan("spec@gpu", request.model, request.device, dtype,
-                                 request.quant, shape, spec, replace(draft, points=[])))
+    for device in ("gpu", "cpu"):  # the target and the draft on `device`: whole rounds
+        spec = [p for p in points if p.bench == f"spec@{device}"]  # or draft steps in them
+        if spec:
+            draft = next(b for b in benches if b.name == f"draft@{device}")
+            check_reach(spec, shape, f"model {request.model}", request.grid_file)
+            check_reach(spec, draft.shape, f"draft {request.draft}", request.grid_file)
+            benches.append(BenchPlan(f"spec@{device}", request.model, request.device, dtype,
+                                     request.quant, shape, spec, replace(draft, points=[])))
     acceptance = plan_acceptance(request, benches)
     benches = [b for b in benches if b.points]
     if not benches:
@@ -226,9 +230,11 @@ def estimate(benches: list[BenchPlan], grid: Grid,
             out.builds[b.name] *= 2
         if b.draft is not None:  # and the draft, its one-token steps' graphs
             d = b.draft
+            dgpu = d.device.startswith("cuda")
             mine = [p for p in b.points if p.stage == "round" or p.decode_model == "draft"]
-            out.builds[b.name] += build_seconds(d.shape, speed, itemsize(d.dtype), d.quant,
-                                                len({p.batch for p in mine}) if gpu else 0)
+            out.builds[b.name] += build_seconds(d.shape, GPU if dgpu else CPU,
+                                                itemsize(d.dtype), d.quant,
+                                                len({p.batch for p in mine}) if dgpu else 0)
         if gpu and not out.compile and not kernel_cache_filled():
             out.compile = COLD_COMPILE_S
             out.builds[b.name] += COLD_COMPILE_S
@@ -238,6 +244,13 @@ def estimate(benches: list[BenchPlan], grid: Grid,
                 out.points[p.id] = spec_round_seconds(p, b.shape, d.shape, speed, size,
                                                       itemsize(d.dtype), b.quant, runs,
                                                       d.quant)
+            elif p.stage == "draft" and b.draft is not None:  # in rounds: draft_rounds.py
+                d = b.draft
+                dgpu = d.device.startswith("cuda")
+                out.points[p.id] = draft_round_seconds(
+                    p, b.shape, d.shape, speed, GPU if dgpu else CPU, size, itemsize(d.dtype),
+                    b.quant, d.quant, t.warmup + t.repeats if dgpu
+                    else t.cpu_warmup + t.cpu_repeats)
             elif p.stage == "overlap" and p.decode_model == "draft":
                 d = b.draft
                 out.points[p.id] = overlap_draft_seconds(p, b.shape, d.shape, speed, size,

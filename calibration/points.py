@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from calibration.round_grid import DRAFT_ROUND_K
+
 if TYPE_CHECKING:
     from calibration.grid import DraftSteps, Grid, PrefillGrid
 
@@ -22,7 +24,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Point:
     """One step to time. `model`: "target" or "draft" ("pair": two instances of the target,
-    "spec": the target and the draft); `device`: "gpu" or "cpu" (where that model runs);
+    "spec": the target and the draft, a round or a draft step timed inside rounds);
+    `device`: "gpu" or "cpu" (where that model runs; spec: where the draft runs);
     `batch` sequences x `m` new tokens at `context` cached tokens each; mixed: plus one
     prompt chunk of `chunk_tokens` at `chunk_context`; correction: after a verify of
     `after_k` + 1 tokens; kv_transfer: `m` tokens of KV copied (batch 1, context 0), to
@@ -92,6 +95,8 @@ class Point:
             return max(self.context + self.m, self.chunk_context + self.chunk_tokens)
         if self.stage == "correction":
             return self.context + self.after_k + 1
+        if self.model == "spec" and self.stage == "draft":  # then the round's other steps
+            return self.context + self.m + DRAFT_ROUND_K
         return self.context + self.m
 
 
@@ -109,10 +114,13 @@ def prefill_points(g: PrefillGrid, model: str, device: str, stage: str) -> list[
 
 
 def draft_points(steps: DraftSteps | None, device: str) -> list[Point]:
-    """The draft's steps (M = 1, and catch-up steps of M > 1), then its prefill chunks."""
+    """The draft's steps (M = 1, and catch-up steps of M > 1), then its prefill chunks; steps
+    timed in rounds (grid draft.cpu.timed: in_rounds) are points of the bench spec@DEVICE,
+    the target with its draft (calibration/draft_rounds.py)."""
     if steps is None:
         return []
-    out = [Point("draft", device, "draft", b, m, c)
+    model = "spec" if getattr(steps, "timed", "alone") == "in_rounds" else "draft"
+    out = [Point(model, device, "draft", b, m, c)
            for b in steps.batches for m in steps.new_tokens for c in steps.contexts]
     if steps.prefill:
         out += prefill_points(steps.prefill, "draft", device, "draft_prefill")

@@ -28,6 +28,10 @@ from kestrel_sim.schema_base import StrictModel
 # The estimate's host time per round beyond its steps (H200, issue 23: a round cost about
 # 1 ms more than its stages); erring long, as the estimate does.
 ROUND_HOST_S = 1.5e-3
+# Proposals per round where a draft step is timed inside rounds (grid draft.cpu.timed:
+# in_rounds, calibration/draft_rounds.py): the step timed first, then one more, as serving's
+# first draft step and the one after it.
+DRAFT_ROUND_K = 2
 Lengths = sizes("context")  # a sequence's tokens before the round: at least one
 
 

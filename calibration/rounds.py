@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from calibration.driver import ROTATION
+from calibration.driver import ROTATION, warm_catch_up
 from calibration.measure import Bench, Record, record_of, set_lengths
+from calibration.round_grid import DRAFT_ROUND_K
 from kestrel_rt.spec import SpecConfig, SpecDecoder, SpecSequence
 from kestrel_rt.spec.controlled import accept_rng
 from kestrel_rt.trace import Tracer
@@ -49,20 +50,28 @@ class SpecBench:
     tracer: Tracer
 
 
+def proposals(point) -> int:
+    """k of a point's rounds: a round point's M - 1; a draft step timed inside rounds
+    (calibration/draft_rounds.py), DRAFT_ROUND_K."""
+    return DRAFT_ROUND_K if point.stage == "draft" else point.m - 1
+
+
 def layout(points) -> dict:
     """prepare()'s arguments for both models: slots for the largest batch to rotate over,
     room for the longest sequence and its k proposals beyond the verify (the decoder keeps
     k tokens of room), the batches and the target's verify sizes M = k + 1."""
-    k = max(p.m - 1 for p in points)
+    k = max(proposals(p) for p in points)
+    longest = max(p.context + (p.m if p.stage == "draft" else 0) for p in points)
     return {"slots": ROTATION * max(p.batch for p in points),
-            "max_len": max(p.context for p in points) + 2 * k + 2,
+            "max_len": longest + 2 * k + 2,
             "batches": tuple(sorted({p.batch for p in points})),
-            "verify": tuple(sorted({p.m for p in points}))}
+            "verify": tuple(sorted({proposals(p) + 1 for p in points}))}
 
 
 def build_spec(bp, grid) -> SpecBench:
     """The round bench of a plan's `spec@...` BenchPlan (its `draft`: the draft's plan):
-    both models built (calibration/driver.py bench_options) and prepared."""
+    both models built (calibration/driver.py bench_options) and prepared (spec@cpu: the
+    draft on the CPU, its steps timed inside rounds, calibration/draft_rounds.py)."""
     from calibration.driver import bench_options
     from kestrel_rt.runner import build_model, prepare
 
@@ -79,6 +88,7 @@ def build_spec(bp, grid) -> SpecBench:
                              t.warmup if gpu else t.cpu_warmup,
                              t.repeats if gpu else t.cpu_repeats))
     target, draft = benches
+    warm_catch_up(draft, [p for p in bp.points if p.catch_up])  # draft steps of M > 1
     return SpecBench(bp.name, target, draft, Tracer(target.model.device))
 
 
