@@ -13,8 +13,9 @@ times predict (issue 24's performance table), in one run.
    1..8, fused and separate, controlled acceptance alpha = 0.3 / 0.5 / 0.7 / 0.9 (the real
    draft, verify and correction work), the draft on the GPU, and a few on the CPU; each row
    with its rate, tokens per round, the rate its own stage times predict (tokens per round /
-   (k draft steps + verify [+ correction])), and how much of the decode time the traced
-   stages cover;
+   (k draft steps + verify [+ correction])), how much of the decode time the traced
+   stages cover, and how many rounds ran ahead of the host (kestrel_rt/spec/ahead.py:
+   controlled, greedy, fused); the headline row also with run_ahead off;
 4. the organic pair: qwen3-0.6b against its quantized copy (int4 in the last 14 layers),
    accepting for real.
 Writes DIR/spec_bench.md and .json and prints the table last.
@@ -128,17 +129,18 @@ class Bench:
         self.rows.append({"run": label, "k": 0, "correction": "-", "alpha": None,
                           "tok_s": r.decode_tokens_per_s, "tokens_per_round": 1.0,
                           "predicted_tok_s": 1e3 / self.stages.get("decode", float("nan")),
-                          "coverage": None})
+                          "coverage": None, "rounds_ahead": None})
         self.log(json.dumps(self.rows[-1]))
         return r.decode_tokens_per_s
 
     def speculative(self, target, draft, k: int, correction: str, alpha: float | None,
-                    label: str, draft_ms: float) -> dict:
+                    label: str, draft_ms: float, run_ahead: bool = True) -> dict:
         prompt = torch.randint(0, target.shape.vocab_size, (CONTEXT,), generator=self.gen)
         tracer = Tracer(target.device)
         acceptance = None if alpha is None else Acceptance(alpha=alpha)
         config = SpecConfig(k=k, correction=correction, acceptance=acceptance, seed=0)
-        r = speculative_generate(target, draft, [prompt.tolist()], NEW, config, tracer=tracer)
+        r = speculative_generate(target, draft, [prompt.tolist()], NEW, config, tracer=tracer,
+                                 run_ahead=run_ahead)
         spans = tracer.collect()
         rounds = max(r.decode_steps, 1)
         per_round = (r.generated_tokens - 1) / rounds  # the first token comes from prefill
@@ -149,7 +151,8 @@ class Bench:
                "tok_s": (r.generated_tokens - 1) / r.decode_s, "tokens_per_round": per_round,
                "predicted_tok_s": per_round / cost * 1e3,
                "coverage": coverage([s for s in spans if s.start >= 0], r.decode_s),
-               "acceptance_length": r.stats.acceptance_length}
+               "acceptance_length": r.stats.acceptance_length,
+               "rounds": r.decode_steps, "rounds_ahead": r.rounds_ahead}
         self.rows.append(row)
         self.log(json.dumps(row))
         return row
@@ -177,6 +180,11 @@ class Bench:
                                         f"{TARGET} + {DRAFT} (gpu)", self.stages["draft (gpu)"])
                        for _ in range(KEY_RUNS)), key=lambda r: r["tok_s"])
         key = dict(keys[KEY_RUNS // 2], runs=[r["tok_s"] for r in keys])
+        key["round_by_round"] = statistics.median(
+            self.speculative(target, draft, 4, "fused", 0.8,
+                             f"{TARGET} + {DRAFT} (gpu), run_ahead off",
+                             self.stages["draft (gpu)"], run_ahead=False)["tok_s"]
+            for _ in range(KEY_RUNS))
         if cpu_draft is not None:
             for k in (1, 4):
                 self.speculative(target, cpu_draft, k, "fused", 0.8,
@@ -210,19 +218,22 @@ class Bench:
                  "| stage | ms |", "| --- | ---: |"]
         lines += [f"| {name} | {ms:.3f} |" for name, ms in self.stages.items()]
         lines += ["", ("| run | k | correction | alpha | tok/s | tokens / round | "
-                       "predicted tok/s | of predicted | traced |"),
-                  "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                       "predicted tok/s | of predicted | traced | ahead |"),
+                  "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in self.rows:
             cov = "" if r["coverage"] is None else f"{r['coverage']:.1%}"
+            ahead = "" if r["rounds_ahead"] is None else f"{r['rounds_ahead']}/{r['rounds']}"
             lines.append(f"| {r['run']} | {r['k']} | {r['correction']} | {r['alpha'] or ''} | "
                          f"{r['tok_s']:.1f} | {r['tokens_per_round']:.2f} | "
                          f"{r['predicted_tok_s']:.1f} | {r['tok_s'] / r['predicted_tok_s']:.1%} "
-                         f"| {cov} |")
+                         f"| {cov} | {ahead} |")
         spread = ", ".join(f"{x:.1f}" for x in key["runs"])
         lines += ["", (f"k = 4, fused, alpha 0.8, the median of {len(key['runs'])} runs "
                        f"({spread} tok/s): {key['tok_s']:.1f} tok/s = "
                        f"{key['tok_s'] / plain:.2f}x plain decode ({plain:.1f} tok/s), "
-                       f"{key['tok_s'] / key['predicted_tok_s']:.1%} of its stage-time rate.")]
+                       f"{key['tok_s'] / key['predicted_tok_s']:.1%} of its stage-time rate "
+                       f"({key['rounds_ahead']} of {key['rounds']} rounds ahead; round by "
+                       f"round, the median of {KEY_RUNS}: {key['round_by_round']:.1f} tok/s).")]
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "spec_bench.md").write_text("\n".join(lines) + "\n")
         (self.out / "spec_bench.json").write_text(json.dumps(

@@ -7,9 +7,10 @@ instead of leaving the device idle (docs/performance.md).
 The host can plan round r + 1 before reading round r when it knows what round r does to
 every row: controlled acceptance (a row's accepted count n is drawn on the host before the
 verify), greedy, `fused` correction, no end-of-sequence token, the draft on the target's
-device (`runs_ahead`); and every row still running after round r (it emits exactly n + 1
-tokens: n + 1 < what it may still emit, so no slot frees and no waiting prompt joins). Then,
-from the drawn n (KV invariants: kestrel_rt/spec/round.py):
+device (`runs_ahead`); no prompt waiting for a free slot (it would join after round r:
+speculative_generate checks); and every row still running after round r (it emits exactly
+n + 1 tokens: n + 1 < what it may still emit, so no slot frees). Then, from the drawn n
+(KV invariants: kestrel_rt/spec/round.py):
 
 - round r's KV rollbacks (host lengths only) are done as soon as it is launched;
 - round r + 1's limits follow from the known lengths, its draws go over in one pinned

@@ -96,7 +96,9 @@ def speculative_generate(
             running += admitted
         if running := finish(decoder, running, out):
             t0 = time.perf_counter()
-            if ahead:  # until a round leaves a row done: no slot frees before
+            # ahead until a round leaves a row done (no slot frees before), unless a prompt
+            # waits for a slot that is free now (it joins after this round)
+            if ahead and not (waiting and decoder.can_allocate()):
                 n, n_ahead = ahead_rounds(decoder, running)
             else:
                 decoder.round(running)
