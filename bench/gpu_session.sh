@@ -6,7 +6,8 @@
 #
 #   bash bench/gpu_session.sh COMMIT [OUT] [STEPS]   # COMMIT: `git rev-parse HEAD` here
 #
-# STEPS: a comma list of calib_tests, attn_tests, tests, spec, serve, decode, calibrate, calibrate_int4,
+# STEPS: a comma list of calib_tests, attn_tests, tests, spec, serve, decode, calibrate, cpu_rounds,
+# calibrate_int4,
 # calibrate_moe, calibrate_organic, gates, validate1..5, beforeafter, predict_k, predict_d1,
 # predict_d2, gemv, probe, clock, rounds, verify, ablation, moe_graphs (default
 # tests,spec,serve,decode,calibrate). Measured on 2026-12-02 (steps take about half their
@@ -68,6 +69,10 @@ step serve 200 python3 bench/serve_bench.py --out "$LOG" --commit "$COMMIT"
 step gemv 120 python3 bench/gemv_bench.py --out "$LOG" --ms 1 --kinds bf16,int4 --paths table,tuned
 step decode 330 python3 bench/h200_decode.py --out "$LOG" --commit "$COMMIT" --breakdown
 step calibrate 540 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --commit "$COMMIT" --max-minutes 8 --out "$LOG/qwen3-8b_h200.json"
+# the CPU draft's steps timed inside rounds (calibration/draft_rounds.py, helper-32), in the
+# same call as calibrate's draft@cpu rows (timed alone) and validate5's served draft-cpu run;
+# not named calibrate*: its profile must not replace the bundled one
+step cpu_rounds 180 bash -c "printf 'name: draft-cpu-rounds\ntiming: {warmup: 2, repeats: 7, cpu_warmup: 1, cpu_repeats: 5}\ndraft:\n  cpu: {batches: [1, 2, 4], contexts: [128, 512, 1024], new_tokens: [1, 2], timed: in_rounds}\n' > /tmp/draft-cpu-rounds.yaml && python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --draft-device cpu --grid /tmp/draft-cpu-rounds.yaml --commit $COMMIT --out $LOG/draft-cpu-rounds.json"
 step calibrate_int4 480 python3 -m kestrel_cli.app calibrate --model qwen3-8b --draft qwen3-0.6b --draft-device gpu --quant int4 --commit "$COMMIT" --max-minutes 6.5 --out "$LOG/qwen3-8b-int4_h200.json"
 step calibrate_moe 540 python3 -m kestrel_cli.app calibrate --model qwen3-30b-a3b --draft qwen3-0.6b --draft-device gpu --grid moe --commit "$COMMIT" --max-minutes 7 --out "$LOG/qwen3-30b-a3b_h200.json"
 # the organic pair (scenarios/validation/spec-organic-int4-copy.yaml): qwen3-0.6b and its
