@@ -16,11 +16,10 @@ import tiny_models
 from calibration.driver import fingerprint
 from calibration.grid import CpuDraftSteps, DraftGrid, Grid, Point, expand, load_grid
 from calibration.measure import measure
-from calibration.plan import BenchPlan, Request, make_plan
+from calibration.plan import Request, make_plan
 from calibration.record import to_measurement
 from calibration.round_grid import DRAFT_ROUND_K
 from calibration.rounds import build_spec
-from kestrel_rt.loading import resolve
 from kestrel_sim.errors import ConfigError
 
 
@@ -79,19 +78,11 @@ def test_only_the_cpu_draft_is_timed_in_rounds(tmp_path):
 
 
 # -- the measurement -----------------------------------------------------------------------
-def spec_plan(folders, points) -> BenchPlan:
-    shape, _ = resolve(folders["tied"])
-    dshape, _ = resolve(folders["untied"])
-    draft = BenchPlan("draft@cpu", str(folders["untied"]), "cpu", "float32", None, dshape, [])
-    return BenchPlan("spec@cpu", str(folders["tied"]), "cpu", "float32", None, shape, points,
-                     draft)
-
-
 @pytest.mark.parametrize("m", [1, 2])
 def test_a_point_is_the_first_draft_step_of_each_round(folders, monkeypatch, m):
     grid = in_rounds("tiny")
     point = Point("spec", "cpu", "draft", 2, m, 40)
-    spec = build_spec(spec_plan(folders, [point, Point("spec", "cpu", "draft", 3, 1, 64)]),
+    spec = build_spec(tiny_models.spec_plan(folders, [point, Point("spec", "cpu", "draft", 3, 1, 64)]),
                       grid)
     target = spy_on(spec.target.model, monkeypatch)
     draft = spy_on(spec.draft.model, monkeypatch)
@@ -113,7 +104,7 @@ def test_a_point_is_the_first_draft_step_of_each_round(folders, monkeypatch, m):
 
 def test_its_record_is_a_cpu_draft_row_of_the_profile(folders):
     point = Point("spec", "cpu", "draft", 1, 2, 16)
-    spec = build_spec(spec_plan(folders, [point]), in_rounds("tiny"))
+    spec = build_spec(tiny_models.spec_plan(folders, [point]), in_rounds("tiny"))
     row = to_measurement(measure(spec, point))
     assert (row.stage, row.device, row.batch, row.tokens_per_seq, row.context) == (
         "draft", "cpu", 1, 2, 16)

@@ -16,10 +16,9 @@ import tiny_models
 from calibration.driver import warm_catch_up
 from calibration.grid import Point, load_grid
 from calibration.measure import Bench, Record, measure
-from calibration.plan import BenchPlan, Request, make_plan
+from calibration.plan import Request, make_plan
 from calibration.record import runtime_info, to_profile
 from calibration.rounds import build_spec, measure_round
-from kestrel_rt.loading import resolve
 from kestrel_rt.runner import build_model, prepare
 from kestrel_sim.runtime_info import RuntimeInfo
 
@@ -87,18 +86,10 @@ def test_catch_up_graphs_are_captured_when_the_bench_is_built(draft_bench, monke
 
 
 # -- whole rounds -------------------------------------------------------------------------
-def spec_plan(folders, points) -> BenchPlan:
-    shape, _ = resolve(folders["tied"])
-    dshape, _ = resolve(folders["untied"])
-    draft = BenchPlan("draft@cpu", str(folders["untied"]), "cpu", "float32", None, dshape, [])
-    return BenchPlan("spec@cpu", str(folders["tied"]), "cpu", "float32", None, shape, points,
-                     draft)
-
-
 def test_a_round_rejects_every_proposal_and_starts_alike_each_run(folders, monkeypatch):
     points = [Point("spec", "cpu", "round", 3, 4, 40), Point("spec", "cpu", "round", 1, 2, 8)]
     grid, _ = load_grid("tiny")
-    spec = build_spec(spec_plan(folders, points), grid)
+    spec = build_spec(tiny_models.spec_plan(folders, points), grid)
     assert spec.target.model.backend is not spec.draft.model.backend
     target = spy_on(spec.target.model, monkeypatch)
     draft = spy_on(spec.draft.model, monkeypatch)

@@ -119,3 +119,16 @@ def reference(folder: Path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def spec_plan(folders: dict, points: list):
+    """calibration's `spec@cpu` bench over tiny folders: the "tied" target with the "untied"
+    draft (its own BenchPlan, no points), measuring `points`."""
+    from calibration.plan import BenchPlan
+    from kestrel_rt.loading import resolve
+
+    shape, _ = resolve(folders["tied"])
+    dshape, _ = resolve(folders["untied"])
+    draft = BenchPlan("draft@cpu", str(folders["untied"]), "cpu", "float32", None, dshape, [])
+    return BenchPlan("spec@cpu", str(folders["tied"]), "cpu", "float32", None, shape, points,
+                     draft)

@@ -256,15 +256,21 @@ VERIFY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", range(len(VERIFY_CASES)))
-def test_verify_attention(km, sms, nan_partials, launched, case):
-    lengths, M, Hq, Hkv, D, max_len = VERIFY_CASES[case]
+def _verify_inputs(lengths, M, Hq, Hkv, D, max_len):
+    """A ragged bf16 case for attn_verify: (kv, ref_kv, slots, step, q, k, v, poisoned out)."""
     dtype, B = torch.bfloat16, len(lengths)
     slots = list(range(B))[::-1]
     kv, ref_kv = _caches(B, max_len, Hkv, D, dtype, lengths, slots)
     step = kv.step(slots, M, [M] * B)
     q, k, v = _qkv(B, M, Hq, Hkv, D, dtype, scale=2)
-    out = poisoned(B, M, Hq, D, dtype=dtype)
+    return kv, ref_kv, slots, step, q, k, v, poisoned(B, M, Hq, D, dtype=dtype)
+
+
+@pytest.mark.parametrize("case", range(len(VERIFY_CASES)))
+def test_verify_attention(km, sms, nan_partials, launched, case):
+    lengths, M, Hq, Hkv, D, max_len = VERIFY_CASES[case]
+    dtype, B = torch.bfloat16, len(lengths)
+    kv, ref_kv, slots, step, q, k, v, out = _verify_inputs(*VERIFY_CASES[case])
     got = attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
                               out=out, mma_verify=True)
     mt, _, _ = attention.verify_plan(B, M, Hq, Hkv, D, max_len, sms)
@@ -293,19 +299,14 @@ DECODE_ON_MMA_CASES = [
 def test_decode_rows_on_verify_kernel(km, sms, nan_partials, launched, case):
     """attention(mma_decode=True): kv_write then attn_verify for rows attn_decode would take,
     the torch reference's output."""
-    lengths, M, Hq, Hkv, D, max_len = DECODE_ON_MMA_CASES[case]
-    dtype, B = torch.bfloat16, len(lengths)
-    slots = list(range(B))[::-1]
-    kv, ref_kv = _caches(B, max_len, Hkv, D, dtype, lengths, slots)
-    step = kv.step(slots, M, [M] * B)
-    q, k, v = _qkv(B, M, Hq, Hkv, D, dtype, scale=2)
-    out = poisoned(B, M, Hq, D, dtype=dtype)
+    lengths, M, _, _, D, _ = DECODE_ON_MMA_CASES[case]
+    kv, ref_kv, slots, step, q, k, v, out = _verify_inputs(*DECODE_ON_MMA_CASES[case])
     attention.attention(km, q, k, v, kv.k[0], kv.v[0], step.slots, step.positions, sms,
                         out=out, mma_verify=True, mma_decode=True)
     assert launched == ["kv_write_bf16", f"attn_verify_bf16_d{D}_t1"]
     ref = _torch_attention(ref_kv, q, k, v, step)  # writes ref_kv
     _written_where_expected(kv, ref_kv, slots, lengths, M)
-    check(out, ref, dtype)
+    check(out, ref, torch.bfloat16)
 
 
 @pytest.mark.parametrize("what", ["off", "decode_rows", "fp32", "head_dim_256"])
