@@ -267,6 +267,7 @@ def generate(
             top_p, seed, eos, alpha)
         load_s += draft_load_s
         spec = {"draft": draft, "draft_device": str(ddev), "correction": correction,
+                "rounds": result.decode_steps, "rounds_ahead": result.rounds_ahead,
                 **result.stats.as_dict()}
     new_ids = result.token_ids[0]
     text = tokenizer.decode(new_ids, skip_special_tokens=True) if tokenizer else None

@@ -49,12 +49,16 @@ def test_speculative_ids_equal_plain_greedy(folders, k, correction):
 def test_a_draft_equal_to_its_target_accepts_everything(folders):
     spec = run("--model", str(folders["untied"]), "--draft", str(folders["untied"]), "--k", "4")
     assert spec["spec_decode_acceptance_rate"] == pytest.approx(100.0)
+    assert spec["rounds_ahead"] == 0  # organic acceptance: each round read before the next
 
 
 def test_controlled_acceptance_is_marked_and_keeps_the_work(folders):
     spec = run("--model", str(folders["moe"]), "--draft", str(folders["tied"]), "--k", "4",
                "--alpha", "0.5")
     assert spec["spec_decode_controlled"] and spec["spec_decode_num_drafts"] > 0
+    # one sequence: a round is a draft; controlled fused rounds on one device run ahead
+    assert spec["rounds"] == spec["spec_decode_num_drafts"]
+    assert 0 < spec["rounds_ahead"] < spec["rounds"]
 
 
 @pytest.mark.parametrize("args,words", [
