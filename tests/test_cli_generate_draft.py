@@ -56,8 +56,9 @@ def test_controlled_acceptance_is_marked_and_keeps_the_work(folders):
     spec = run("--model", str(folders["moe"]), "--draft", str(folders["tied"]), "--k", "4",
                "--alpha", "0.5")
     assert spec["spec_decode_controlled"] and spec["spec_decode_num_drafts"] > 0
-    # one sequence: a round is a draft; controlled fused rounds on one device run ahead
-    assert spec["rounds"] == spec["spec_decode_num_drafts"]
+    # one sequence: every round but a last one with nothing left to propose is a draft;
+    # controlled fused rounds on one device run ahead
+    assert spec["spec_decode_num_drafts"] <= spec["rounds"] <= spec["spec_decode_num_drafts"] + 1
     assert 0 < spec["rounds_ahead"] < spec["rounds"]
 
 
