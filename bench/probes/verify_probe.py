@@ -1,6 +1,7 @@
 """Verify forwards with the tensor-core verify attention (RuntimeOptions.mma_verify) off and on.
 
     python bench/probes/verify_probe.py [--model qwen3-8b] [--batches 1,8,32,64] [--ms 2,5,9]
+                                        [--decode-batches 1,2,4,8,16,32,64]
                                         [--contexts 512,2048] [--reps 5]
 
 Why: a verify forward's R = M * Hq / Hkv query rows per kv head (qwen3-8b: M = 5 gives 20)
@@ -9,14 +10,19 @@ tiles), about 3.4 TFLOP/s in the calibration fit: qwen3-8b at batch 64, context 
 150.7 ms where its bandwidth limit is about 10 ms (calibration/profiles/qwen3-8b_h200.json).
 kernels/verify_attention.cu takes those shapes on the tensor cores.
 
-Two models with the same dummy weights (seed 0) and the same random KV cache contents, one
-with mma_verify off and one with it on (otherwise the device's default options), each
-forward a graph replay as calibration times it (`forward(tokens, slots, greedy=True)`, every
-sequence at `context` cached tokens, CUDA events, median of `reps` after two warm-ups). The
-outputs: both models' logits of the same forward (max abs difference, relative error, argmax
-agreement). Contexts run longest first, so no forward reads a position another one of a
-different model state wrote. M = 2 (8 rows) stays on the decode kernel either way: a control.
-A first table times the attention op alone (one layer's cache, 36 calls in a CUDA graph).
+Three models with the same dummy weights (seed 0) and the same random KV cache contents:
+`off` (mma_verify off: verify rows on attn_partial), `on` (verify rows on attn_verify, decode
+rows on the warp-per-key kernel) and `decode` (decode rows on attn_verify too,
+mma_decode_min_batch 1). Each forward is a graph replay as calibration times it
+(`forward(tokens, slots, greedy=True)`, every sequence at `context` cached tokens, CUDA
+events, median of `reps` after two warm-ups). Tables: the attention op alone (one layer's
+cache, 36 calls in a CUDA graph); decode forwards (M = 1, 2) `on` against `decode`; verify
+forwards `off` against `on`, their logits compared with each other and with the same tokens
+decoded one at a time on `off` (relative error, argmax agreement). The caches are filled
+again before the verify forwards, which run longest context first: no compared forward reads
+a position another model state wrote differently. (At a043d28 they were not, and the verify
+rows at context 2048 compared caches that differed at positions 512-513: 0.3 relative error
+there, 0.05 at context 512.)
 """
 
 from __future__ import annotations
@@ -153,6 +159,17 @@ def attention_table(model, args) -> list[tuple]:
     return rows
 
 
+def same_caches(models: dict) -> None:
+    """Every model's KV cache filled with the same random contents (seeded)."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for kind in ("k", "v"):
+        cache = getattr(models["off"].kv, kind)
+        cache.normal_(generator=g)
+        for name in models.keys() - {"off"}:
+            getattr(models[name].kv, kind).copy_(cache)
+    torch.cuda.synchronize()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
@@ -177,13 +194,7 @@ def main() -> None:
         prepare(models[name], slots, max_len, tuple(batches), tuple(ms), ())
         taken[name] = [models[name].kv.allocate() for _ in range(slots)]
     assert taken["off"] == taken["on"] == taken["decode"]
-    g = torch.Generator(device="cuda").manual_seed(1)
-    for kind in ("k", "v"):  # the same cache contents in all
-        cache = getattr(models["off"].kv, kind)
-        cache.normal_(generator=g)
-        for name in ("on", "decode"):
-            getattr(models[name].kv, kind).copy_(cache)
-    torch.cuda.synchronize()
+    same_caches(models)
     attn = attention_table(models["off"], args)  # first: kernel numbers even if time runs out
     print("\nattention op alone (one layer's cache, decode_attention), us per call; "
           "plan = attn_verify's (m-tiles, row groups, splits)\n")
@@ -195,6 +206,7 @@ def main() -> None:
     gpu = torch.cuda.get_device_name()
     decode = forward_table(models, taken["off"], args, args.decode_batches, [1, 2],
                            ("on", "decode"), reference=False)
+    same_caches(models)  # the decode forwards wrote their tokens' K/V into two of them
     verify = forward_table(models, taken["off"], args, args.batches,
                            [m for m in args.ms if m > 2], ("off", "on"), reference=True)
     print_forwards(decode, f"\n{args.model} decode forwards (M = 1, 2), the decode kernel "
