@@ -212,6 +212,13 @@ def itemsize(dtype: str) -> int:
     return 4 if "32" in dtype else 2
 
 
+def speed_and_runs(bp: BenchPlan, timing) -> tuple:
+    """(DeviceSpeed, timed + warm-up runs per point) of a bench's model on its device."""
+    if bp.device.startswith("cuda"):
+        return GPU, timing.warmup + timing.repeats
+    return CPU, timing.cpu_warmup + timing.cpu_repeats
+
+
 def estimate(benches: list[BenchPlan], grid: Grid,
              acceptance: AcceptancePlan | None = None) -> Estimate:
     from kestrel_rt.options import kernel_cache_filled
@@ -222,7 +229,7 @@ def estimate(benches: list[BenchPlan], grid: Grid,
         out.builds[acceptance.name] = acceptance_seconds(acceptance)
     for b in benches:
         gpu = b.device.startswith("cuda")
-        speed, runs = (GPU, t.warmup + t.repeats) if gpu else (CPU, t.cpu_warmup + t.cpu_repeats)
+        speed, runs = speed_and_runs(b, t)
         size = itemsize(b.dtype)
         graphs = len({(p.batch, p.m) for p in b.points if p.m <= 16}) if gpu else 0
         out.builds[b.name] = build_seconds(b.shape, speed, size, b.quant, graphs)
@@ -230,11 +237,11 @@ def estimate(benches: list[BenchPlan], grid: Grid,
             out.builds[b.name] *= 2
         if b.draft is not None:  # and the draft, its one-token steps' graphs
             d = b.draft
-            dgpu = d.device.startswith("cuda")
+            dspeed, druns = speed_and_runs(d, t)
             mine = [p for p in b.points if p.stage == "round" or p.decode_model == "draft"]
-            out.builds[b.name] += build_seconds(d.shape, GPU if dgpu else CPU,
-                                                itemsize(d.dtype), d.quant,
-                                                len({p.batch for p in mine}) if dgpu else 0)
+            out.builds[b.name] += build_seconds(d.shape, dspeed, itemsize(d.dtype), d.quant,
+                                                len({p.batch for p in mine})
+                                                if dspeed is GPU else 0)
         if gpu and not out.compile and not kernel_cache_filled():
             out.compile = COLD_COMPILE_S
             out.builds[b.name] += COLD_COMPILE_S
@@ -245,12 +252,9 @@ def estimate(benches: list[BenchPlan], grid: Grid,
                                                       itemsize(d.dtype), b.quant, runs,
                                                       d.quant)
             elif p.stage == "draft" and b.draft is not None:  # in rounds: draft_rounds.py
-                d = b.draft
-                dgpu = d.device.startswith("cuda")
                 out.points[p.id] = draft_round_seconds(
-                    p, b.shape, d.shape, speed, GPU if dgpu else CPU, size, itemsize(d.dtype),
-                    b.quant, d.quant, t.warmup + t.repeats if dgpu
-                    else t.cpu_warmup + t.cpu_repeats)
+                    p, b.shape, d.shape, speed, dspeed, size, itemsize(d.dtype), b.quant,
+                    d.quant, druns)
             elif p.stage == "overlap" and p.decode_model == "draft":
                 d = b.draft
                 out.points[p.id] = overlap_draft_seconds(p, b.shape, d.shape, speed, size,

@@ -132,14 +132,12 @@ def describe_acceptance(acc: Acceptance, k: int | None = None) -> str:
     if acc.alpha is not None:
         text = f"alpha {acc.alpha:g} per token (given)"
     elif acc.per_position is not None:
-        rates = acc.per_position[:k] if k else acc.per_position
-        text = "per position " + " ".join(f"{r:.2f}" for r in rates) + " (given)"
+        text = _per_position(acc.per_position, k) + " (given)"
     elif acc.trace is not None:
         text = f"accepted lengths replayed from {acc.trace}"
     elif acc.measured is not None:
         path, block = acc.measured
-        rates = block.conditional_rates[:k] if k else block.conditional_rates
-        text = ("per position " + " ".join(f"{r:.2f}" for r in rates)
+        text = (_per_position(block.conditional_rates, k)
                 + f", {block.describe()}, from profile {path}")
     else:
         text = "from a profile (not resolved)"
@@ -148,3 +146,8 @@ def describe_acceptance(acc: Acceptance, k: int | None = None) -> str:
     elif acc.on_hardware == "controlled":
         text += "; on hardware: controlled (drawn from these rates)"
     return text
+
+
+def _per_position(rates, k: int | None) -> str:
+    """"per position 0.63 0.81 ...": the first k rates (all where k is None)."""
+    return "per position " + " ".join(f"{r:.2f}" for r in (rates[:k] if k else rates))

@@ -264,12 +264,11 @@ def decode_attention(km: KernelModules, q: torch.Tensor, k_cache: torch.Tensor,
     out = dest(out, q.shape, q.dtype, q.device)
     if B * M == 0:
         return out
-    if mma_decode and _verify_kernel_takes(q, k_cache, v_cache):
+    warp = _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache)
+    if (mma_decode or (mma_verify and not warp)) and _verify_kernel_takes(q, k_cache, v_cache):
         return _verify(km, q, k_cache, v_cache, slots, positions, num_sms, out)
-    if _warp_kernel_takes(M, Hq, Hkv, D, k_cache, v_cache):
+    if warp:
         return _warp_decode(km, sfx, q, k_cache, v_cache, slots, positions, num_sms, out)
-    if mma_verify and _verify_kernel_takes(q, k_cache, v_cache):
-        return _verify(km, q, k_cache, v_cache, slots, positions, num_sms, out)
     q = q.contiguous()
     rows = M * (Hq // Hkv)
     rb, groups, tile, splits, tpd = attention_plan(B, M, Hq, Hkv, D, k_cache.shape[1], num_sms)

@@ -89,7 +89,7 @@ def launch(decoder: SpecDecoder, seqs: list[SpecSequence], lengths: list[int],
            remaining: list[int], previous: Launched | None = None) -> Launched:
     """Enqueue one round (round()'s stages and spans), from the host's tokens or from
     `previous`'s results on the device, and roll the caches back to its drawn n."""
-    k, target, draft = decoder.k, decoder.target, decoder.draft
+    k, target = decoder.k, decoder.target
     limits = [min(k, r - 1) for r in remaining]
     first = None if previous is None else draft_inputs(previous, k)
     drafts, _ = decoder.propose(seqs, None, first)  # d_1..d_k [B, k]
@@ -99,17 +99,12 @@ def launch(decoder: SpecDecoder, seqs: list[SpecSequence], lengths: list[int],
         last, accepted = packed[0], packed[1]
     else:  # t0 = g_n of the round before, still on the device
         last, accepted = previous.after, to_device(drawn, target.device)  # [B], [B]
-    with decoder.tracer.span("verify", decoder.target_worker, [s.request for s in seqs],
-                             on_device=decoder.target_gpu, proposed=k,
-                             tokens=sum(limits) + len(seqs), context=sum(lengths) - len(seqs),
-                             extra={"controlled": decoder.config.controlled}) as span:
+    with decoder.trace_verify(seqs, limits, lengths) as span:
         verified = decoder.verify(seqs, drafts, limits, last)  # ids [B, k+1]
         after = verified.gather(1, accepted[:, None])[:, 0]  # [B] g_n
     decoder.verify_span = span
     rows = Chosen.copy_back(torch.cat([accepted[:, None], after[:, None], drafts], 1))
-    for s, L, n in zip(seqs, lengths, drawn):  # roll back: host lengths only
-        target.kv.rollback(s.target_slot, L + n)  # t0, d_1..d_n kept
-        draft.kv.rollback(s.draft_slot, L + min(n, k - 1))  # the same, never d_k
+    decoder.roll_back(seqs, lengths, drawn)
     return Launched(seqs, lengths, remaining, limits, drawn, accepted, drafts, after, rows,
                     span)
 

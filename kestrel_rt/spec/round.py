@@ -145,7 +145,7 @@ class SpecDecoder:
     # -- the round -----------------------------------------------------------------------
     def round(self, seqs: list[SpecSequence]) -> list[list[int]]:
         """One speculative round on running sequences; returns the tokens each emitted."""
-        k, room, target, draft = self.k, self.room, self.target, self.draft
+        k, room, target = self.k, self.room, self.target
         if any(s.remaining(room) < 1 for s in seqs):
             raise ValueError("round() takes running sequences only (one has nothing to emit)")
         lengths = [len(s.tokens) for s in seqs]  # L: tokens before the round
@@ -158,19 +158,13 @@ class SpecDecoder:
                  if self.controlled is not None else None)
         packed = to_device([[s.tokens[-1] for s in seqs], limits]
                            + ([drawn] if drawn is not None else []), target.device)  # [2|3, B]
-        with self.tracer.span("verify", self.target_worker, [s.request for s in seqs],
-                              on_device=self.target_gpu, proposed=k,
-                              tokens=sum(limits) + len(seqs),
-                              context=sum(lengths) - len(seqs),
-                              extra={"controlled": self.config.controlled}) as span:
+        with self.trace_verify(seqs, limits, lengths) as span:
             verified = self.verify(seqs, drafts, limits, packed[0])  # ids [B, k+1] / probs
             accepted, after = self.judge(seqs, drafts, q, verified, limits, uniforms,
                                          packed)  # n, g_n
         rows = torch.cat([accepted[:, None], after[:, None], drafts], 1).tolist()  # one read
         accepted = [row[0] for row in rows]
-        for s, L, n in zip(seqs, lengths, accepted):  # roll back: host lengths only
-            target.kv.rollback(s.target_slot, L + n)  # t0, d_1..d_n kept
-            draft.kv.rollback(s.draft_slot, L + min(n, k - 1))  # the same, never d_k
+        self.roll_back(seqs, lengths, accepted)
         if self.config.correction == "fused":
             after = [row[1] for row in rows]  # g_n from the verify
         else:  # separate: g_n from the target's last accepted input, forwarded alone
@@ -181,6 +175,21 @@ class SpecDecoder:
             self.stats.record(limit, n)
         return [s.emit(row[2: 2 + n] + [g], room)  # d_1..d_n, g_n
                 for s, row, n, g in zip(seqs, rows, accepted, after)]
+
+    def trace_verify(self, seqs: list[SpecSequence], limits: list[int], lengths: list[int]):
+        """The round's verify span (a context manager): its proposals, tokens and context."""
+        return self.tracer.span("verify", self.target_worker, [s.request for s in seqs],
+                                on_device=self.target_gpu, proposed=self.k,
+                                tokens=sum(limits) + len(seqs), context=sum(lengths) - len(seqs),
+                                extra={"controlled": self.config.controlled})
+
+    def roll_back(self, seqs: list[SpecSequence], lengths: list[int], accepted: list[int]
+                  ) -> None:
+        """Both caches after a round that accepted n of each row (L tokens before it): host
+        lengths only. The target keeps t0, d_1..d_n; the draft the same, never d_k."""
+        for s, L, n in zip(seqs, lengths, accepted):
+            self.target.kv.rollback(s.target_slot, L + n)
+            self.draft.kv.rollback(s.draft_slot, L + min(n, self.k - 1))
 
     # -- its stages ----------------------------------------------------------------------
     def uniforms(self, seqs: list[SpecSequence]) -> torch.Tensor | None:
