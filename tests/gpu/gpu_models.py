@@ -74,3 +74,12 @@ def run_script(m: Qwen3Model, lengths: list[int], decode_steps: int, verify_m: i
     for s in slots:
         kv.free(s)
     return out
+
+
+def graphed(shape, hf: dict[str, torch.Tensor]):
+    """A GraphModel (CUDA graphs) of fp32 weights `hf` (copied) on the cupy backend."""
+    from kestrel_rt.backend.cupy_backend import CupyBackend
+    from kestrel_rt.cuda.graphs import GraphModel
+
+    return GraphModel(shape, {k: v.clone() for k, v in hf.items()},
+                      CupyBackend("cuda", torch.float32))

@@ -6,26 +6,18 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import torch
 
 cupy = pytest.importorskip("cupy")
 
 import gpu_models as gm
 
-from kestrel_rt.backend.cupy_backend import CupyBackend
-from kestrel_rt.cuda.graphs import GraphModel
 from kestrel_rt.spec import SpecConfig, speculative_generate
 from kestrel_rt.trace import Tracer
 
 
-def _graphed(shape, hf) -> GraphModel:
-    return GraphModel(shape, {k: v.clone() for k, v in hf.items()},
-                      CupyBackend("cuda", torch.float32))
-
-
 @pytest.fixture(scope="module")
 def pair():
-    return _graphed(*gm.weights("wide")), _graphed(*gm.weights("wide", seed=1))
+    return gm.graphed(*gm.weights("wide")), gm.graphed(*gm.weights("wide", seed=1))
 
 
 @pytest.mark.parametrize(("k", "alpha", "lengths", "max_new", "max_batch"), [

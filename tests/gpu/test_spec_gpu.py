@@ -5,32 +5,24 @@ rounds run there too."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 cupy = pytest.importorskip("cupy")
 
 import gpu_models as gm
 import spec_models as sm
 
-from kestrel_rt.backend.cupy_backend import CupyBackend
-from kestrel_rt.cuda.graphs import GraphModel
 from kestrel_rt.engine import generate
 from kestrel_rt.spec import SpecConfig, speculative_generate
-
-
-def _graphed(shape, hf) -> GraphModel:
-    return GraphModel(shape, {k: v.clone() for k, v in hf.items()},
-                      CupyBackend("cuda", torch.float32))
 
 
 @pytest.fixture(scope="module")
 def target_and_drafts():
     shape, hf = gm.weights("wide")
     noisy = sm.noisy(hf, 0.03)
-    return _graphed(shape, hf), {
-        "same": _graphed(shape, hf),
-        "noisy": _graphed(shape, noisy),
-        "other": _graphed(*gm.weights("wide", seed=1)),
+    return gm.graphed(shape, hf), {
+        "same": gm.graphed(shape, hf),
+        "noisy": gm.graphed(shape, noisy),
+        "other": gm.graphed(*gm.weights("wide", seed=1)),
         "cpu-noisy": sm.model(shape, noisy),  # the draft on the CPU torch backend
     }
 
