@@ -84,7 +84,9 @@ def test_rows_that_do_not_price_the_draft_are_not_checked(tmp_path):
     assert isinstance(other.draft, CalibratedRoofline)
     # no draft rows (the older qwen3-0.6b profile): the organic draft is priced as before
     rowless = BUNDLED.parent / "qwen3-0.6b_h200.json"
-    organic = load_scenario(ORGANIC, [f"costs.profile={rowless}"])
+    # (the acceptance still from the pair's profile: the rowless one measured none)
+    organic = load_scenario(ORGANIC, [f"costs.profile={rowless}",
+                                      f"spec.acceptance.from_profile={BUNDLED.parent / 'qwen3-0.6b-organic_h200.json'}"])
     assert organic.draft.quant == "int4-last-14"
     assert isinstance(costs_of(organic).draft, CalibratedRoofline)
     # the organic pair's own profile measured its int4-last-14 draft: its rows price it
