@@ -17,9 +17,19 @@ profile prices takes the first k rates (kestrel_sim/measured_acceptance.py). Eac
 has room for every round's k proposals, so every draft proposes k: a round that emits n + 1
 tokens accepted n.
 
+Besides the pooled counts, the block records each sequence's agreement string (`sequences`:
+'1' where the draft, given the true prefix, proposed the target's token, '0' a round's
+correction, '?' the bonus after a round that kept all k; kestrel_sim/measured_acceptance.py),
+which the simulator replays one per request. Sequence j's rounds are lengths[j::prompts] of
+measure_pair's lengths (round by round, the sequences in order in each).
+
 On dummy weights the first tokens of a generation agree least (organic.py's rates below count
-each sequence's first 32 tokens only), so the rounds cover about as many tokens as a served
-request (32 rounds: ~150 tokens at k = 8). Measured 2026-12-02 for qwen3-0.6b and its
+each sequence's first 32 tokens only), and sequences differ from each other, so on a GPU the
+rounds cover more tokens than a served request emits (128 rounds: ~550 tokens at k = 8 for
+the organic pair's ~4.3 tokens a round, ~190 for a sequence of 1.5 a round), so a replayed
+request rarely runs past its sequence's end (the pooled rates then count tokens later than a
+served request's too). A CPU measures 32 rounds (about as many tokens as a served request:
+~140 at k = 8), what the fp32 torch backend's time allows. Measured 2026-12-02 for qwen3-0.6b and its
 int4-last-14 copy, conditional acceptance at positions 1..4:
 
 | where                                                         | rates                     |
@@ -48,8 +58,11 @@ if TYPE_CHECKING:
 
 DEFAULT_K = 8  # where the grid has no k (no verify, round or mixed section)
 PROMPT_TOKENS = 512  # the validation suite's organic scenario's prompts
-ROUNDS = 32  # per sequence: ~100 generated tokens each at the organic pair's ~3 per round
-PROMPTS = {"gpu": 64, "cpu": 8}  # sequences (one batch): 2048 / 256 drafts at position 0
+# rounds per sequence: ~550 / ~150 generated tokens at k = 8 (the organic pair's ~4.3 a round);
+# `kestrel calibrate --dry-run` estimates the H200's step at 15 s with 128 (12.6 s with 32,
+# which took 2.1 s there)
+ROUNDS = {"gpu": 128, "cpu": 32}
+PROMPTS = {"gpu": 64, "cpu": 8}  # sequences (one batch): 8192 / 256 drafts at position 0
 MIN_PROMPT_TOKENS = 4
 PREFILL_TOKENS = 4096  # prompt tokens per prefill forward, at most (whole prompts)
 SEED = 0  # the workload seed the prompts are drawn with
@@ -103,7 +116,7 @@ def plan_acceptance(request: Request, benches: list[BenchPlan]) -> AcceptancePla
         return None
     k = grid_k(request.grid)
     gpu = target.device.startswith("cuda")
-    rounds = ROUNDS
+    rounds = ROUNDS["gpu" if gpu else "cpu"]
     context = min(target.shape.max_position_embeddings, draft.shape.max_position_embeddings)
     while rounds > 1 and context - sequence_tokens(0, rounds, k) < MIN_PROMPT_TOKENS:
         rounds //= 2
@@ -151,9 +164,10 @@ def dequantize_seconds(bp: BenchPlan) -> float:
 
 def measure_pair(target, draft, prompts: list[list[int]], k: int, rounds: int):
     """Greedy speculative rounds of `draft` for `target` (each its own backend), all
-    prompts in one batch: (accepted lengths, one per draft, round by round; the decoder's
-    SpecStats of the same rounds). Every draft proposes k tokens (the sequences are given
-    room for all rounds), so a round that emits n + 1 tokens accepted n."""
+    prompts in one batch: (accepted lengths, one per draft, round by round, the prompts in
+    order in each round: prompt j's are lengths[j::len(prompts)]; the decoder's SpecStats of
+    the same rounds). Every draft proposes k tokens (the sequences are given room for all
+    rounds), so a round that emits n + 1 tokens accepted n."""
     from kestrel_rt.spec import SpecConfig, SpecDecoder
 
     decoder = SpecDecoder(target, draft, SpecConfig(k=k, correction="fused"))
@@ -186,7 +200,7 @@ def run_acceptance(ap: AcceptancePlan):
     from calibration.fingerprint import environment
     from kestrel_rt.runner import build_model
     from kestrel_rt.serve.requests import prompt_ids
-    from kestrel_sim.measured_acceptance import MeasuredAcceptance
+    from kestrel_sim.measured_acceptance import MeasuredAcceptance, agreement
 
     t0 = time.monotonic()
     t, d = ap.target, ap.draft
@@ -204,11 +218,12 @@ def run_acceptance(ap: AcceptancePlan):
         for device in dict.fromkeys((t.device, d.device)):
             release(device)
     backend = options.backend + ("+graphs" if options.graphs else "")
+    sequences = [agreement(lengths[j::ap.prompts], ap.k) for j in range(ap.prompts)]
     return MeasuredAcceptance.from_lengths(
         lengths, ap.k, draft_model=model_name(d.model), draft_quant=d.quant or "none",
         device=environment(torch.device(t.device))["device"], draft_device=ap.draft_device,
         dtype=t.dtype, backend=backend, prompts=ap.prompts, prompt_tokens=ap.prompt_tokens,
-        rounds=ap.rounds, seconds=round(time.monotonic() - t0, 1))
+        rounds=ap.rounds, sequences=sequences, seconds=round(time.monotonic() - t0, 1))
 
 
 def measure_planned(ap: AcceptancePlan, outcome, reporter, deadline: float | None) -> None:

@@ -16,7 +16,24 @@ records, per draft position i = 0..k-1 (the scenario's positions 1..k):
 
 Every draft proposes k tokens (the sequences have room for them), so reached[0] = drafts and
 reached[i + 1] = accepted[i]. A scenario at k' <= k takes the first k' rates: whether a
-greedy draft's position i is accepted does not depend on the positions after it.
+greedy draft's position i is accepted does not depend on the positions after it (though
+rounds at k' start at other positions than rounds at k: the sequences below need no such
+reading).
+
+The same rounds say more than the pooled rates: how each sequence agreed, position by
+position (the optional `sequences`, one string per prompt; profiles measured before it have
+none). Greedy speculative decoding emits the target's own greedy tokens, and the draft given
+the true prefix proposes the same token at a position whatever k is, so one bit per
+generated position after the first describes a sequence's acceptance at any k:
+
+  '1'  the draft, given the true prefix, proposed the target's token there
+  '0'  it did not: the round's correction token (a round that kept n < k wrote n '1's, '0')
+  '?'  it never proposed there: the bonus token after a round that kept all k ('1' x k, '?')
+
+so a string is its rounds' strings one after the other, and its rounds' accepted lengths
+(round_lengths) count into reached and accepted as above. The simulator replays one
+sequence per request (kestrel_sim/sequence_acceptance.py): measured acceptance differs from
+sequence to sequence far more than independent draws from the pooled rates do.
 """
 
 from __future__ import annotations
@@ -29,6 +46,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from kestrel_sim.quant_spec import check_quant
 
 RATE_DIGITS = 6  # conditional_rates are stored rounded to this many decimals
+UNKNOWN = "?"  # a bonus position in an agreement string: the draft never proposed there
 
 
 class MeasuredAcceptance(BaseModel):
@@ -56,6 +74,10 @@ class MeasuredAcceptance(BaseModel):
     conditional_rates: list[Annotated[float, Field(ge=0, le=1)]] = Field(
         description="[k] accepted[i] / reached[i]: P(i accepted | 0..i-1 accepted)")
     seconds: float | None = Field(default=None, ge=0, description="the measurement's wall time")
+    sequences: list[str] | None = Field(
+        default=None, description="[prompts] each sequence's agreement string, one character "
+        "per generated position after the first: 1 the draft proposed the target's token, 0 "
+        "it did not (a correction), ? never proposed (a bonus token); see the module")
 
     @model_validator(mode="after")
     def _counts_add_up(self):
@@ -79,13 +101,35 @@ class MeasuredAcceptance(BaseModel):
             if abs(rate - ratio(a, r)) > 10 ** -RATE_DIGITS:
                 raise ValueError(f"conditional_rates[{i}] = {rate} but accepted[{i}] / "
                                  f"reached[{i}] = {a} / {r}")
+        if self.sequences is not None:
+            self._sequences_fit()
         return self
+
+    def _sequences_fit(self) -> None:
+        """ValueError unless `sequences` holds one string per prompt, each of `rounds` rounds
+        at k, whose accepted lengths count into reached and accepted."""
+        if len(self.sequences) != self.prompts:
+            raise ValueError(f"sequences has {len(self.sequences)} strings: expected one per "
+                             f"prompt ({self.prompts})")
+        lengths = []
+        for j, bits in enumerate(self.sequences):
+            try:
+                rounds = round_lengths(bits, self.k)
+            except ValueError as err:
+                raise ValueError(f"sequences[{j}]: {err}") from None
+            if len(rounds) != self.rounds:
+                raise ValueError(f"sequences[{j}] holds {len(rounds)} rounds: expected "
+                                 f"rounds = {self.rounds}")
+            lengths += rounds
+        reached, accepted = count_positions(lengths, self.k)
+        if (reached, accepted) != (self.reached, self.accepted):
+            raise ValueError(f"sequences count reached {reached} and accepted {accepted}, "
+                             f"but the block says {self.reached} and {self.accepted}")
 
     @classmethod
     def from_lengths(cls, lengths: list[int], k: int, **fields) -> MeasuredAcceptance:
         """The block of drafts that each proposed k tokens and kept the first `lengths[j]`."""
-        reached = [sum(n >= i for n in lengths) for i in range(k)]
-        accepted = [sum(n > i for n in lengths) for i in range(k)]
+        reached, accepted = count_positions(lengths, k)
         return cls(k=k, drafts=len(lengths), reached=reached, accepted=accepted,
                    conditional_rates=[round(ratio(a, r), RATE_DIGITS)
                                       for a, r in zip(accepted, reached)], **fields)
@@ -104,8 +148,39 @@ class MeasuredAcceptance(BaseModel):
                 f"{self.drafts} greedy drafts at k = {self.k}")
 
 
+def count_positions(lengths: list[int], k: int) -> tuple[list[int], list[int]]:
+    """([k] reached, [k] accepted) of drafts of k proposals that kept `lengths[j]` each."""
+    return ([sum(n >= i for n in lengths) for i in range(k)],
+            [sum(n > i for n in lengths) for i in range(k)])
+
+
 def ratio(a: int, r: int) -> float:
     return a / r if r else 0.0
+
+
+def agreement(lengths: list[int], k: int) -> str:
+    """One sequence's agreement string from its rounds' accepted lengths, in order, each
+    round of k proposals: n '1's, then '0' (n < k: the correction) or '?' (n = k: the
+    bonus, never proposed)."""
+    return "".join("1" * n + ("0" if n < k else UNKNOWN) for n in lengths)
+
+
+def round_lengths(bits: str, k: int) -> list[int]:
+    """The accepted lengths of the rounds at k that wrote agreement string `bits` (the
+    inverse of agreement); ValueError, saying where, unless it is such rounds' string."""
+    lengths, ones = [], 0
+    for i, c in enumerate(bits):
+        if c == "1" and ones < k:
+            ones += 1
+        elif (c == "0" and ones < k) or (c == UNKNOWN and ones == k):
+            lengths.append(ones)
+            ones = 0
+        else:
+            raise ValueError(f"character {i} is {c!r} after {ones} '1's: a round at k = {k} "
+                             f"is up to {k - 1} '1's then '0', or {k} '1's then '?'")
+    if ones:
+        raise ValueError(f"it ends inside a round ({ones} '1's after the last '0' or '?')")
+    return lengths
 
 
 def combine(a: MeasuredAcceptance | None, b: MeasuredAcceptance | None

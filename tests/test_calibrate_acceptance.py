@@ -21,7 +21,7 @@ from calibration.plan import Request, make_plan
 from kestrel_cli.app import app
 from kestrel_rt.runner import build_model
 from kestrel_rt.serve.requests import prompt_ids
-from kestrel_sim.measured_acceptance import MeasuredAcceptance
+from kestrel_sim.measured_acceptance import MeasuredAcceptance, agreement, round_lengths
 from kestrel_sim.profile import Profile
 
 QUANT = "int4-last-1"  # the last of two layers in int4, the first in int8
@@ -60,6 +60,26 @@ def test_the_rounds_counts_add_up_and_equal_the_decoders(folder):
     assert block.unconditional_rates() == pytest.approx(stats.per_position_rates())
     assert all(0 <= r <= 1 for r in block.conditional_rates)
     assert 0 < block.conditional_rates[0] < 1  # a quantized copy: it agrees, not always
+    # each sequence's agreement string: its own rounds' lengths, in order
+    sequences = [agreement(lengths[j::3], k) for j in range(3)]
+    assert [round_lengths(bits, k) for bits in sequences] == [lengths[j::3] for j in range(3)]
+    with_sequences = block.model_copy(update={"sequences": sequences})
+    assert MeasuredAcceptance.model_validate(with_sequences.model_dump()) == with_sequences
+
+
+def test_a_sequences_agreement_does_not_depend_on_k(folder):
+    """The premise of replaying one string at any k: where rounds at k = 3 and at k = 1
+    both know a position's bit (not a bonus '?'), it is the same."""
+    target = build_model(folder, "cpu")
+    draft = build_model(folder, "cpu", quant=QUANT)
+    prompts = prompt_ids(1, np.full(2, 40), target.shape.vocab_size)
+    strings = {}
+    for k, rounds in ((3, 6), (1, 12)):
+        lengths, _ = measure_pair(target, draft, prompts, k, rounds)
+        strings[k] = [agreement(lengths[j::2], k) for j in range(2)]
+    for a, b in zip(strings[3], strings[1]):
+        both = [(x, y) for x, y in zip(a, b) if "?" not in (x, y)]
+        assert len(both) >= 8 and all(x == y for x, y in both), (a, b)
 
 
 def invoke(*args: str):
@@ -69,7 +89,7 @@ def invoke(*args: str):
 @pytest.fixture()
 def small_measurement(monkeypatch):
     """A few rounds of a few prompts: the test's time, not the default's."""
-    monkeypatch.setattr(acceptance, "ROUNDS", 4)
+    monkeypatch.setattr(acceptance, "ROUNDS", {"gpu": 4, "cpu": 4})
     monkeypatch.setattr(acceptance, "PROMPTS", {"gpu": 2, "cpu": 2})
 
 
@@ -93,6 +113,12 @@ def test_calibrate_writes_the_block(folder, tmp_path, small_measurement):
     assert block.draft_model == str(folder.resolve())
     assert block.prompt_tokens == 256 - (1 + 4 * 4)  # the context's room for the rounds
     assert sum(block.accepted) <= sum(block.reached) and block.seconds > 0
+    # one agreement string per prompt, of its 4 rounds, whose lengths count into the block
+    assert len(block.sequences) == 2
+    lengths = [n for bits in block.sequences for n in round_lengths(bits, 3)]
+    assert len(lengths) == 8
+    assert MeasuredAcceptance.from_lengths(lengths, 3, **block.model_dump(
+        exclude={"k", "drafts", "reached", "accepted", "conditional_rates"})) == block
 
 
 def test_no_block_without_a_draft_quant(folder, tmp_path):
