@@ -11,7 +11,10 @@ on both, whichever requests share its batch:
                 P(n) = p_0 ... p_{n-1} (1 - p_n), P(k) = p_0 ... p_{k-1}
 - trace:        frequencies of measured accepted lengths (values above k count as k)
 - from_profile: per_position, the rates a calibration measured for the pair on the device
-                (kestrel_sim/measured_acceptance.py)
+                (kestrel_sim/measured_acceptance.py); where the profile holds each measured
+                sequence's agreement, the simulator replays one sequence per request instead
+                (kestrel_sim/sequence_acceptance.py; spec.acceptance.per_request: pooled
+                keeps the rates), so requests differ as the measured ones did
 
 Leviathan et al.'s expected tokens per round, (1 - alpha^(k+1)) / (1 - alpha), equals
 `expected_tokens()` for the alpha model; it is a check, not the model.
@@ -139,6 +142,15 @@ def describe_acceptance(acc: Acceptance, k: int | None = None) -> str:
         path, block = acc.measured
         text = (_per_position(block.conditional_rates, k)
                 + f", {block.describe()}, from profile {path}")
+        sequences = acc.sequences()
+        if sequences is not None:
+            tokens = sum(map(len, sequences)) / len(sequences)
+            text += (f"; per request: replays one of its {len(sequences)} measured sequences "
+                     f"(~{tokens:.0f} tokens each; past the end, its own rates)")
+        elif block.sequences is not None:
+            text += "; per request: pooled (these rates, by choice)"
+        else:
+            text += "; per request: pooled (the profile holds no measured sequences)"
     else:
         text = "from a profile (not resolved)"
     if acc.on_hardware == "organic":

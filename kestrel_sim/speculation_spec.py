@@ -37,7 +37,9 @@ class Acceptance(StrictModel):
     0..k, sampled with replacement), `from_profile` (the per-position rates a calibration
     measured for this draft pair on the device: true takes the scenario's profile, costs.
     profile or a Profile JSON hardware; or a Profile JSON of its own; resolved when the
-    Scenario is validated, kestrel_sim/measured_acceptance.py). A trace measured at a larger
+    Scenario is validated, kestrel_sim/measured_acceptance.py; where the profile holds each
+    measured sequence's agreement, the simulator replays one per request unless `per_request:
+    pooled`, kestrel_sim/sequence_acceptance.py). A trace measured at a larger
     k than the scenario's says so in `measured_k`; a length L then counts as min(L, k), which
     is exact: whether the first k drafts are accepted does not depend on the ones after
     them."""
@@ -54,6 +56,13 @@ class Acceptance(StrictModel):
         description="true: the per-position rates measured on the device by `kestrel "
         "calibrate --draft-quant ...`, from the scenario's profile (costs.profile, or a "
         "Profile JSON hardware); or a Profile JSON path to take them from",
+    )
+    per_request: Literal["auto", "measured", "pooled"] = Field(
+        default="auto",
+        description="from_profile only: how the simulator draws a request's accepted lengths: "
+        "measured (each request replays one sequence the calibration measured, so requests "
+        "differ as measured ones did), pooled (every request draws from the pooled "
+        "per-position rates), or auto: measured where the profile holds the sequences",
     )
     on_hardware: Literal["auto", "controlled", "organic"] = Field(
         default="auto",
@@ -81,13 +90,22 @@ class Acceptance(StrictModel):
             return self._measured[1].conditional_rates[:k]
         return None if self.per_position is None else self.per_position[:k]
 
+    def sequences(self) -> list[str] | None:
+        """The measured agreement strings the simulator replays one per request (from_profile,
+        unless per_request is pooled, where the profile holds them); None: the rates."""
+        if not self.from_profile or self.per_request == "pooled" or self._measured is None:
+            return None
+        return self._measured[1].sequences
+
     @model_serializer(mode="wrap")
     def _dump_from_profile_when_given(self, handler):
-        """Dumps of scenarios without from_profile stay as they were before it (kept
-        measurements compare a scenario's dump: kestrel_cli/kept.py)."""
+        """Dumps of scenarios without from_profile or per_request stay as they were before
+        them (kept measurements compare a scenario's dump: kestrel_cli/kept.py)."""
         data = handler(self)
         if isinstance(data, dict) and data.get("from_profile") is False:
             data.pop("from_profile")
+        if isinstance(data, dict) and data.get("per_request") == "auto":
+            data.pop("per_request")
         return data
 
     @field_validator("from_profile")
@@ -120,6 +138,9 @@ class Acceptance(StrictModel):
             )
         if self.measured_k is not None and self.trace is None:
             raise ValueError("measured_k only applies to an acceptance trace")
+        if self.per_request != "auto" and self.from_profile is False:
+            raise ValueError(f"per_request: {self.per_request} only applies to from_profile "
+                             "(the sequences a calibration measured); drop it")
         return self
 
 
@@ -197,4 +218,8 @@ def resolve_measured(sc) -> tuple[str, MeasuredAcceptance]:
         check_pair(block, path, sc.spec.k, draft.quant, draft.device, command)
     except ValueError as err:
         raise ValueError(f"{key}: {err}") from None
+    if acc.per_request == "measured" and block.sequences is None:
+        raise ValueError(f"spec.acceptance.per_request: measured, but profile {path} holds no "
+                         "measured sequences (its calibration predates them): measure the "
+                         f"pair again (`{command}`), or set per_request: pooled")
     return path, block

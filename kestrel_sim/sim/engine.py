@@ -5,7 +5,8 @@ metrics and time series, computed by a Recorder that saw every event as the run 
 All randomness comes from one numpy Generator seeded with workload.seed, drawn in a
 fixed order (arrivals, prompt lengths, output lengths up front; then any random service
 times as the run goes), so a seed reproduces a run exactly. Accepted lengths come from each
-request's own Generator (acceptance.accept_rng), as the runtime draws them.
+request's own Generator (acceptance.accept_rng), as the runtime draws them, or from the
+measured sequence it replays (sequence_acceptance.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from kestrel_sim.acceptance import RequestAcceptance, build_acceptance
 from kestrel_sim.costs.build import build_costs
 from kestrel_sim.errors import ConfigError
 from kestrel_sim.hardware import LinkSpec
@@ -25,6 +25,7 @@ from kestrel_sim.metrics import Metrics, metrics_from, with_source
 from kestrel_sim.placement import placement
 from kestrel_sim.recorder import Recorder
 from kestrel_sim.scenario import Link, Scenario, Slo, model_context
+from kestrel_sim.sequence_acceptance import request_acceptance
 from kestrel_sim.sim import processes as proc
 from kestrel_sim.sim.decode_queue import DecodeQueue
 from kestrel_sim.sim.device import SharedDevice
@@ -121,8 +122,8 @@ def simulate(
     reserve = (drawn.prompt + drawn.output + k + 1) if wait else None
 
     n = drawn.n
-    acceptance = (RequestAcceptance(build_acceptance(sc.spec.acceptance, k), sc.workload.seed,
-                                    n) if sc.spec else None)  # each request's own stream
+    acceptance = (request_acceptance(sc.spec.acceptance, k, sc.workload.seed, n)
+                  if sc.spec else None)  # each request's own stream (or measured sequence)
     env = simpy.Environment()
     st = SimState(env, rng, drawn.prompt.tolist(), drawn.output.tolist(), k, reserve, keeper,
                   progress)
