@@ -74,7 +74,7 @@ class Sequence:
     the '1's from position p on (known ones only), and the rates its unknown bits are drawn
     with: rates[i] at offset i of a round past its end, rates[-1] for a '?'."""
 
-    __slots__ = ("bits", "rates", "run", "unknown_rate")
+    __slots__ = ("bits", "rates", "run")
 
     def __init__(self, text: str, rates: list[float]):
         self.bits = [-1 if c == UNKNOWN else int(c) for c in text]
@@ -84,7 +84,6 @@ class Sequence:
             run[p] = ones
         self.run = run
         self.rates = rates
-        self.unknown_rate = rates[-1]
 
 
 def own_rates(text: str, block: MeasuredAcceptance) -> list[float]:
@@ -109,7 +108,7 @@ def replay(seq: Sequence, cursor: int, uniforms: list[float], k: int) -> tuple[l
                 continue
             if bit == 0:  # the draft proposed another token: the correction
                 break
-            rate = seq.unknown_rate if bit is not None else rates[i]  # '?', or past the end
+            rate = rates[-1] if bit is not None else rates[i]  # '?', or past the end
             if u >= rate:
                 break
             u /= rate

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from accepted_lengths import per_request
 
 from kestrel_sim import simulate
 from kestrel_sim.acceptance import (
@@ -20,15 +21,6 @@ from kestrel_sim.scenario import Acceptance, load_scenario
 from kestrel_sim.sim.batch import RunningBatch
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios/validation/spec-k4-separate.yaml"
-
-
-def per_request(run) -> dict[int, list[int]]:
-    """Each request's kept accepted lengths, round by round, from the verify spans."""
-    out: dict[int, list[int]] = {}
-    for s in sorted((s for s in run.spans if s.kind == "verify"), key=lambda s: s.start):
-        for rid, n in zip(s.requests, s.accepted):
-            out.setdefault(rid, []).append(n)
-    return out
 
 
 def run(rate: float, requests: int = 40):

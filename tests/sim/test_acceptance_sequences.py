@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from accepted_lengths import per_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -68,15 +69,6 @@ def scenario(profile: Path, per_request: str | None = None, k: int = 4, requests
         "workload": {"arrivals": {"process": "poisson", "rate": 20.0}, "requests": requests,
                      "prompt_tokens": {"dist": "fixed", "value": 128},
                      "output_tokens": {"dist": "fixed", "value": output}, "seed": seed}})
-
-
-def per_request(run) -> dict[int, list[int]]:
-    """Each request's kept accepted lengths, round by round, from the verify spans."""
-    out: dict[int, list[int]] = {}
-    for s in sorted((s for s in run.spans if s.kind == "verify"), key=lambda s: s.start):
-        for rid, n in zip(s.requests, s.accepted):
-            out.setdefault(rid, []).append(n)
-    return out
 
 
 def drawn_lengths(rates, count: int, rng) -> list[int]:
