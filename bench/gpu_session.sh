@@ -8,7 +8,7 @@
 #
 # STEPS: a comma list of calib_tests, attn_tests, tests, spec, serve, decode, calibrate, cpu_rounds,
 # calibrate_int4,
-# calibrate_moe, calibrate_organic, gates, validate1..5, beforeafter, predict_k, predict_d1,
+# calibrate_moe, calibrate_organic, gates, validate1..5, validate_organic, validate_moe, beforeafter, predict_k, predict_d1,
 # predict_d2, gemv, probe, clock, rounds, verify, ablation, moe_graphs (default
 # tests,spec,serve,decode,calibrate). Measured on 2026-12-02 (steps take about half their
 # limits): tests 190 s, calibrate 180 s with spec 100 s, calibrate_organic 60 s with serve
@@ -92,6 +92,10 @@ step validate4 570 $V disaggregated-saturated,light-load-mixed-lengths
 # profile and its run must share one), and disaggregated-light predates the split of steps
 # beside the other loop
 step validate5 300 $V draft-cpu,disaggregated-light
+# each right after its profile's calibration in the same call (calibrate_organic: the organic
+# pair's per-sequence agreement; calibrate_moe: qwen3-30b-a3b)
+step validate_organic 200 $V spec-organic-int4-copy
+step validate_moe 300 $V qwen3-30b-a3b
 # before/after (issue 20 item 7): the quantized decode rows at d5cb851 (the tree before the
 # options object) and here, one after the other; needs the device's .git to hold d5cb851
 Q="--no-transformers --quants int8,int4 --models qwen3-0.6b,qwen3-8b,qwen3-30b-a3b"
