@@ -31,8 +31,11 @@ def test_bundled_grids_load_and_expand_without_repeats():
         assert {p.stage for p in points} == {"decode", "verify", "correction", "prefill",
                                              "mixed", "draft", "draft_prefill", "kv_transfer",
                                              "round"} | pair
+        # the default grid times the CPU draft's steps inside rounds (spec@cpu)
+        in_rounds = {"spec@cpu"} if name == "default" else set()
         assert {p.bench for p in points} == {"target@gpu", "draft@gpu", "draft@cpu",
-                                             "spec@gpu"} | ({"pair@gpu"} if pair else set())
+                                             "spec@gpu"} | ({"pair@gpu"} if pair else
+                                                            set()) | in_rounds
         assert {(p.m, p.catch_up) for p in points if p.bench == "draft@gpu"
                 and p.stage == "draft"} == {(1, False), (2, True)}
         on_cpu = {p.stage for p in expand(grid, "cpu", ("cpu",))}
