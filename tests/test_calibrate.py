@@ -175,7 +175,7 @@ def default_plan(grid: str = "default"):
 def test_default_grid_is_estimated_under_8_minutes_on_an_h200():
     plan = default_plan()
     assert [b.name for b in plan.benches] == ["target@gpu", "draft@gpu", "draft@cpu",
-                                              "pair@gpu", "spec@gpu"]
+                                              "pair@gpu", "spec@gpu", "spec@cpu"]
     assert plan.estimate.seconds < 8 * 60
     assert default_plan("quick").estimate.seconds < plan.estimate.seconds
     # long steps weigh more: a batch-4 2048-token prefill chunk against a batch-1 decode
