@@ -57,6 +57,15 @@ def profile_with(tmp_path: Path, block: MeasuredAcceptance | None) -> Path:
     return path
 
 
+def old_profile(tmp_path: Path) -> Path:
+    """The bundled pair's profile as calibrations before 75676d9 wrote it: no sequences."""
+    block = Profile.load(ORGANIC_PROFILE).acceptance
+    path = tmp_path / "old.json"
+    Profile.load(ORGANIC_PROFILE).model_copy(update={"acceptance": block.model_copy(
+        update={"sequences": None})}).save(path)
+    return path
+
+
 def scenario(profile: Path, per_request: str | None = None, k: int = 4, requests: int = 120,
              seed: int = 3, output: int = 96) -> Scenario:
     acceptance = {"from_profile": str(profile)}
@@ -115,8 +124,10 @@ def test_the_block_keeps_its_sequences_through_a_profile(tmp_path):
     assert len(block.sequences) == 4 and all(len(round_lengths(s, K)) == 6
                                              for s in block.sequences)
     assert Profile.load(profile_with(tmp_path, block)).acceptance == block
-    old = Profile.load(ORGANIC_PROFILE).acceptance  # measured before sequences: none
+    old = Profile.load(old_profile(tmp_path)).acceptance
     assert old is not None and old.sequences is None
+    bundled = Profile.load(ORGANIC_PROFILE).acceptance  # the bundled one: one a prompt
+    assert len(bundled.sequences) == bundled.prompts
 
 
 @pytest.mark.parametrize(("change", "error"), [
@@ -260,10 +271,10 @@ def test_per_request_says_what_is_used_and_refuses_what_cannot_be(tmp_path):
     assert "replays one of its 4 measured sequences" in describe_acceptance(acc, 4)
     pooled = scenario(path, "pooled").spec.acceptance
     assert pooled.sequences() is None and "pooled (these rates" in describe_acceptance(pooled)
-    old = scenario(ORGANIC_PROFILE).spec.acceptance  # the bundled profile: no sequences
+    old = scenario(old_profile(tmp_path)).spec.acceptance  # a profile without sequences
     assert old.sequences() is None and "holds no measured sequences" in describe_acceptance(old)
     with pytest.raises(ValidationError, match="per_request: measured, but profile"):
-        scenario(ORGANIC_PROFILE, "measured")
+        scenario(old_profile(tmp_path), "measured")
     with pytest.raises(ValidationError, match="per_request"):
         scenario(path, "sometimes")
     with pytest.raises(ValidationError, match="per_request: pooled only applies to from_pro"):
@@ -274,8 +285,8 @@ def test_per_request_says_what_is_used_and_refuses_what_cannot_be(tmp_path):
     assert "per_request" not in scenario(path).model_dump()["spec"]["acceptance"]
 
 
-def test_an_old_profile_still_simulates_with_the_pooled_rates():
-    sc = scenario(ORGANIC_PROFILE, requests=20)
+def test_an_old_profile_still_simulates_with_the_pooled_rates(tmp_path):
+    sc = scenario(old_profile(tmp_path), requests=20)
     assert type(request_acceptance(sc.spec.acceptance, 4, 3, 20)) is RequestAcceptance
     assert simulate(sc).metrics.completed == 20
 
@@ -307,8 +318,10 @@ def test_kestrel_run_replays_the_profiles_sequences_where_it_has_them(tmp_path):
         text = " ".join(result.output.split())
         return text, (out / "metrics.json").read_text()
 
-    bundled, _ = run()  # the bundled profile: no sequences, the pooled rates
-    assert "per request: pooled (the profile holds no measured sequences)" in bundled
+    bundled, _ = run()  # the bundled profile: its 64 measured sequences
+    assert "per request: replays one of its 64 measured sequences" in bundled
+    old, _ = run("--set", f"spec.acceptance.from_profile={old_profile(tmp_path)}")
+    assert "per request: pooled (the profile holds no measured sequences)" in old
     block = Profile.load(ORGANIC_PROFILE).acceptance
     block = MeasuredAcceptance.model_validate(  # checked against the counts
         block.model_dump() | {"sequences": dealt_sequences(block, np.random.default_rng(0))})
