@@ -235,13 +235,14 @@ def fingerprint(plan: Plan) -> dict:
     one plan measured apart fingerprint alike and merge). `options`: per bench, its dtype,
     quant and RuntimeOptions; draft_quant: the draft's (--draft-quant), the same on every
     draft bench. With the draft on both devices draft_device says gpu; each Measurement
-    names its own device."""
+    names its own device. The target's fields are its bench's also where the grid gives it
+    no point (a part measured for `kestrel calibrate --update`)."""
     import torch
 
     from calibration.fingerprint import environment, git_commit
     from kestrel_sim.costs.shape import shape_hash
 
-    req, target = plan.request, plan.benches[0]
+    req, target = plan.request, plan.target_bench
     drafts = [b for b in plan.benches if b.name.startswith("draft@")]
     # a draft measured only beside its target (its steps timed inside rounds: spec@cpu)
     beside = {b.draft.name: b.draft for b in plan.benches if b.draft is not None}
@@ -249,8 +250,8 @@ def fingerprint(plan: Plan) -> dict:
     options = {b.name: {"dtype": b.dtype, "quant": b.quant or "none",
                         **bench_options(b).model_dump(mode="json")}
                for b in plan.benches + drafts}
-    mine = options[target.name]
-    backend = mine["backend"] + ("+graphs" if mine["graphs"] else "")
+    mine = bench_options(target)  # the target's, also where it measured nothing
+    backend = mine.backend + ("+graphs" if mine.graphs else "")
     return {
         **environment(torch.device(req.device)),
         "git_commit": req.commit or git_commit(),

@@ -78,6 +78,12 @@ class Plan:
     estimate: Estimate
     notes: list[str] = field(default_factory=list)  # what the plan leaves out, and why
     acceptance: AcceptancePlan | None = None  # the organic pair's (calibration/acceptance.py)
+    target: BenchPlan | None = None  # the target's bench, kept where it measures nothing
+
+    @property
+    def target_bench(self) -> BenchPlan:
+        """What the fingerprint describes as the target (a plan built by hand: its first)."""
+        return self.target or self.benches[0]
 
     @property
     def points(self) -> list[Point]:
@@ -161,14 +167,14 @@ def make_plan(request: Request) -> Plan:
             benches.append(BenchPlan(f"spec@{device}", request.model, request.device, dtype,
                                      request.quant, shape, spec, replace(draft, points=[])))
     acceptance = plan_acceptance(request, benches)
-    benches = [b for b in benches if b.points]
+    target, benches = benches[0], [b for b in benches if b.points]
     if not benches:
         raise ConfigError(f"grid {request.grid_file} has no point to measure for this model "
                           "(no stage section, or only draft steps without --draft)")
     notes = plan_notes(request) + ([f"also measured: {acceptance.describe()}"]
                                    if acceptance else [])
     return Plan(request, benches, estimate(benches, request.grid, acceptance), notes,
-                acceptance)
+                acceptance, target)
 
 
 def without_acceptance(plan: Plan, why: str) -> Plan:

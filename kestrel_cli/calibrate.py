@@ -6,11 +6,15 @@
         --draft-device gpu --out organic.json      # the organic pair: a quantized copy
     kestrel calibrate --model tiny/ --device cpu --grid tiny --out p.json
     kestrel calibrate --model qwen3-8b --draft qwen3-0.6b --ray ray://head:10001 --out p.json
+    kestrel calibrate --model qwen3-8b --draft qwen3-0.6b --draft-device cpu --grid cpu.yaml \
+        --update p.json --out p.json      # re-measure the CPU draft's steps into p.json
 
 The grid (calibration/grids/*.yaml or a file, calibration/grid.py) is checked and the run
 estimated (printed) before any model is built. A point that fails is named and the others
 go on; the Profile holds what was measured, is written at once (never half), and the command
 exits 1 when any point failed or was skipped, 2 on a usage error (bad grid, model, option).
+With --update BASE, what is written is BASE with this run's rows in place of BASE's rows
+of the same (stage, device) pairs (Profile.replace_rows).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from kestrel_sim.errors import KestrelError, OutputError
+from kestrel_sim.errors import ConfigError, KestrelError, OutputError
 
 
 class ProgressReporter:
@@ -108,6 +112,20 @@ def check_out(out: Path) -> None:
         raise OutputError(f"--out {out}: folder {parent} does not exist")
 
 
+def load_base(update: Path, ray: str | None):
+    """The --update profile, read before measuring (a ConfigError naming the file)."""
+    from kestrel_sim.profile import Profile
+
+    if ray is not None:
+        raise KestrelError("--update with --ray: Ray writes a Profile per kind of GPU; "
+                           "measure into --out, then apply it: Profile.load(BASE)"
+                           ".replace_rows(Profile.load(OUT)).save(BASE)")
+    try:
+        return Profile.load(update)
+    except ConfigError as err:
+        raise ConfigError(f"--update: {err}") from None
+
+
 def check_device(device: str) -> None:
     from kestrel_rt.weights import parse_device
 
@@ -140,6 +158,8 @@ def calibrate(
         "model folder.")],
     out: Annotated[Path | None, typer.Option(
         help="The Profile JSON to write (replaced at once when done).")] = None,
+    update: Annotated[Path | None, typer.Option(metavar="BASE.json",
+        help="BASE, with this run's rows replacing its rows of the same stage and device.")] = None,
     draft: Annotated[str | None, typer.Option(
         help="A draft model (preset or folder): its steps are measured too.")] = None,
     draft_device: Annotated[str | None, typer.Option(
@@ -181,6 +201,7 @@ def calibrate(
         raise KestrelError("--out FILE.json is required (or --dry-run to see the plan)")
     if out is not None:
         check_out(out)
+    base = load_base(update, ray) if update is not None else None
     if ray is not None:
         from kestrel_cli.ray_pool import require_ray
 
@@ -221,7 +242,7 @@ def calibrate(
 
         calibrate_on_ray(plan, out, ray, console)
         return
-    measure_and_write(plan, out, console, max_minutes)
+    measure_and_write(plan, out, console, max_minutes, base)
 
 
 def check_quant_option(quant: str | None, model: str) -> str | None:
@@ -276,7 +297,8 @@ def check_draft_quant_option(draft_quant: str | None, draft: str | None) -> str 
     return draft_quant
 
 
-def measure_and_write(plan, out: Path, console: Console, max_minutes: float | None) -> None:
+def measure_and_write(plan, out: Path, console: Console, max_minutes: float | None,
+                      base=None) -> None:
     from calibration.driver import fingerprint, run
     from calibration.record import to_profile
 
@@ -290,6 +312,8 @@ def measure_and_write(plan, out: Path, console: Console, max_minutes: float | No
         console.print("[bold red]no point was measured[/]: no profile written")
         raise typer.Exit(1)
     profile = to_profile(outcome.records, fingerprint(plan), outcome.acceptance)
+    if base is not None:
+        profile = updated(base, profile, out)
     profile.save(out)
     console.print(f"wrote {out} ({len(profile.measurements)} measurements)", highlight=False)
     print_fit_report(console, plan, profile, str(out))
@@ -298,3 +322,14 @@ def measure_and_write(plan, out: Path, console: Console, max_minutes: float | No
         for point_id, why in failed.items():
             console.print(f"  {point_id}: {escape(why)}", highlight=False)
         raise typer.Exit(1)
+
+
+def updated(base, part, out: Path):
+    """BASE with this run's rows in place of its rows of the same (stage, device); where
+    they cannot go in, this run's profile is kept beside --out and the error says where."""
+    try:
+        return base.replace_rows(part)
+    except ConfigError as err:
+        kept = out.with_name(f"{out.stem}.part{out.suffix}")
+        part.save(kept)
+        raise ConfigError(f"--update: {err}; this run's measurements are in {kept}") from None

@@ -1,4 +1,5 @@
-"""The Profile schema (version 2): fields per stage, fingerprints, merging, version 1 files."""
+"""The Profile schema (version 2): fields per stage, fingerprints, merging, replacing a
+part's rows, version 1 files."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 
 from kestrel_sim.costs.shape import shape_hash
 from kestrel_sim.errors import ConfigError
+from kestrel_sim.measured_acceptance import MeasuredAcceptance
 from kestrel_sim.models import preset
 from kestrel_sim.profile import Fingerprint, Measurement, Profile
+from kestrel_sim.runtime_info import RuntimeInfo
 
 BUNDLED = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 DATA = Path(__file__).resolve().parent / "data"  # qwen3-8b_h200_v1.json: the 2026-12-01 file
@@ -148,3 +151,61 @@ def test_merge_of_another_run_needs_the_flag_and_keeps_its_fingerprint():
     assert merged.fingerprint.git_commit == "abc"
     assert [p.git_commit for p in merged.parts] == ["def"]
     assert len(merged.measurements) == 2
+
+
+# -- replacing rows: a part of the grid measured again -------------------------------------
+def test_replace_rows_takes_the_measured_pairs_from_the_other():
+    base = profile([row(), row("draft", device="cpu"), row("draft", batch=4, device="cpu"),
+                    row("draft", ms=2.0)], grid="default", options={"draft@cpu": {"a": 1}})
+    part = profile([row("draft", batch=2, device="cpu", ms=9.0)], grid="draft-cpu",
+                   git_commit="def", torch="2.13", date="2026-12-03", draft_device="cpu",
+                   options={"spec@cpu": {"b": 2}, "draft@cpu": {"a": 3}})
+    new = base.replace_rows(part)
+    assert new.rows("draft", "cpu") == part.measurements  # both of base's CPU rows went
+    assert [m for m in new.measurements if m.device == "gpu"] == base.rows("decode") + base.rows(
+        "draft")  # the GPU draft's rows stay: another (stage, device) pair
+    fp = new.fingerprint
+    assert (fp.git_commit, fp.date, fp.draft_device, fp.grid) == (
+        "abc", "2026-12-01", "gpu", "default+draft-cpu")
+    assert fp.options == {"draft@cpu": {"a": 3}, "spec@cpu": {"b": 2}}  # the part's win
+    assert new.parts == [part.fingerprint]
+    assert base.replace_rows(new).parts == [new.fingerprint, part.fingerprint]  # and its parts
+
+
+def test_replace_rows_keeps_the_acceptance_unless_there_is_none():
+    def block(lengths):
+        return MeasuredAcceptance.from_lengths(
+            lengths, 2, draft_model="qwen3-0.6b", draft_quant="none", draft_device="gpu",
+            device="NVIDIA H200", dtype="bfloat16", backend="cupy", prompts=1,
+            prompt_tokens=16, rounds=3)
+    mine, theirs = block([0, 1, 2]), block([2, 2, 2])
+    with_mine = profile().model_copy(update={"acceptance": mine})
+    with_theirs = profile().model_copy(update={"acceptance": theirs})
+    assert with_mine.replace_rows(with_theirs).acceptance == mine
+    assert profile().replace_rows(with_theirs).acceptance == theirs
+
+
+@pytest.mark.parametrize("field,value", [
+    ("device", "NVIDIA H100"), ("model", "qwen3-14b"), ("dtype", "float16"), ("quant", "int4"),
+    ("draft_model", "qwen3-1.7b"), ("draft_quant", "int8"), ("backend", "torch"),
+])
+def test_replace_rows_refuses_another_setup_naming_the_field_and_values(field, value):
+    base = profile(backend="cupy")
+    with pytest.raises(ConfigError) as err:
+        base.replace_rows(profile(**{field: value}))
+    assert (f"cannot replace rows between profiles of different setups ({field}: "
+            f"{getattr(base.fingerprint, field)!r} vs {value!r}") in str(err.value)
+
+
+def test_replace_rows_refuses_another_host_cpu_only_for_cpu_rows():
+    base = profile([row(), row("draft", device="cpu")], host_cpu="Xeon A")
+    assert len(base.replace_rows(profile([row(batch=2)], host_cpu="Xeon B")).measurements) == 2
+    with pytest.raises(ConfigError, match="host_cpu: 'Xeon A' vs 'Xeon B'"):
+        base.replace_rows(profile([row("draft", device="cpu")], host_cpu="Xeon B"))
+
+
+def test_replace_rows_refuses_another_runtime():
+    padded = profile().model_copy(update={"runtime": RuntimeInfo(batch_buckets=[1, 2, 4])})
+    with pytest.raises(ConfigError, match="cannot replace rows between profiles whose "
+                       "runtimes ran steps differently \\(runtime: None vs batch_buckets"):
+        profile().replace_rows(padded)
