@@ -23,10 +23,16 @@ from calibration.rounds import build_spec
 from kestrel_sim.errors import ConfigError
 
 
-def in_rounds(name: str = "default"):
+def timed(how: str, name: str = "default"):
+    """The bundled grid `name` with its CPU draft's steps timed `how` (the default grid's
+    are timed in rounds)."""
     grid, _ = load_grid(name)
-    cpu = grid.draft.cpu.model_copy(update={"timed": "in_rounds"})
+    cpu = grid.draft.cpu.model_copy(update={"timed": how})
     return grid.model_copy(update={"draft": grid.draft.model_copy(update={"cpu": cpu})})
+
+
+def in_rounds(name: str = "default"):
+    return timed("in_rounds", name)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +56,7 @@ def spy_on(model, monkeypatch) -> list:
 
 # -- the grid ------------------------------------------------------------------------------
 def test_steps_in_rounds_are_points_of_the_bench_spec_at_cpu():
-    alone = expand(load_grid("default")[0], "gpu", ("gpu", "cpu"))
+    alone = expand(timed("alone"), "gpu", ("gpu", "cpu"))
     rounds = expand(in_rounds(), "gpu", ("gpu", "cpu"))
     steps = [p for p in alone if p.bench == "draft@cpu" and p.stage == "draft"]
     spec = [p for p in rounds if p.bench == "spec@cpu"]
@@ -74,7 +80,8 @@ def test_only_the_cpu_draft_is_timed_in_rounds(tmp_path):
     path.write_text("draft:\n  cpu: {batches: [1], contexts: [8], timed: served}\n")
     with pytest.raises(ConfigError, match="timed"):
         load_grid(path)
-    assert load_grid("default")[0].draft.cpu.timed == "alone"
+    assert load_grid("default")[0].draft.cpu.timed == "in_rounds"  # as serving runs them
+    assert load_grid("quick")[0].draft.cpu.timed == "alone"
 
 
 # -- the measurement -----------------------------------------------------------------------
@@ -121,7 +128,7 @@ def test_the_plan_builds_the_target_beside_its_cpu_draft():
         "qwen3-8b", "cuda", "draft@cpu", "cpu")
     assert len(spec.points) == 18 and not spec.draft.points
     est = plan.estimate
-    alone = make_plan(Request("qwen3-8b", load_grid("default")[0], "default", "default",
+    alone = make_plan(Request("qwen3-8b", timed("alone"), "default", "default",
                               "cuda", draft="qwen3-0.6b")).estimate
     assert est.builds["spec@cpu"] > 0 and "spec@cpu" not in alone.builds
     # a round costs more than its step, a catch-up point more than a one-token one
