@@ -9,7 +9,7 @@
 # STEPS: a comma list of calib_tests, attn_tests, tests, spec, serve, decode, calibrate, cpu_rounds,
 # calibrate_int4,
 # calibrate_moe, calibrate_organic, gates, validate1..5, validate_organic, validate_moe, beforeafter, predict_k, predict_d1,
-# predict_d2, gemv, probe, clock, rounds, verify, ablation, moe_graphs (default
+# predict_d2, gemv, probe, clock, rounds, draft_prefill, verify, ablation, moe_graphs (default
 # tests,spec,serve,decode,calibrate). Measured on 2026-12-02 (steps take about half their
 # limits): tests 190 s, calibrate 180 s with spec 100 s, calibrate_organic 60 s with serve
 # 70 s, validate1 220 s, validate3 + validate4 290 s; the default grid's 469 points took 3.6
@@ -112,6 +112,8 @@ step probe 120 python3 bench/probes/attention_probe.py
 step clock 150 python3 bench/probes/clock_probe.py
 # the round overhead: calibration's one-round-from-idle timing against back-to-back rounds
 step rounds 150 python3 bench/probes/round_probe.py
+# the draft's prefill alone (calibration) against right after the target's chunk (serving)
+step draft_prefill 150 python3 bench/probes/draft_prefill_probe.py --out "$LOG"
 # verify forwards with the tensor-core verify attention (mma_verify) off and on
 step verify 240 python3 bench/probes/verify_probe.py
 # qwen3-30b-a3b prefill of 512 and 2048 tokens, MoE prefill graphs off and on (not a default)
