@@ -71,7 +71,7 @@ from pydantic import (
 )
 
 from kestrel_sim.errors import ConfigError
-from kestrel_sim.measured_acceptance import MeasuredAcceptance
+from kestrel_sim.measured_acceptance import MeasuredAcceptance, combine
 from kestrel_sim.quant_spec import check_quant
 from kestrel_sim.runtime_info import RuntimeInfo
 from kestrel_sim.yamlio import count_problems, describe_errors, key_name, read_yaml
@@ -82,6 +82,12 @@ STEP_STAGES = ("prefill", "decode", "verify", "draft", "correction")
 StepStage = Literal["prefill", "decode", "verify", "draft", "correction"]
 OVERLAP_FIELDS = ("step_stage", "other_stage", "other_batch", "other_tokens_per_seq",
                   "other_context", "alone_ms")
+# fingerprint fields two profiles must share for one to replace the other's rows, to be
+# merged (where the draft ran and the options too), and those a flag lets differ in a merge
+SAME_MODELS = ("device", "model", "model_shape_hash", "dtype", "quant", "draft_model",
+               "draft_shape_hash", "draft_quant", "backend")
+SAME_SETUP = SAME_MODELS + ("draft_device", "options")
+VERSIONS = ("git_commit", "driver", "cuda", "torch", "cupy")
 
 
 def _preset_hash(name: str | None) -> str | None:
@@ -250,17 +256,67 @@ class Profile(BaseModel):
         return [m for m in self.measurements if m.stage == stage and m.device == device]
 
     def merge(self, other: Profile, allow_version_drift: bool = False) -> Profile:
-        """One profile holding both sets of measurements (kestrel_sim/profile_parts.py)."""
-        from kestrel_sim.profile_parts import merged
-
-        return merged(self, other, allow_version_drift)
+        """One profile holding both sets of measurements (e.g. grid parts measured by
+        several workers). Refused when the setups differ (device, model and its shape,
+        dtype, quant, draft, backend, options; the host CPU where CPU rows are involved);
+        a different commit or software version (driver, CUDA, torch, cupy) only with
+        allow_version_drift. Dates may differ: parts of one grid measured apart always
+        do, and the code and software, checked above, are what change the timings. The
+        result keeps this profile's fingerprint; `parts` lists the other's where its date,
+        grid or versions differ."""
+        cpu_rows = any(m.device == "cpu" for m in self.measurements + other.measurements)
+        self._refuse_other_setup(other, SAME_SETUP, cpu_rows, "merge profiles")
+        a, b = self.fingerprint, other.fingerprint
+        drift = [f for f in VERSIONS if getattr(a, f) != getattr(b, f)]
+        if drift and not allow_version_drift:
+            raise ConfigError(f"the profiles were measured by different runs "
+                              f"({_differences(a, b, drift)}); merge them with "
+                              "allow_version_drift=True if that is intended")
+        differs = drift or a.grid != b.grid or a.date != b.date
+        parts = list(self.parts) + ([b] if differs else []) + list(other.parts)
+        try:
+            acceptance = combine(self.acceptance, other.acceptance)
+        except ValueError as err:
+            raise ConfigError(f"cannot merge profiles: {err}") from None
+        return Profile(fingerprint=a.model_copy(update={"grid": _both_grids(a, b)}),
+                       runtime=self.runtime,
+                       measurements=list(self.measurements) + list(other.measurements),
+                       acceptance=acceptance, parts=parts)
 
     def replace_rows(self, other: Profile) -> Profile:
-        """This profile with the rows of each (stage, device) pair `other` measured taken
-        from other (kestrel_sim/profile_parts.py)."""
-        from kestrel_sim.profile_parts import with_rows_of
+        """This profile with its rows of each (stage, device) pair that `other` measured
+        replaced by other's (e.g. the CPU draft's steps measured again). The setups must
+        match as for merge(), except where the draft ran, the options and the versions:
+        `parts` records other's fingerprint, and other's benches join the options. The
+        acceptance stays this profile's (other's where this has none)."""
+        pairs = {(m.stage, m.device) for m in other.measurements}
+        cpu_rows = any(device == "cpu" for _, device in pairs)
+        self._refuse_other_setup(other, SAME_MODELS, cpu_rows, "replace rows between profiles")
+        a, b = self.fingerprint, other.fingerprint
+        kept = [m for m in self.measurements if (m.stage, m.device) not in pairs]
+        fingerprint = a.model_copy(update={"grid": _both_grids(a, b),
+                                           "options": {**a.options, **b.options}})
+        return Profile(fingerprint=fingerprint, runtime=self.runtime,
+                       measurements=kept + list(other.measurements),
+                       acceptance=self.acceptance or other.acceptance,
+                       parts=list(self.parts) + [b] + list(other.parts))
 
-        return with_rows_of(self, other)
+    def _refuse_other_setup(self, other: Profile, fields: tuple[str, ...], cpu_rows: bool,
+                            action: str) -> None:
+        """A ConfigError naming each of `fields` whose values differ (and the host CPU
+        where CPU rows are involved), or the runtimes where they ran steps differently."""
+        a, b = self.fingerprint, other.fingerprint
+        differ = [f for f in fields if getattr(a, f) != getattr(b, f)]
+        if cpu_rows and a.host_cpu != b.host_cpu:
+            differ.append("host_cpu")
+        if differ:
+            raise ConfigError(f"cannot {action} of different setups "
+                              f"({_differences(a, b, differ)}): measure both with the "
+                              "same device, model, dtype, quant and draft")
+        if self.runtime != other.runtime:
+            raise ConfigError(f"cannot {action} whose runtimes ran steps differently "
+                              f"(runtime: {self.runtime} vs {other.runtime}): step graphs "
+                              "and prompt chunks must be the same")
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -290,6 +346,14 @@ class Profile(BaseModel):
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(json.dumps(self.model_dump(mode="json", exclude_none=True), indent=1))
         tmp.replace(path)
+
+
+def _differences(a: Fingerprint, b: Fingerprint, fields: list[str]) -> str:
+    return "; ".join(f"{f}: {getattr(a, f)!r} vs {getattr(b, f)!r}" for f in fields)
+
+
+def _both_grids(a: Fingerprint, b: Fingerprint) -> str | None:
+    return a.grid if a.grid == b.grid else "+".join(g for g in (a.grid, b.grid) if g) or None
 
 
 def _key_lines(path: Path):
