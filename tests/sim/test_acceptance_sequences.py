@@ -51,8 +51,9 @@ def block_of(per_sequence: list[list[int]], k: int = K, **changes) -> MeasuredAc
         sequences=[agreement(seq, k) for seq in per_sequence], **(PAIR | changes))
 
 
-def profile_with(tmp_path: Path, block: MeasuredAcceptance | None) -> Path:
-    path = tmp_path / "p.json"
+def profile_with(tmp_path: Path, block: MeasuredAcceptance | None, name: str = "p.json"
+                 ) -> Path:
+    path = tmp_path / name
     Profile.load(ORGANIC_PROFILE).model_copy(update={"acceptance": block}).save(path)
     return path
 
@@ -60,10 +61,7 @@ def profile_with(tmp_path: Path, block: MeasuredAcceptance | None) -> Path:
 def old_profile(tmp_path: Path) -> Path:
     """The bundled pair's profile as calibrations before 75676d9 wrote it: no sequences."""
     block = Profile.load(ORGANIC_PROFILE).acceptance
-    path = tmp_path / "old.json"
-    Profile.load(ORGANIC_PROFILE).model_copy(update={"acceptance": block.model_copy(
-        update={"sequences": None})}).save(path)
-    return path
+    return profile_with(tmp_path, block.model_copy(update={"sequences": None}), "old.json")
 
 
 def scenario(profile: Path, per_request: str | None = None, k: int = 4, requests: int = 120,
